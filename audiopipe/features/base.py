@@ -54,14 +54,18 @@ class FeatureSpec:
 
 
 class Feature(Protocol):
-    """What the shard stage calls. Implementations are small classes or closures with a `spec`."""
+    """What the shard stage calls. Implementations are small classes with `specs`.
 
-    spec: FeatureSpec
+    One computation may yield several columns (F0 gives `f0` and `voiced`), so a feature declares one
+    FeatureSpec per output column and returns a dict keyed by those names.
+    """
 
-    def __call__(self, wav: np.ndarray) -> np.ndarray:
-        """wav: float32 mono in [-1, 1] at spec.sample_rate -> array of spec.dtype, time on the last axis."""
+    specs: tuple[FeatureSpec, ...]
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        """wav: float32 mono in [-1, 1] at specs[0].sample_rate -> {spec.name: array of spec.dtype}, time last."""
         ...
 
     def num_frames(self, num_samples: int) -> int:
-        """Frames produced for a waveform of num_samples at spec.sample_rate (used by verify)."""
+        """Frames produced for a waveform of num_samples at the feature's sample rate (used by verify)."""
         ...
