@@ -1,0 +1,245 @@
+"""Find the audio files of a corpus, read their headers (no decode), attach transcripts and speakers.
+
+Every file found either becomes an `Utterance` or a `Reject` with a reason; discovery never raises for a bad
+audio file. Layouts, transcript precedence and speaker rules are described in docs/corpus.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, Iterable
+
+import soundfile as sf
+
+from audiopipe.corpus.transcripts import (
+    MetadataIndex,
+    ManifestRow,
+    TranscriptError,
+    find_sidecar,
+    read_manifest,
+    read_text_file,
+)
+from audiopipe.decode.audio import RejectError, read_info
+
+# Extensions of each libsndfile major format. RAW is left out on purpose: headerless files cannot be read
+# without being told their layout.
+_FORMAT_EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "WAV": ("wav", "wave"), "WAVEX": ("wav",), "RF64": ("rf64", "wav"), "W64": ("w64",),
+    "AIFF": ("aiff", "aif", "aifc"), "AU": ("au", "snd"), "CAF": ("caf",), "FLAC": ("flac",),
+    "OGG": ("ogg", "oga", "opus"), "MP3": ("mp3",), "NIST": ("nist", "sph"), "IRCAM": ("sf", "ircam"),
+    "SVX": ("svx", "iff", "8svx"), "MAT4": ("mat",), "MAT5": ("mat",), "HTK": ("htk",), "VOC": ("voc",),
+    "AVR": ("avr",), "PAF": ("paf",), "PVF": ("pvf",), "SD2": ("sd2",), "SDS": ("sds",), "XI": ("xi",),
+    "WVE": ("wve",), "MPC2K": ("mpc2k",),
+}
+_NOT_DISCOVERED = {"RAW"}
+
+
+def audio_extensions() -> frozenset[str]:
+    """Lower-case extensions (no dot) of every format the installed libsndfile reads."""
+    exts: set[str] = set()
+    for fmt in sf.available_formats():
+        if fmt in _NOT_DISCOVERED:
+            continue
+        exts.update(_FORMAT_EXTENSIONS.get(fmt, (fmt.lower(),)))
+    return frozenset(exts)
+
+
+@dataclass
+class Utterance:
+    """One usable audio file, described from its header (nothing decoded yet)."""
+
+    id: str  # path relative to the root, without extension, '/'-separated
+    path: str  # absolute path
+    source: str  # path relative to the root, with extension
+    speaker: str
+    text: str  # "" when no transcript was found
+    sample_rate: int
+    num_samples: int  # frames per channel, from the header
+    channels: int
+    duration: float  # seconds, from the header
+    extra: dict[str, Any] = field(default_factory=dict)  # manifest columns other than path/id/text/speaker
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def reject(self, reason: str, detail: str) -> Reject:
+        """A Reject for this utterance (used when a later stage refuses it)."""
+        return Reject(self.path, self.source, reason, detail)
+
+
+@dataclass
+class Reject:
+    """An input that will not be written, and why. `reason` is a short code from docs/corpus.md."""
+
+    path: str
+    source: str
+    reason: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Discovery:
+    root: str
+    utterances: list[Utterance]  # sorted by id
+    rejects: list[Reject]  # sorted by source
+
+    @property
+    def discovered(self) -> int:
+        """Files seen: len(utterances) + len(rejects)."""
+        return len(self.utterances) + len(self.rejects)
+
+
+@dataclass
+class _Candidate:
+    path: str  # absolute
+    source: str  # relative to root (or as written in the manifest when outside the root)
+    id: str
+    names_in_dir: set[str] | None = None
+    row: ManifestRow | None = None
+    inside: bool = True  # under the root (a manifest may list files elsewhere)
+
+
+def _walk(root: str, exts: frozenset[str]) -> list[_Candidate]:
+    """Audio files under root, following symlinks but entering each real directory once (no loops)."""
+    found: list[_Candidate] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    for folder, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(folder)
+        key = (st.st_dev, st.st_ino)
+        if key in seen_dirs:  # a symlink back to a folder already walked: skip it and its subtree
+            dirnames[:] = []
+            continue
+        seen_dirs.add(key)
+        # Hidden entries (.git, macOS ._x.wav resource forks) are never corpus audio.
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        names = set(filenames)
+        for name in sorted(filenames):
+            if name.startswith(".") or "." not in name or name.rsplit(".", 1)[1].lower() not in exts:
+                continue
+            path = os.path.join(folder, name)
+            source = PurePosixPath(*os.path.relpath(path, root).split(os.sep)).as_posix()
+            found.append(_Candidate(path, source, source.rsplit(".", 1)[0], names))
+    return found
+
+
+def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Reject]]:
+    cands: list[_Candidate] = []
+    rejects: list[Reject] = []
+    for row in read_manifest(manifest):
+        inside = row.path == root or row.path.startswith(root + os.sep)
+        if inside:
+            source = PurePosixPath(*os.path.relpath(row.path, root).split(os.sep)).as_posix()
+        else:
+            source = row.written_path.replace(os.sep, "/")
+        uid = row.id
+        if uid is None:
+            if not inside:
+                rejects.append(Reject(row.path, source, "outside_root",
+                                      f"{manifest}:{row.line}: {row.written_path} is not under the corpus root "
+                                      f"{root}; give it an 'id' column"))
+                continue
+            uid = source.rsplit(".", 1)[0] if "." in PurePosixPath(source).name else source
+        cands.append(_Candidate(row.path, source, uid, None, row, inside))
+    return cands, rejects
+
+
+def _parse_speaker_rule(speaker: str) -> int | None:
+    """-1 for auto, N for dir:N, None for none."""
+    if speaker == "auto":
+        return -1
+    if speaker == "none":
+        return None
+    if speaker.startswith("dir:") and speaker[4:].isdigit():
+        return int(speaker[4:])
+    raise ValueError(f"speaker must be 'auto', 'none' or 'dir:N' (N = folder depth, 0 = first folder under "
+                     f"the root), got {speaker!r}")
+
+
+def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataIndex) -> str:
+    folders = list(PurePosixPath(source).parts[:-1])
+    if rule is None:
+        return ""
+    if rule >= 0:
+        return folders[rule] if rule < len(folders) else ""
+    # auto: the first folder, except an LJSpeech `wavs/` folder, which sits beside its metadata.csv.
+    if folders and folders[0] == "wavs" and meta.has_csv(root):
+        return ""
+    return folders[0] if folders else ""
+
+
+def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
+             speaker: str = "auto", exts: Iterable[str] | None = None) -> Discovery:
+    """Describe the corpus under `root`: sorted utterances and the files that were refused.
+
+    manifest: JSONL/CSV/TSV listing the files to use (then nothing is walked); speaker: 'auto', 'dir:N' or
+    'none'; exts: audio extensions to walk for (default: every format libsndfile reads).
+    """
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"corpus root is not a directory: {root}")
+    rule = _parse_speaker_rule(speaker)
+    ext_set = frozenset(e.lower().lstrip(".") for e in exts) if exts is not None else audio_extensions()
+    if not ext_set:
+        raise ValueError("exts is empty: no file could be discovered")
+    meta = MetadataIndex(ext_set)
+
+    rejects: list[Reject] = []
+    if manifest is not None:
+        cands, rejects = _from_manifest(root, os.path.abspath(os.fspath(manifest)))
+    else:
+        cands = _walk(root, ext_set)
+
+    utterances: list[Utterance] = []
+    seen: dict[str, str] = {}
+    # Sorting by source makes the duplicate rule deterministic: of a.flac and a.wav, a.wav is refused.
+    for c in sorted(cands, key=lambda c: (c.source, c.id)):
+        if c.id in seen:
+            rejects.append(Reject(c.path, c.source, "duplicate_id",
+                                  f"id {c.id!r} is already used by {seen[c.id]}"))
+            continue
+        try:
+            info = read_info(c.path)
+        except RejectError as e:
+            rejects.append(Reject(c.path, c.source, e.reason, e.detail))
+            continue
+        if info.frames <= 0:
+            rejects.append(Reject(c.path, c.source, "empty", "the header declares no audio frames"))
+            continue
+        try:
+            text = _own_transcript(c)
+        except TranscriptError as e:  # an unreadable sidecar concerns one file only
+            rejects.append(Reject(c.path, c.source, "bad_transcript", str(e)))
+            continue
+        if text is None:
+            # A malformed metadata.csv is not caught: it concerns every file it lists, so discovery stops
+            # with its file:line message instead of refusing each file.
+            text = meta.lookup(c.path, root) or ""
+        if c.row is not None and c.row.speaker is not None:
+            spk = c.row.speaker
+        else:
+            spk = _speaker_from_path(c.source, rule, root, meta) if c.inside else ""
+        seen[c.id] = c.source
+        utterances.append(Utterance(
+            id=c.id, path=c.path, source=c.source, speaker=spk, text=text,
+            sample_rate=int(info.samplerate), num_samples=int(info.frames), channels=int(info.channels),
+            duration=float(info.frames) / float(info.samplerate) if info.samplerate > 0 else 0.0,
+            extra=dict(c.row.extra) if c.row is not None else {},
+        ))
+
+    utterances.sort(key=lambda u: u.id)
+    rejects.sort(key=lambda r: (r.source, r.reason))
+    return Discovery(root=root, utterances=utterances, rejects=rejects)
+
+
+def _own_transcript(c: _Candidate) -> str | None:
+    """Text from the manifest row, else from a sidecar file; None sends the lookup on to metadata.csv."""
+    if c.row is not None and c.row.text is not None:
+        return c.row.text
+    sidecar = find_sidecar(c.path, c.names_in_dir)
+    # An empty sidecar counts as absent, like an empty manifest cell.
+    return (read_text_file(sidecar) or None) if sidecar is not None else None
