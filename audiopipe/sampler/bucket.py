@@ -1,0 +1,361 @@
+"""A global, length-bucketed, padded-budget batch sampler for data-parallel training.
+
+Driven only by a per-utterance length array (the `<feature>_frames` column of index.arrow); it never opens
+payloads. Use it as `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from audiopipe.sampler.deal import Deal, Uneven, deal
+from audiopipe.sampler.plan import BatchBudget, estimate_boundaries, plan_epoch, validate_lengths
+
+STATE_FORMAT = "audiopipe.BucketBatchSampler/1"
+
+# Stream ids keep the random draws of different purposes independent of each other.
+_BOUNDARIES, _PLAN, _DEAL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SamplerDiagnostics:
+    """What an epoch plan does with the corpus. All counts are global (every rank), in utterances.
+
+    num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds; every kept item is
+    in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
+    batches needed to give every rank the same count.
+    """
+
+    epoch: int
+    world_size: int
+    num_items: int
+    kept: int
+    dropped_too_long: int  # longer than the whole budget on their own
+    dropped_empty: int  # zero frames
+    dropped_uneven: int  # left out to equalize ranks (only uneven="drop" with items < ranks needed)
+    repeated: int  # extra occurrences added to equalize ranks (only uneven="repeat", same condition)
+    split: int  # batches cut in two to make the batch count divisible by the world size
+    num_batches: int  # global batches of the epoch
+    batches_per_rank: int  # under the current world size
+    num_buckets: int
+    padding_efficiency: float  # sum of real frames / sum of padded frames (n * longest) over the epoch
+    fill_ratio: float  # mean batch cost / max_frames
+    max_fill: float  # largest batch cost / max_frames (<= 1 by construction)
+    too_long_indices: np.ndarray = field(repr=False)
+    empty_indices: np.ndarray = field(repr=False)
+    dropped_uneven_indices: np.ndarray = field(repr=False)
+
+    def summary(self) -> str:
+        return (
+            f"epoch {self.epoch}: {self.kept}/{self.num_items} items in {self.num_batches} batches "
+            f"({self.batches_per_rank}/rank x {self.world_size}), padding efficiency "
+            f"{self.padding_efficiency:.2%}, fill {self.fill_ratio:.2%}; dropped {self.dropped_too_long} too long, "
+            f"{self.dropped_empty} empty, {self.dropped_uneven} uneven; repeated {self.repeated}; split {self.split}"
+        )
+
+
+@dataclass
+class _Position:
+    """Where a pass over an epoch starts: earlier world-size segments [(world_size, steps)] + start step."""
+
+    segments: tuple[tuple[int, int], ...]
+    start: int
+    yielded: int = 0
+    finished: bool = False
+
+
+class BucketBatchSampler:
+    """Yields this rank's batches (lists of GLOBAL utterance indices) of one globally planned epoch.
+
+    Budget: a batch of n items whose longest has m frames costs n*m + quadratic*n*m**2 (padded frames plus an
+    optional attention term) and never exceeds max_frames; n never exceeds max_items. Items that exceed the
+    budget alone, and empty items, are dropped and counted in `diagnostics`.
+
+    Plan: bucket edges come from a random sample of the lengths (see plan.estimate_boundaries). Every epoch,
+    from (seed, epoch) only, the edges are shifted, items are shuffled within their bucket and packed greedily
+    in bucket order, so batch composition changes every epoch while padding stays small. The global batches
+    are then dealt to ranks (deal.deal): biggest batches are split until the count divides by world_size, so
+    every rank gets the same number of batches; the batches of one step have similar cost.
+
+    Epochs: call set_epoch(epoch) before iterating (like DistributedSampler). Each iter() is one pass over
+    the epoch; only the first pass after load_state_dict() resumes mid-epoch.
+
+    Checkpointing with a DataLoader: the loader runs the sampler ahead of training (prefetch), so the
+    sampler's own count of yielded batches is too high. Pass what the trainer really consumed::
+
+        for epoch in range(state_epoch, epochs):
+            sampler.set_epoch(epoch)            # no-op for the epoch just restored
+            for i, batch in enumerate(loader):  # i counts from 0 on every pass, resumed or not
+                train(batch)
+                if want_checkpoint:
+                    save({"sampler": sampler.state_dict(consumed_batches=i + 1), ...})
+
+    state_dict() is identical on every rank (ranks move in lockstep), so rank 0 can save it for all.
+    load_state_dict() costs one epoch plan, whatever the position. A state saved under another world size
+    is resumed by re-dealing the batches not yet trained on to the new ranks: nothing lost, nothing repeated.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        max_frames: int,
+        *,
+        quadratic: float = 0.0,
+        max_items: int | None = None,
+        bucket_width: float = 0.03,
+        min_bucket_batches: float = 2.0,
+        boundary_sample_size: int = 20_000,
+        seed: int = 0,
+        shuffle: bool = True,
+        uneven: Uneven = "repeat",
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
+        self.lengths = validate_lengths(lengths)
+        self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
+                                  float(quadratic), max_items)
+        if not bucket_width > 0:
+            raise ValueError(f"bucket_width must be > 0 (relative width of a bucket), got {bucket_width!r}")
+        if not min_bucket_batches >= 0:
+            raise ValueError(f"min_bucket_batches must be >= 0, got {min_bucket_batches!r}")
+        if boundary_sample_size < 1:
+            raise ValueError(f"boundary_sample_size must be >= 1, got {boundary_sample_size!r}")
+        if uneven not in ("repeat", "drop"):
+            raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
+        self.bucket_width = float(bucket_width)
+        self.min_bucket_batches = float(min_bucket_batches)
+        self.boundary_sample_size = int(boundary_sample_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.uneven: Uneven = uneven
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+
+        self._empty = np.flatnonzero(self.lengths == 0)
+        fits = self.budget.fits_alone(self.lengths)
+        self._too_long = np.flatnonzero(~fits & (self.lengths > 0))
+        self._candidates = np.flatnonzero(fits & (self.lengths > 0))
+        self.boundaries = estimate_boundaries(
+            self.lengths[self._candidates], self.budget, self.bucket_width, self.min_bucket_batches,
+            self.boundary_sample_size, self._rng(_BOUNDARIES),
+        )
+        self._fingerprint = hashlib.sha256(self.lengths.tobytes()).hexdigest()[:16]
+        self.epoch = 0
+        self._pending: _Position | None = None  # set by load_state_dict, consumed by the next iter()
+        self._active: _Position | None = None  # the pass in progress (or the last one)
+        self._cache: dict[tuple, Any] = {}
+
+    # ---- epochs and iteration -------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iter() plans. Setting the current epoch again keeps a pending resume."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self._pending = None
+            self._active = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        pos = self._pending if self._pending is not None else _Position((), 0)
+        self._pending = None
+        self._active = pos
+        current = self._deal(self.epoch, pos.segments)
+        rows = current.steps[pos.start :, self.rank]
+        return self._yield(pos, current, rows)
+
+    def _yield(self, pos: _Position, current: Deal, rows: np.ndarray) -> Iterator[list[int]]:
+        for b in rows:
+            pos.yielded += 1
+            yield current.batches[b].tolist()
+        pos.finished = True
+
+    def __len__(self) -> int:
+        """Batches this rank gets in the next pass (or the pass in progress)."""
+        pos = self._pending or (self._active if self._active and not self._active.finished else None)
+        return self._pass_length(pos or _Position((), 0))
+
+    def _pass_length(self, pos: _Position) -> int:
+        return self._deal(self.epoch, pos.segments).steps.shape[0] - pos.start
+
+    # ---- checkpointing -------------------------------------------------------------------------------
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """Position in the epoch as a small JSON-able dict.
+
+        consumed_batches: batches this rank has trained on in the current pass (enumerate(loader) index + 1);
+        by default the number the sampler has yielded, which is too high under DataLoader prefetching.
+        """
+        if self._pending is not None:
+            pos, done = self._pending, 0
+        elif self._active is not None:
+            pos, done = self._active, self._active.yielded
+        else:
+            pos, done = _Position((), 0), 0
+        if consumed_batches is not None:
+            limit = self._pass_length(pos) if self._pending is None and self._active is not None else 0
+            if not 0 <= consumed_batches <= limit:
+                raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
+            done = int(consumed_batches)
+        segments = [list(s) for s in pos.segments] + [[self.world_size, pos.start + done]]
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "segments": segments,
+            "lengths_sha256": self._fingerprint,
+            "num_items": int(self.lengths.size),
+            "config": self._config(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from state_dict(): the next iter() yields exactly this rank's remaining batches."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
+        if state["lengths_sha256"] != self._fingerprint:
+            raise ValueError(
+                f"the state was saved for other lengths ({state['num_items']} items, sha256 {state['lengths_sha256']}) "
+                f"than this sampler's ({self.lengths.size} items, sha256 {self._fingerprint}): another corpus or index?"
+            )
+        diff = {k: (v, self._config().get(k)) for k, v in state["config"].items() if self._config().get(k) != v}
+        if diff:
+            raise ValueError(f"the state was saved with another sampler config (saved, now): {diff}")
+        segments = tuple((int(w), int(k)) for w, k in state["segments"])
+        if not segments or any(w < 1 or k < 0 for w, k in segments):
+            raise ValueError(f"corrupt sampler state segments: {state['segments']}")
+        epoch = int(state["epoch"])
+        # Validate every step count against its deal now rather than failing at the first batch.
+        for j in range(len(segments)):
+            steps = self._deal(epoch, segments[:j], world_size=segments[j][0]).steps.shape[0]
+            if segments[j][1] > steps:
+                raise ValueError(f"sampler state says {segments[j][1]} steps of {steps} were consumed")
+        *prior, (w_last, k_last) = segments
+        earlier = tuple(prior)
+        if w_last == self.world_size:
+            pos = _Position(earlier, k_last)  # same world size: continue the same deal
+        elif k_last == 0:
+            pos = _Position(earlier, 0)  # the last world size consumed nothing: deal as if it never ran
+        else:
+            pos = _Position(earlier + ((w_last, k_last),), 0)  # re-deal what is left to the new ranks
+        self.epoch = epoch
+        self._active = None
+        self._pending = pos
+
+    # ---- diagnostics ---------------------------------------------------------------------------------
+
+    @property
+    def diagnostics(self) -> SamplerDiagnostics:
+        """Diagnostics of the current epoch as planned (including earlier world-size segments of a resume)."""
+        pos = self._pending or self._active or _Position((), 0)
+        key = ("diag", self.epoch, pos.segments, self.world_size)
+        if key not in self._cache:
+            self._cache[key] = self._diagnose(self.epoch, pos.segments)
+        return self._cache[key]
+
+    def _diagnose(self, epoch: int, segments: tuple[tuple[int, int], ...]) -> SamplerDiagnostics:
+        trained: list[np.ndarray] = []
+        split = repeated = 0
+        dropped: list[np.ndarray] = []
+        for j, (w, k) in enumerate(segments):
+            d = self._deal(epoch, segments[:j], world_size=w)
+            trained += [d.batches[b] for b in d.steps[:k].ravel()]
+            split, repeated = split + d.split, repeated + d.repeated
+            dropped.append(d.dropped)
+        current = self._deal(epoch, segments)
+        trained += [current.batches[b] for b in current.steps.ravel()]
+        split, repeated = split + current.split, repeated + current.repeated
+        dropped.append(current.dropped)
+        dropped_uneven = np.concatenate(dropped) if dropped else np.empty(0, dtype=np.int64)
+        sizes = np.fromiter((b.size for b in trained), dtype=np.float64, count=len(trained))
+        longest = np.fromiter((self.lengths[b].max() for b in trained), dtype=np.float64, count=len(trained))
+        real = float(sum(self.lengths[b].sum() for b in trained))
+        padded = float((sizes * longest).sum())
+        cost = self.budget.cost(sizes, longest) / self.budget.max_frames
+        return SamplerDiagnostics(
+            epoch=epoch,
+            world_size=self.world_size,
+            num_items=int(self.lengths.size),
+            kept=int(self._candidates.size - dropped_uneven.size),
+            dropped_too_long=int(self._too_long.size),
+            dropped_empty=int(self._empty.size),
+            dropped_uneven=int(dropped_uneven.size),
+            repeated=int(repeated),
+            split=int(split),
+            num_batches=len(trained),
+            batches_per_rank=int(current.steps.shape[0]),
+            num_buckets=int(self.boundaries.size + 1) if self._candidates.size else 0,
+            padding_efficiency=real / padded if padded else 1.0,
+            fill_ratio=float(cost.mean()) if cost.size else 0.0,
+            max_fill=float(cost.max()) if cost.size else 0.0,
+            too_long_indices=self._too_long,
+            empty_indices=self._empty,
+            dropped_uneven_indices=dropped_uneven,
+        )
+
+    # ---- planning (cached, pure functions of seed/epoch/config) ------------------------------------
+
+    def _rng(self, *stream: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *stream])
+
+    def _plan(self, epoch: int) -> list[np.ndarray]:
+        key = ("plan", epoch)
+        if key not in self._cache:
+            self._trim_cache(epoch)
+            rng = self._rng(_PLAN, epoch) if self.shuffle else None
+            self._cache[key] = plan_epoch(
+                self._candidates, self.lengths, self.budget, self.boundaries, self.bucket_width, rng
+            )
+        return self._cache[key]
+
+    def _deal(self, epoch: int, segments: tuple[tuple[int, int], ...], world_size: int | None = None) -> Deal:
+        """The deal of segment len(segments): the plan, re-dealt after each earlier (world_size, steps)."""
+        world_size = self.world_size if world_size is None else world_size
+        key = ("deal", epoch, segments, world_size)
+        if key not in self._cache:
+            if segments:
+                w, k = segments[-1]
+                batches = self._deal(epoch, segments[:-1], world_size=w).remaining(k)
+            else:
+                batches = self._plan(epoch)
+            rng = self._rng(_DEAL, epoch, len(segments)) if self.shuffle else None
+            self._cache[key] = deal(batches, self.lengths, self.budget, world_size, rng, self.uneven)
+        return self._cache[key]
+
+    def _trim_cache(self, epoch: int) -> None:
+        # Plans of other epochs are never needed again; keep memory bounded to one epoch.
+        self._cache = {k: v for k, v in self._cache.items() if k[1] == epoch}
+
+    def _config(self) -> dict[str, Any]:
+        cfg = {
+            "max_frames": int(self.budget.max_frames),
+            "quadratic": self.budget.quadratic,
+            "max_items": self.budget.max_items,
+            "bucket_width": self.bucket_width,
+            "min_bucket_batches": self.min_bucket_batches,
+            "boundary_sample_size": self.boundary_sample_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "uneven": self.uneven,
+        }
+        return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values win; otherwise torch.distributed when initialized; otherwise a single process."""
+    if rank is None or world_size is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world_size = dist.get_world_size() if world_size is None else world_size
+        except ImportError:
+            pass
+    rank = 0 if rank is None else int(rank)
+    world_size = 1 if world_size is None else int(world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size
