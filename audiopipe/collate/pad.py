@@ -1,0 +1,204 @@
+"""Pad a list of samples into torch tensors: one copy per item, into reused buffers, pad region zeroed only.
+
+Every feature has time on its LAST axis (see audiopipe/features/base.py), so one rule pads them all:
+`mel [80, T] -> [B, 80, T_max]`, `f0 [T] -> [B, T_max]`, `codes [16, T] -> [B, 16, T_max]`.
+
+Buffer reuse and its aliasing rule: in the training process, a batch's tensors are views into a small ring
+of `ring_size` preallocated buffers per feature (grown on demand, never shrunk). Batch k's memory is written
+again by batch k + ring_size, so the caller must be done with a batch (moved it to the GPU, or copied it)
+before ring_size more batches are collated; keep ring_size >= 2 + batches held at once (e.g. pin-memory or
+non_blocking copies in flight). A batch tensor's storage can be larger than the tensor: `.clone()` it
+before keeping or saving it for long. Inside DataLoader worker processes the ring is NOT used: each batch
+is written once, directly into a fresh shared-memory block (as torch's default_collate does), because
+sending a tensor to the main process moves its storage into shared memory, and a reused one would be
+overwritten while the main process still reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class CollateStats:
+    """Running totals of this collator (per process: each DataLoader worker counts its own batches)."""
+
+    batches: int = 0
+    real: dict[str, int] = field(default_factory=dict)  # frames that hold data, per feature
+    padded: dict[str, int] = field(default_factory=dict)  # frames of the padded tensors (B * T_max)
+
+    def padding_ratio(self, feature: str) -> float:
+        total = self.padded.get(feature, 0)
+        return 1.0 - self.real.get(feature, 0) / total if total else 0.0
+
+
+class _Ring:
+    """`size` flat buffers used in turn; a slot is reallocated only when a batch needs more room."""
+
+    def __init__(self, size: int):
+        self.slots: list[torch.Tensor | None] = [None] * size
+        self.next = 0
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        i = self.next
+        self.next = (i + 1) % len(self.slots)
+        buf = self.slots[i]
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            # Headroom so that a slowly growing longest item does not reallocate every batch.
+            buf = torch.empty(int(numel * 1.25) + 64, dtype=dtype)
+            self.slots[i] = buf
+        return buf[:numel]
+
+
+def _shared_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory, so sending it from a worker costs no extra copy."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    try:
+        storage = torch.UntypedStorage._new_shared(max(numel, 1) * itemsize)
+        return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
+    except (AttributeError, RuntimeError):  # private API moved: pay one extra copy instead
+        return torch.empty(numel, dtype=dtype).share_memory_()
+
+
+def _torch_dtype(dtype: np.dtype, feature: str) -> torch.dtype:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError as e:
+        raise TypeError(f"feature {feature!r} has dtype {dtype}, which torch cannot hold") from e
+
+
+class PadCollator:
+    """collate_fn that pads `features` along the last axis and passes every other key through as a list.
+
+    Returns a dict with, for each feature f: `f` (tensor [B, ..., T_max], the items' dtype), `f_lengths`
+    (int64 [B], frames before padding), `f_mask` (bool [B, T_max], True on real frames); `padding_ratio`
+    ({f: padded-but-empty frames / all frames of the tensor}); and `key: [item[key] ...]` for every other key
+    (id, speaker, text, scalars). T_max is the longest item, rounded up to a multiple of pad_to_multiple.
+    Items are dicts of numpy arrays (read-only mmap views are fine: they are only read, once).
+    """
+
+    def __init__(
+        self,
+        features: Sequence[str],
+        *,
+        pad_to_multiple: int = 1,
+        pad_value: float | Mapping[str, float] = 0,
+        ring_size: int = 3,
+    ):
+        if isinstance(features, str) or not features:
+            raise ValueError(f"features must be a non-empty list of feature names, got {features!r}")
+        if len(set(features)) != len(features):
+            raise ValueError(f"features listed twice: {list(features)}")
+        if not isinstance(pad_to_multiple, int) or pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple must be an integer >= 1, got {pad_to_multiple!r}")
+        if ring_size < 1:
+            raise ValueError(f"ring_size must be >= 1, got {ring_size!r}")
+        self.features = list(features)
+        self.pad_to_multiple = pad_to_multiple
+        if isinstance(pad_value, Mapping):
+            unknown = set(pad_value) - set(self.features)
+            if unknown:
+                raise ValueError(f"pad_value names features that are not collated: {sorted(unknown)}")
+            self.pad_value = {f: pad_value.get(f, 0) for f in self.features}
+        else:
+            self.pad_value = {f: pad_value for f in self.features}
+        self.ring_size = ring_size
+        self.stats = CollateStats()
+        self._rings: dict[tuple[str, str], _Ring] = {}
+        self._reserved = {"padding_ratio"} | {f"{f}_{s}" for f in self.features for s in ("lengths", "mask")}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers get a copy without buffers (they allocate in shared memory anyway).
+        state = self.__dict__.copy()
+        state["_rings"] = {}
+        state["stats"] = CollateStats()
+        return state
+
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if len(items) == 0:
+            raise ValueError("cannot collate an empty batch")
+        keys = list(items[0].keys())
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(f"item {i} is a {type(item).__name__}, expected a dict of arrays and metadata")
+            if set(item.keys()) != set(keys):
+                raise ValueError(
+                    f"item {i} ({_name(item, i)}) has keys {sorted(item.keys())}, item 0 has {sorted(keys)}"
+                )
+        clash = self._reserved & set(keys)
+        if clash:
+            raise ValueError(f"items have keys that collate would overwrite: {sorted(clash)}")
+        in_worker = torch.utils.data.get_worker_info() is not None
+        out: dict[str, Any] = {}
+        ratios: dict[str, float] = {}
+        for f in self.features:
+            tensor, lengths, mask, ratio = self._pad(f, items, in_worker)
+            out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, lengths, mask
+            ratios[f] = ratio
+        out["padding_ratio"] = ratios
+        for k in keys:
+            if k not in out:
+                out[k] = [item[k] for item in items]
+        self.stats.batches += 1
+        return out
+
+    def _pad(
+        self, f: str, items: Sequence[Mapping[str, Any]], in_worker: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        arrays = []
+        for i, item in enumerate(items):
+            if f not in item:
+                raise KeyError(f"item {i} ({_name(item, i)}) has no feature {f!r}; it has {sorted(item.keys())}")
+            a = item[f]
+            a = a if isinstance(a, np.ndarray) else np.asarray(a)
+            if a.ndim == 0:
+                raise ValueError(f"feature {f!r} of item {i} ({_name(item, i)}) is a scalar; time must be the last axis")
+            arrays.append(a)
+        lead, dtype = arrays[0].shape[:-1], arrays[0].dtype
+        for i, a in enumerate(arrays):
+            if a.shape[:-1] != lead or a.dtype != dtype:
+                raise ValueError(
+                    f"feature {f!r}: item {i} ({_name(items[i], i)}) is {a.dtype}{list(a.shape)}, item 0 is "
+                    f"{dtype}{list(arrays[0].shape)}; all items need the same dtype and non-time axes"
+                )
+        lengths = np.fromiter((a.shape[-1] for a in arrays), dtype=np.int64, count=len(arrays))
+        m = self.pad_to_multiple
+        t_max = -(-int(lengths.max()) // m) * m
+        n = len(arrays)
+        shape = (n, *lead, t_max)
+        numel = int(np.prod(shape))
+        tdtype = _torch_dtype(dtype, f)
+        if in_worker:
+            flat, mask_flat = _shared_empty(numel, tdtype), _shared_empty(n * t_max, torch.bool)
+        else:
+            flat = self._ring(f, "data").take(numel, tdtype)
+            mask_flat = self._ring(f, "mask").take(n * t_max, torch.bool)
+        tensor = flat.view(shape)
+        dst = tensor.numpy()
+        pad = self.pad_value[f]
+        for i, a in enumerate(arrays):
+            t = a.shape[-1]
+            dst[i, ..., :t] = a  # the one copy of this item
+            if t < t_max:
+                dst[i, ..., t:] = pad  # only the pad region; the rest was just overwritten
+        mask = mask_flat.view(n, t_max)
+        np.less(np.arange(t_max)[None, :], lengths[:, None], out=mask.numpy())
+        real, total = int(lengths.sum()), n * t_max
+        self.stats.real[f] = self.stats.real.get(f, 0) + real
+        self.stats.padded[f] = self.stats.padded.get(f, 0) + total
+        ratio = 1.0 - real / total if total else 0.0
+        return tensor, torch.from_numpy(lengths), mask, ratio
+
+    def _ring(self, feature: str, role: str) -> _Ring:
+        key = (feature, role)
+        if key not in self._rings:
+            self._rings[key] = _Ring(self.ring_size)
+        return self._rings[key]
+
+
+def _name(item: Mapping[str, Any], i: int) -> str:
+    return f"id={item['id']!r}" if "id" in item else f"#{i}"
