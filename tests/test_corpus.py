@@ -364,3 +364,18 @@ def test_discovery_reads_headers_only(tmp_path):
     shutil.copy(tmp_path / "cut.wav", tmp_path / "copy.wav")
     d = discover(tmp_path)
     assert [u.id for u in d.utterances] == ["copy", "cut"] and d.rejects == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can list any folder")
+def test_unlistable_folder_is_reported_not_skipped(tmp_path):
+    put(tmp_path / "ok" / "a.wav")
+    locked = tmp_path / "locked"
+    put(locked / "b.wav")
+    locked.chmod(0)
+    try:
+        d = discover(tmp_path)
+    finally:
+        locked.chmod(0o755)
+    assert [u.id for u in d.utterances] == ["ok/a"]
+    assert [(r.source, r.reason) for r in d.rejects] == [("locked/", "unreadable")]
+    assert "cannot list the folder" in d.rejects[0].detail

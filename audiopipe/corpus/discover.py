@@ -104,11 +104,21 @@ class _Candidate:
     inside: bool = True  # under the root (a manifest may list files elsewhere)
 
 
-def _walk(root: str, exts: frozenset[str]) -> list[_Candidate]:
+def _rel(path: str, root: str) -> str:
+    return PurePosixPath(*os.path.relpath(path, root).split(os.sep)).as_posix()
+
+
+def _walk(root: str, exts: frozenset[str]) -> tuple[list[_Candidate], list[Reject]]:
     """Audio files under root, following symlinks but entering each real directory once (no loops)."""
     found: list[_Candidate] = []
+    unlisted: list[Reject] = []
     seen_dirs: set[tuple[int, int]] = set()
-    for folder, dirnames, filenames in os.walk(root, followlinks=True):
+
+    def cannot_list(err: OSError) -> None:  # os.walk would skip such a folder silently
+        where = err.filename or root
+        unlisted.append(Reject(where, _rel(where, root) + "/", "unreadable", f"cannot list the folder: {err}"))
+
+    for folder, dirnames, filenames in os.walk(root, followlinks=True, onerror=cannot_list):
         st = os.stat(folder)
         key = (st.st_dev, st.st_ino)
         if key in seen_dirs:  # a symlink back to a folder already walked: skip it and its subtree
@@ -122,9 +132,9 @@ def _walk(root: str, exts: frozenset[str]) -> list[_Candidate]:
             if name.startswith(".") or "." not in name or name.rsplit(".", 1)[1].lower() not in exts:
                 continue
             path = os.path.join(folder, name)
-            source = PurePosixPath(*os.path.relpath(path, root).split(os.sep)).as_posix()
+            source = _rel(path, root)
             found.append(_Candidate(path, source, source.rsplit(".", 1)[0], names))
-    return found
+    return found, unlisted
 
 
 def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Reject]]:
@@ -133,7 +143,7 @@ def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Rej
     for row in read_manifest(manifest):
         inside = row.path == root or row.path.startswith(root + os.sep)
         if inside:
-            source = PurePosixPath(*os.path.relpath(row.path, root).split(os.sep)).as_posix()
+            source = _rel(row.path, root)
         else:
             source = row.written_path.replace(os.sep, "/")
         uid = row.id
@@ -192,7 +202,7 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
     if manifest is not None:
         cands, rejects = _from_manifest(root, os.path.abspath(os.fspath(manifest)))
     else:
-        cands = _walk(root, ext_set)
+        cands, rejects = _walk(root, ext_set)
 
     utterances: list[Utterance] = []
     seen: dict[str, str] = {}
