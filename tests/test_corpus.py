@@ -379,3 +379,13 @@ def test_unlistable_folder_is_reported_not_skipped(tmp_path):
     assert [u.id for u in d.utterances] == ["ok/a"]
     assert [(r.source, r.reason) for r in d.rejects] == [("locked/", "unreadable")]
     assert "cannot list the folder" in d.rejects[0].detail
+
+
+def test_manifest_through_a_symlinked_root(tmp_path):
+    real = tmp_path / "real"
+    put(real / "spk" / "a.wav")
+    (tmp_path / "alias").symlink_to(real, target_is_directory=True)
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"path": str(real / "spk" / "a.wav")}) + "\n")
+    d = discover(tmp_path / "alias", manifest=m)  # root via the link, listed path via the real folder
+    assert [(u.id, u.source, u.speaker) for u in d.utterances] == [("spk/a", "spk/a.wav", "spk")]

@@ -140,12 +140,14 @@ def _walk(root: str, exts: frozenset[str]) -> tuple[list[_Candidate], list[Rejec
 def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Reject]]:
     cands: list[_Candidate] = []
     rejects: list[Reject] = []
+    real_root = os.path.realpath(root)
     for row in read_manifest(manifest):
-        inside = row.path == root or row.path.startswith(root + os.sep)
-        if inside:
-            source = _rel(row.path, root)
-        else:
-            source = row.written_path.replace(os.sep, "/")
+        inside = row.path.startswith(root + os.sep)
+        source = _rel(row.path, root) if inside else row.written_path.replace(os.sep, "/")
+        if not inside:  # the root or the listed path may go through a symlink: compare real paths too
+            real = os.path.realpath(row.path)
+            if real.startswith(real_root + os.sep):
+                inside, source = True, _rel(real, real_root)
         uid = row.id
         if uid is None:
             if not inside:

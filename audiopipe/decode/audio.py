@@ -69,7 +69,7 @@ def check_header(info: Any, limits: DecodeLimits | None = None) -> None:
     """
     limits = limits or DecodeLimits()
     sr, channels, frames = _header_fields(info)
-    if not limits.min_sample_rate <= sr <= limits.max_sample_rate:
+    if sr <= 0 or not limits.min_sample_rate <= sr <= limits.max_sample_rate:
         raise RejectError("bad_sample_rate", f"sample rate {sr} Hz is outside "
                                              f"[{limits.min_sample_rate}, {limits.max_sample_rate}] Hz")
     if channels < 1:
