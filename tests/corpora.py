@@ -235,11 +235,13 @@ def asterisk_transcripts() -> dict[str, str]:
     return out
 
 
-def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None) -> list[ExpectedUtt]:
+def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None,
+                         copy: bool = False) -> list[ExpectedUtt]:
     """Real speech in an LJSpeech layout: <dir>/metadata.csv (name|text) and <dir>/wavs/<name>.wav symlinks.
 
     Only prompts with a spoken transcript and a duration inside DecodeLimits() (0.3-30 s) are used; `n` picks
     that many, evenly spaced over the sorted names (deterministic). Ids are "wavs/<name>", speaker "".
+    copy=True copies the files instead of linking them (for a corpus that must travel to another machine).
     """
     if not ASTERISK_SOUNDS.is_dir() or not ASTERISK_TRANSCRIPTS.is_file():
         import pytest
@@ -265,7 +267,10 @@ def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None) -> l
     for name, info in usable:
         link = root / "wavs" / f"{name}.wav"
         if not link.exists():
-            link.symlink_to(ASTERISK_SOUNDS / f"{name}.wav")
+            if copy:
+                shutil.copyfile(ASTERISK_SOUNDS / f"{name}.wav", link)
+            else:
+                link.symlink_to(ASTERISK_SOUNDS / f"{name}.wav")
         lines.append(f"{name}|{texts[name]}")
         out.append(ExpectedUtt(f"wavs/{name}", "", texts[name], info.samplerate, info.frames, "speech"))
     (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
