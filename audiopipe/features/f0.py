@@ -1,0 +1,308 @@
+"""F0 (Hz) and a voicing flag per frame: a fast YIN + Viterbi tracker, and pyworld / Praat reference backends.
+
+Every backend yields frames centred at t * hop (t = 0 .. N // hop), i.e. exactly N // hop + 1 frames, the
+framing of a centred STFT with the same hop, so F0 lines up with the mel of the same hop.
+
+The default backend "yin" (design and accuracy in docs/features.md):
+  1. resample to 8 kHz (soxr; enough bandwidth for F0 <= 1100 Hz and its first harmonics);
+  2. YIN's cumulative-mean-normalised difference (CMNDF) for every frame and lag, with the window sums
+     taken from per-lag running sums over the signal, so the cost is O(samples x lags) whatever the
+     window length or hop (numba, one thread);
+  3. per frame the best few CMNDF dips (parabolic interpolation, a small bias towards short lags so that
+     pure tones do not fall to sub-harmonics) plus an "unvoiced" state;
+  4. Viterbi over those states: octave jumps and voicing switches cost, so the track is continuous and
+     isolated voicing blips vanish.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numba
+import numpy as np
+import soxr
+
+from audiopipe.features.base import FeatureSpec
+from audiopipe.features.pcm import check_waveform
+
+Backend = Literal["yin", "dio", "harvest", "praat"]
+BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
+
+# Tuning of the "yin" backend, chosen on 44 held-in clips and confirmed on 44 held-out ones against
+# pyworld harvest (docs/features.md). Changing any of these changes the output: bump F0_VERSION.
+F0_VERSION = 1
+YIN_RATE = 8000  # analysis rate (Hz)
+YIN_WINDOW_S = 0.040  # integration window of the difference function
+YIN_CANDIDATES = 6  # CMNDF dips kept per frame
+YIN_LAG_BIAS = 0.04  # cost per octave below fmax, so the shortest of equally good periods wins
+YIN_UNVOICED_COST = 0.9  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value)
+YIN_OCTAVE_COST = 3.0  # transition cost per octave of F0 change between consecutive frames
+YIN_SWITCH_COST = 1.8  # transition cost of a voiced <-> unvoiced switch
+YIN_SILENCE_DB = -70.0  # frames quieter than this (RMS re full scale, DC removed) are unvoiced
+_BLOCK_FRAMES = 256  # frames per block: keeps the running-sum buffer in cache and memory O(K) per frame
+
+
+@numba.njit(cache=True, nogil=True)
+def _yin_candidates(x, centers, W, tau_min, tau_max, K, lag_bias):  # pragma: no cover - numba
+    """Per frame: K best CMNDF dips (lags, costs) in [tau_min, tau_max] and the window's energy.
+
+    x is zero padded so every index used exists. For lag tau the compared windows are
+    x[s : s + W] and x[s + tau : s + tau + W] with s = c - W // 2 - tau // 2: centred on the frame.
+    """
+    T = centers.shape[0]
+    n_lags = tau_max + 2  # one lag past tau_max for the parabola
+    lags = np.zeros((T, K))
+    costs = np.full((T, K), np.inf)
+    energy = np.zeros(T)
+    half_w = W // 2
+    margin = half_w + n_lags // 2 + W + n_lags + 2
+    d = np.empty((_BLOCK_FRAMES, n_lags))
+    for b0 in range(0, T, _BLOCK_FRAMES):
+        b1 = min(T, b0 + _BLOCK_FRAMES)
+        lo = centers[b0] - margin
+        hi = centers[b1 - 1] + margin
+        L = hi - lo
+        sq = np.zeros(L + 1)
+        sm = np.zeros(L + 1)
+        acc = 0.0
+        acc1 = 0.0
+        for j in range(L):
+            v = x[lo + j]
+            acc += v * v
+            acc1 += v
+            sq[j + 1] = acc
+            sm[j + 1] = acc1
+        for t in range(b0, b1):
+            s = centers[t] - half_w - lo
+            e = sq[s + W] - sq[s]
+            m = sm[s + W] - sm[s]
+            energy[t] = max(e - m * m / W, 0.0)
+        prod = np.zeros(L + 1)
+        for tau in range(1, n_lags):
+            acc = 0.0
+            for j in range(L - tau):
+                acc += x[lo + j] * x[lo + j + tau]
+                prod[j + 1] = acc
+            off = half_w + tau // 2
+            for t in range(b0, b1):
+                s = centers[t] - off - lo
+                r = prod[s + W] - prod[s]
+                e1 = sq[s + W] - sq[s]
+                e2 = sq[s + tau + W] - sq[s + tau]
+                v = e1 + e2 - 2.0 * r
+                d[t - b0, tau] = v if v > 0.0 else 0.0
+        for t in range(b0, b1):
+            row = d[t - b0]
+            # Cumulative-mean normalisation in place (YIN step 3); d'(tau) = 1 where the running sum is 0.
+            run = 0.0
+            for tau in range(1, n_lags):
+                run += row[tau]
+                row[tau] = row[tau] * tau / run if run > 0.0 else 1.0
+            n = 0
+            for tau in range(tau_min, tau_max + 1):
+                v = row[tau]
+                if tau > tau_min and row[tau - 1] < v:
+                    continue
+                if row[tau + 1] <= v:
+                    continue
+                a = row[tau - 1]
+                g = row[tau + 1]
+                den = a - 2.0 * v + g
+                frac = 0.5 * (a - g) / den if den > 0.0 else 0.0
+                cost = v + lag_bias * math.log2(tau / tau_min)
+                if n < K:
+                    pos = n
+                    n += 1
+                elif cost < costs[t, K - 1]:
+                    pos = K - 1
+                else:
+                    continue
+                while pos > 0 and costs[t, pos - 1] > cost:
+                    costs[t, pos] = costs[t, pos - 1]
+                    lags[t, pos] = lags[t, pos - 1]
+                    pos -= 1
+                costs[t, pos] = cost
+                lags[t, pos] = tau + frac
+    return lags, costs, energy
+
+
+@numba.njit(cache=True, nogil=True)
+def _viterbi(lags, costs, unvoiced_cost, octave_cost, switch_cost):  # pragma: no cover - numba
+    """Cheapest state path; states 0..K-1 are the frame's candidates, state K is unvoiced."""
+    T, K = lags.shape
+    S = K + 1
+    acc = np.empty(S)
+    new = np.empty(S)
+    back = np.zeros((T, S), np.int8)
+    for k in range(K):
+        acc[k] = costs[0, k]
+    acc[K] = unvoiced_cost
+    for t in range(1, T):
+        for k in range(S):
+            local = unvoiced_cost if k == K else costs[t, k]
+            best = np.inf
+            arg = K
+            if local < np.inf:
+                for j in range(S):
+                    if acc[j] == np.inf:
+                        continue
+                    if k == K and j == K:
+                        tr = 0.0
+                    elif k == K or j == K:
+                        tr = switch_cost
+                    else:
+                        tr = octave_cost * abs(math.log2(lags[t, k] / lags[t - 1, j]))
+                    if acc[j] + tr < best:
+                        best = acc[j] + tr
+                        arg = j
+            new[k] = best + local
+            back[t, k] = arg
+        for k in range(S):
+            acc[k] = new[k]
+    path = np.empty(T, np.int64)
+    b = K
+    for k in range(S):
+        if acc[k] < acc[b]:
+            b = k
+    path[T - 1] = b
+    for t in range(T - 1, 0, -1):
+        path[t - 1] = back[t, path[t]]
+    return path
+
+
+def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> tuple[np.ndarray, np.ndarray]:
+    T = len(wav) // hop + 1
+    rate = min(YIN_RATE, sr)
+    x = soxr.resample(wav, sr, rate) if rate != sr else wav
+    tau_min = max(2, int(math.floor(rate / fmax)))
+    tau_max = int(math.ceil(rate / fmin))
+    W = int(round(YIN_WINDOW_S * rate))
+    pad = W + tau_max + 4
+    margin = W // 2 + (tau_max + 2) // 2 + W + tau_max + 4
+    xp = np.zeros(len(x) + 2 * (pad + margin))
+    xp[pad + margin : pad + margin + len(x)] = x
+    centers = np.rint(np.arange(T) * (hop * rate / sr)).astype(np.int64) + pad + margin
+    lags, costs, energy = _yin_candidates(xp, centers, W, tau_min, tau_max, YIN_CANDIDATES, YIN_LAG_BIAS)
+    silent = 10.0 * np.log10(energy / W + 1e-20) < YIN_SILENCE_DB
+    costs[silent] = np.inf
+    path = _viterbi(lags, costs, YIN_UNVOICED_COST, YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    voiced = path < YIN_CANDIDATES
+    lag = lags[np.arange(T), np.minimum(path, YIN_CANDIDATES - 1)]
+    f0 = np.zeros(T)
+    f0[voiced] = np.clip(rate / lag[voiced], fmin, fmax)
+    return f0, voiced
+
+
+def _fit_length(f0: np.ndarray, T: int) -> np.ndarray:
+    # pyworld counts frames with floating point (N / frame_period): off by one either way is possible.
+    if len(f0) >= T:
+        return f0[:T]
+    return np.concatenate([f0, np.full(T - len(f0), f0[-1] if len(f0) else 0.0)])
+
+
+def _pyworld_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float, algo: str) -> np.ndarray:
+    try:
+        import pyworld
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(f"f0 backend {algo!r} needs pyworld: pip install 'audiopipe[reference]'") from e
+    x = wav.astype(np.float64)
+    period_ms = 1000.0 * hop / sr
+    if algo == "dio":
+        f0, t = pyworld.dio(x, sr, f0_floor=fmin, f0_ceil=fmax, frame_period=period_ms)
+        f0 = pyworld.stonemask(x, f0, t, sr)
+    else:
+        f0, _ = pyworld.harvest(x, sr, f0_floor=fmin, f0_ceil=fmax, frame_period=period_ms)
+    return _fit_length(f0, len(wav) // hop + 1)
+
+
+def _praat_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> np.ndarray:
+    try:
+        import parselmouth
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("f0 backend 'praat' needs praat-parselmouth: pip install 'audiopipe[reference]'") from e
+    T = len(wav) // hop + 1
+    # Praat only places frames whose 3-period window fits in the sound: pad so every centre t*hop is covered.
+    pad = int(math.ceil(1.5 / fmin * sr)) + hop
+    x = np.concatenate([np.zeros(pad), wav.astype(np.float64), np.zeros(pad)])
+    pitch = parselmouth.Sound(x, sampling_frequency=sr).to_pitch_ac(
+        time_step=hop / sr, pitch_floor=fmin, pitch_ceiling=fmax
+    )
+    freq = pitch.selected_array["frequency"]
+    times = pitch.xs() - pad / sr
+    want = np.arange(T) * hop / sr
+    # Voicing from the nearest Praat frame; F0 linearly interpolated when both neighbours are voiced.
+    right = np.clip(np.searchsorted(times, want), 1, len(times) - 1)
+    left = right - 1
+    w = np.clip((want - times[left]) / (times[right] - times[left]), 0.0, 1.0)
+    nearest = np.where(w < 0.5, left, right)
+    f0 = freq[nearest].copy()
+    both = (freq[left] > 0) & (freq[right] > 0)
+    f0[both] = (1 - w[both]) * freq[left][both] + w[both] * freq[right][both]
+    f0[freq[nearest] <= 0] = 0.0
+    return f0
+
+
+def interpolate_unvoiced(f0: np.ndarray, voiced: np.ndarray, fill_hz: float) -> np.ndarray:
+    """Linear interpolation through unvoiced frames, edges held; all-unvoiced gives fill_hz everywhere."""
+    if not voiced.any():
+        return np.full(len(f0), fill_hz, dtype=f0.dtype)
+    idx = np.flatnonzero(voiced)
+    return np.interp(np.arange(len(f0)), idx, f0[idx]).astype(f0.dtype)
+
+
+class F0:
+    """{"f0": float32 [T] Hz, "voiced": uint8 [T]} with T = N // hop_length + 1 (frames centred at t * hop).
+
+    interpolate=False: f0 is 0 on unvoiced frames. interpolate=True (NaturalSpeech 2): f0 is linearly
+    interpolated through unvoiced frames with the edges held, so f0 > 0 everywhere; a clip with no voiced
+    frame gets f0 = fmin on every frame (and voiced all 0).
+    """
+
+    kind = "f0"
+
+    def __init__(
+        self,
+        sample_rate: int = 24000,
+        hop_length: int = 256,
+        fmin: float = 50.0,
+        fmax: float = 1100.0,
+        interpolate: bool = False,
+        backend: Backend = "yin",
+    ) -> None:
+        sample_rate, hop_length, fmin, fmax = int(sample_rate), int(hop_length), float(fmin), float(fmax)
+        if backend not in BACKENDS:
+            raise ValueError(f"f0: unknown backend {backend!r}; expected one of {BACKENDS}")
+        if hop_length <= 0 or sample_rate <= 0:
+            raise ValueError(f"f0: sample_rate and hop_length must be positive, got {sample_rate}, {hop_length}")
+        if not 0 < fmin < fmax:
+            raise ValueError(f"f0: need 0 < fmin < fmax, got fmin={fmin} fmax={fmax}")
+        if fmax >= min(sample_rate, YIN_RATE) / 2:
+            raise ValueError(f"f0: fmax {fmax} Hz must be below the analysis Nyquist {min(sample_rate, YIN_RATE) / 2}")
+        self.sample_rate, self.hop_length, self.fmin, self.fmax = sample_rate, hop_length, fmin, fmax
+        self.interpolate, self.backend = bool(interpolate), backend
+        params = {
+            "sample_rate": sample_rate, "hop_length": hop_length, "fmin": fmin, "fmax": fmax,
+            "interpolate": self.interpolate, "backend": backend,
+        }
+        common = dict(kind=self.kind, sample_rate=sample_rate, channels=0, hop_length=hop_length, version=F0_VERSION)
+        self.specs = (
+            FeatureSpec(name="f0", dtype="float32", params=dict(params), **common),
+            FeatureSpec(name="voiced", dtype="uint8", params=dict(params), **common),
+        )
+
+    def num_frames(self, num_samples: int) -> int:
+        return num_samples // self.hop_length + 1
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        x = check_waveform(wav, self.kind)
+        args = (x, self.sample_rate, self.hop_length, self.fmin, self.fmax)
+        if self.backend == "yin":
+            f0, voiced = _yin_track(*args)
+        else:
+            f0 = _praat_track(*args) if self.backend == "praat" else _pyworld_track(*args, algo=self.backend)
+            voiced = f0 > 0
+        f0 = np.where(voiced, f0, 0.0).astype(np.float32)
+        if self.interpolate:
+            f0 = interpolate_unvoiced(f0, voiced, self.fmin)
+        return {"f0": f0, "voiced": voiced.astype(np.uint8)}

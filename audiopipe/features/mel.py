@@ -1,0 +1,264 @@
+"""Log-mel spectrograms in torch: the vocos mel (F5-TTS) and the HiFi-GAN/BigVGAN slaney mel.
+
+One batched function, `mel_spectrogram`, does the work for both the offline features (one utterance at a
+time on CPU) and trainers (a batch on the training device), so the two can never drift apart. The mel
+filterbank is built here (HTK or Slaney scale, optional Slaney area normalisation) and matches
+`librosa.filters.mel`; torchaudio is deliberately not used.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+
+from audiopipe.features.base import FeatureSpec
+from audiopipe.features.pcm import check_waveform
+
+MelScale = Literal["htk", "slaney"]
+Padding = Literal["center", "hifigan"]
+
+# Slaney's Auditory Toolbox scale: linear below 1 kHz, logarithmic above.
+_SLANEY_F_SP = 200.0 / 3
+_SLANEY_MIN_LOG_HZ = 1000.0
+_SLANEY_MIN_LOG_MEL = _SLANEY_MIN_LOG_HZ / _SLANEY_F_SP
+_SLANEY_LOGSTEP = math.log(6.4) / 27.0
+
+
+def hz_to_mel(freq: np.ndarray | float, scale: MelScale) -> np.ndarray:
+    f = np.asarray(freq, dtype=np.float64)
+    if scale == "htk":
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+    if scale == "slaney":
+        lin = f / _SLANEY_F_SP
+        log = _SLANEY_MIN_LOG_MEL + np.log(np.maximum(f, _SLANEY_MIN_LOG_HZ) / _SLANEY_MIN_LOG_HZ) / _SLANEY_LOGSTEP
+        return np.where(f >= _SLANEY_MIN_LOG_HZ, log, lin)
+    raise ValueError(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
+
+
+def mel_to_hz(mel: np.ndarray | float, scale: MelScale) -> np.ndarray:
+    m = np.asarray(mel, dtype=np.float64)
+    if scale == "htk":
+        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+    if scale == "slaney":
+        lin = _SLANEY_F_SP * m
+        log = _SLANEY_MIN_LOG_HZ * np.exp(_SLANEY_LOGSTEP * (m - _SLANEY_MIN_LOG_MEL))
+        return np.where(m >= _SLANEY_MIN_LOG_MEL, log, lin)
+    raise ValueError(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
+
+
+@functools.lru_cache(maxsize=32)
+def mel_filterbank(
+    sample_rate: int,
+    n_fft: int,
+    n_mels: int,
+    fmin: float = 0.0,
+    fmax: float | None = None,
+    scale: MelScale = "htk",
+    norm: Literal["slaney"] | None = None,
+) -> np.ndarray:
+    """Triangular mel filters, float64 [n_mels, n_fft // 2 + 1] (read-only; same maths as librosa.filters.mel).
+
+    Triangles are linear in Hz between mel-spaced edges; norm="slaney" scales each to unit area (2 / width).
+    """
+    fmax = sample_rate / 2 if fmax is None else float(fmax)
+    if not 0 <= fmin < fmax <= sample_rate / 2:
+        raise ValueError(f"need 0 <= fmin < fmax <= sample_rate/2, got fmin={fmin} fmax={fmax} sr={sample_rate}")
+    if norm not in (None, "slaney"):
+        raise ValueError(f"unknown mel norm {norm!r}: expected 'slaney' or None")
+    fft_freqs = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
+    edges = mel_to_hz(np.linspace(hz_to_mel(fmin, scale), hz_to_mel(fmax, scale), n_mels + 2), scale)
+    widths = np.diff(edges)
+    # Distance of every FFT bin from every edge: rising slope uses the lower edge, falling the upper.
+    ramps = edges[:, None] - fft_freqs[None, :]
+    rising = -ramps[:-2] / widths[:-1, None]
+    falling = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(rising, falling))
+    if norm == "slaney":
+        weights *= (2.0 / (edges[2:] - edges[:-2]))[:, None]
+    weights.setflags(write=False)
+    return weights
+
+
+# Trainers call every step: keep the window and filterbank resident per (device, dtype).
+@functools.lru_cache(maxsize=16)
+def _hann(win_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.hann_window(win_length, periodic=True, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _filterbank_tensor(key: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.array(mel_filterbank(*key))).to(device=device, dtype=dtype)
+
+
+def stft_num_frames(num_samples: int, n_fft: int, hop_length: int, padding: Padding) -> int:
+    """Frames an STFT with this framing yields (0 when the input is too short to frame at all)."""
+    if padding == "center":
+        return num_samples // hop_length + 1
+    if padding == "hifigan":
+        pad = (n_fft - hop_length) // 2
+        return max(0, (num_samples + 2 * pad - n_fft) // hop_length + 1)
+    raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+
+
+def stft_min_samples(n_fft: int, hop_length: int, padding: Padding) -> int:
+    """Shortest input the framing accepts: reflect padding needs more samples than it pads."""
+    if padding == "center":
+        return n_fft // 2 + 1
+    pad = (n_fft - hop_length) // 2
+    return max(pad + 1, n_fft - 2 * pad)
+
+
+def magnitude_spectrogram(
+    wav: torch.Tensor,
+    *,
+    n_fft: int,
+    hop_length: int,
+    win_length: int,
+    padding: Padding = "center",
+    magnitude_eps: float = 0.0,
+) -> torch.Tensor:
+    """|STFT| of a batch: [B, N] -> [B, n_fft // 2 + 1, T], hann window, reflect padding.
+
+    padding="center": torch.stft(center=True) (librosa / torchaudio / vocos framing, T = N // hop + 1).
+    padding="hifigan": reflect-pad (n_fft - hop) // 2 per side, then center=False (HiFi-GAN/BigVGAN framing).
+    magnitude_eps > 0 gives sqrt(re^2 + im^2 + eps) as HiFi-GAN does (keeps the gradient finite at 0).
+    """
+    if wav.dim() != 2:
+        raise ValueError(f"expected a batch of waveforms [B, N], got shape {tuple(wav.shape)}")
+    if not wav.is_floating_point():
+        raise TypeError(f"expected a floating point waveform, got {wav.dtype}")
+    n = wav.shape[-1]
+    need = stft_min_samples(n_fft, hop_length, padding)
+    if n < need:
+        raise ValueError(f"waveform of {n} samples is too short for this STFT framing (needs >= {need})")
+    window = _hann(win_length, wav.device, wav.dtype)
+    if padding == "hifigan":
+        pad = (n_fft - hop_length) // 2
+        wav = torch.nn.functional.pad(wav.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
+        center = False
+    elif padding == "center":
+        center = True
+    else:
+        raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+    spec = torch.stft(
+        wav, n_fft, hop_length=hop_length, win_length=win_length, window=window,
+        center=center, pad_mode="reflect", normalized=False, onesided=True, return_complex=True,
+    )
+    if magnitude_eps > 0:
+        return torch.sqrt(spec.real.square() + spec.imag.square() + magnitude_eps)
+    return spec.abs()
+
+
+def mel_spectrogram(
+    wav: torch.Tensor,
+    *,
+    sample_rate: int = 24000,
+    n_fft: int = 1024,
+    hop_length: int = 256,
+    win_length: int = 1024,
+    n_mels: int = 100,
+    fmin: float = 0.0,
+    fmax: float | None = 12000.0,
+    mel_scale: MelScale = "htk",
+    norm: Literal["slaney"] | None = None,
+    padding: Padding = "center",
+    power: float = 1.0,
+    magnitude_eps: float = 0.0,
+    log_floor: float = 1e-5,
+) -> torch.Tensor:
+    """Batched log-mel on wav's device and dtype: [B, N] -> [B, n_mels, T]. Defaults are the vocos mel.
+
+    log(clamp(mel(|STFT| ** power), log_floor)), natural log. For the HiFi-GAN mel use `hifigan_mel_kwargs()`.
+    """
+    mag = magnitude_spectrogram(
+        wav, n_fft=n_fft, hop_length=hop_length, win_length=win_length, padding=padding,
+        magnitude_eps=magnitude_eps,
+    )
+    if power != 1.0:
+        mag = mag.pow(power)
+    key = (sample_rate, n_fft, n_mels, float(fmin), None if fmax is None else float(fmax), mel_scale, norm)
+    fb = _filterbank_tensor(key, wav.device, wav.dtype)
+    return torch.log(torch.clamp(torch.matmul(fb, mag), min=log_floor))
+
+
+def vocos_mel_kwargs() -> dict:
+    """F5-TTS / vocos mel: 24 kHz, n_fft=win=1024, hop 256, 100 HTK bins 0-12 kHz, no norm, magnitude."""
+    return dict(
+        sample_rate=24000, n_fft=1024, hop_length=256, win_length=1024, n_mels=100, fmin=0.0, fmax=12000.0,
+        mel_scale="htk", norm=None, padding="center", power=1.0, magnitude_eps=0.0, log_floor=1e-5,
+    )
+
+
+def hifigan_mel_kwargs() -> dict:
+    """HiFi-GAN meldataset.py mel (BigVGAN 22 kHz): 80 slaney bins 0-8 kHz, slaney norm, hifigan padding."""
+    return dict(
+        sample_rate=22050, n_fft=1024, hop_length=256, win_length=1024, n_mels=80, fmin=0.0, fmax=8000.0,
+        mel_scale="slaney", norm="slaney", padding="hifigan", power=1.0, magnitude_eps=1e-9, log_floor=1e-5,
+    )
+
+
+class _LogMel:
+    """One utterance -> {"mel": float32 [n_mels, T]} through `mel_spectrogram` on CPU.
+
+    Computed in float64 and stored as float32: a float32 FFT's rounding noise (~1e-7 of the frame's peak)
+    is comparable to the 1e-5 log floor, so near-silent bands would otherwise wobble by up to ~1 nat.
+    """
+
+    kind: str
+    specs: tuple[FeatureSpec, ...]
+
+    def __init__(self, defaults: dict, overrides: dict) -> None:
+        unknown = set(overrides) - set(defaults)
+        if unknown:
+            raise TypeError(f"{self.kind}: unknown parameter(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
+        p = {**defaults, **overrides}
+        # Normalise types so fmin=0 and fmin=0.0 hash alike; resolve fmax=None to the value actually used.
+        for k in ("sample_rate", "n_fft", "hop_length", "win_length", "n_mels"):
+            p[k] = int(p[k])
+        for k in ("fmin", "power", "magnitude_eps", "log_floor"):
+            p[k] = float(p[k])
+        p["fmax"] = p["sample_rate"] / 2 if p["fmax"] is None else float(p["fmax"])
+        if p["win_length"] > p["n_fft"]:
+            raise ValueError(f"{self.kind}: win_length {p['win_length']} > n_fft {p['n_fft']}")
+        if p["hop_length"] <= 0 or p["n_mels"] <= 0:
+            raise ValueError(f"{self.kind}: hop_length and n_mels must be positive")
+        mel_filterbank(p["sample_rate"], p["n_fft"], p["n_mels"], p["fmin"], p["fmax"], p["mel_scale"], p["norm"])
+        self.params = p
+        self.specs = (
+            FeatureSpec(
+                name="mel", kind=self.kind, sample_rate=p["sample_rate"], dtype="float32",
+                channels=p["n_mels"], hop_length=p["hop_length"], params=dict(p),
+            ),
+        )
+
+    def num_frames(self, num_samples: int) -> int:
+        p = self.params
+        return stft_num_frames(num_samples, p["n_fft"], p["hop_length"], p["padding"])
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        x = check_waveform(wav, self.kind)
+        with torch.inference_mode():
+            mel = mel_spectrogram(torch.from_numpy(x.astype(np.float64))[None], **self.params)[0]
+        return {"mel": mel.numpy().astype(np.float32)}
+
+
+class VocosMel(_LogMel):
+    """F5-TTS's vocos mel (name "mel", kind "vocos_mel"); any default can be overridden by keyword."""
+
+    kind = "vocos_mel"
+
+    def __init__(self, **params) -> None:
+        super().__init__(vocos_mel_kwargs(), params)
+
+
+class SlaneyMel(_LogMel):
+    """HiFi-GAN / BigVGAN mel (name "mel", kind "slaney_mel"); any default can be overridden by keyword."""
+
+    kind = "slaney_mel"
+
+    def __init__(self, **params) -> None:
+        super().__init__(hifigan_mel_kwargs(), params)
