@@ -1,0 +1,61 @@
+"""Frame energy: the L2 norm of each frame's magnitude spectrum (FastSpeech 2 / NaturalSpeech 2 "energy")."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from audiopipe.features.base import FeatureSpec
+from audiopipe.features.mel import magnitude_spectrogram, stft_num_frames
+from audiopipe.features.pcm import check_waveform
+
+
+class Energy:
+    """{"energy": float32 [T]}: sqrt(sum_k |STFT[k, t]|^2), hann window, the same framing as the mel.
+
+    Defaults are the vocos mel framing (24 kHz, n_fft = win = 1024, hop 256, centred reflect padding);
+    the NaturalSpeech 2 preset uses hop 320 at 24 kHz. padding="hifigan" gives the HiFi-GAN mel framing.
+    """
+
+    kind = "energy"
+
+    def __init__(
+        self,
+        sample_rate: int = 24000,
+        n_fft: int = 1024,
+        hop_length: int = 256,
+        win_length: int = 1024,
+        padding: str = "center",
+    ) -> None:
+        sample_rate, n_fft, hop_length, win_length = int(sample_rate), int(n_fft), int(hop_length), int(win_length)
+        if padding not in ("center", "hifigan"):
+            raise ValueError(f"energy: unknown padding {padding!r}: expected 'center' or 'hifigan'")
+        if not 0 < win_length <= n_fft or hop_length <= 0:
+            raise ValueError(f"energy: need 0 < win_length <= n_fft and hop_length > 0, got "
+                             f"win_length={win_length} n_fft={n_fft} hop_length={hop_length}")
+        self.params = {
+            "sample_rate": sample_rate, "n_fft": n_fft, "hop_length": hop_length, "win_length": win_length,
+            "padding": padding,
+        }
+        self.specs = (
+            FeatureSpec(
+                name="energy", kind=self.kind, sample_rate=sample_rate, dtype="float32", channels=0,
+                hop_length=hop_length, params=dict(self.params),
+            ),
+        )
+
+    def num_frames(self, num_samples: int) -> int:
+        p = self.params
+        return stft_num_frames(num_samples, p["n_fft"], p["hop_length"], p["padding"])
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        x = check_waveform(wav, self.kind)
+        p = self.params
+        with torch.inference_mode():
+            # float64 for the same reason as the mel: the quietest frames stay exact.
+            mag = magnitude_spectrogram(
+                torch.from_numpy(x.astype(np.float64))[None], n_fft=p["n_fft"], hop_length=p["hop_length"],
+                win_length=p["win_length"], padding=p["padding"],
+            )[0]
+            energy = torch.linalg.vector_norm(mag, dim=0)
+        return {"energy": energy.numpy().astype(np.float32)}
