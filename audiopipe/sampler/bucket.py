@@ -161,15 +161,13 @@ class BucketBatchSampler:
             self._active = None
 
     def __iter__(self) -> Iterator[list[int]]:
+        # Planning and taking over a pending resume happen at the first next(), not here: a multi-worker
+        # DataLoader calls iter() twice before drawing anything, and the resume must survive that.
         pos = self._pending if self._pending is not None else _Position((), 0)
         self._pending = None
         self._active = pos
         current = self._deal(self.epoch, pos.segments)
-        rows = current.steps[pos.start :, self.rank]
-        return self._yield(pos, current, rows)
-
-    def _yield(self, pos: _Position, current: Deal, rows: np.ndarray) -> Iterator[list[int]]:
-        for b in rows:
+        for b in current.steps[pos.start :, self.rank]:
             pos.yielded += 1
             yield current.batches[b].tolist()
         pos.finished = True

@@ -70,7 +70,8 @@ def equalize(
     # Every batch is a single item now.
     pick = rng.permutation(len(out)) if rng is not None else np.arange(len(out))
     if uneven == "repeat":
-        extra = [out[i] for i in pick[:missing]]
+        # Fewer items than ranks (world_size > 1 with 1 item...): cycle through them.
+        extra = [out[pick[j % len(out)]] for j in range(missing)]
         return out + extra, splits, sum(b.size for b in extra), np.empty(0, dtype=np.int64)
     excess = len(out) % world_size
     gone = set(pick[:excess].tolist())

@@ -1,0 +1,375 @@
+"""BucketBatchSampler: coverage, budget, equal ranks, exact resume (same and other world size), epochs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from audiopipe.collate.pad import PadCollator
+from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.plan import BatchBudget
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def corpus(seed: int, n: int, spread: str, max_frames: int) -> np.ndarray:
+    """Lengths of a random corpus, with a few empty and a few over-budget items mixed in."""
+    rng = np.random.default_rng(seed)
+    typical = max(2, max_frames // 12)
+    if spread == "lognormal":
+        lengths = np.exp(rng.normal(np.log(typical), 0.8, n))
+    elif spread == "uniform":
+        lengths = rng.uniform(1, max_frames, n)
+    elif spread == "constant":
+        lengths = np.full(n, typical, dtype=np.float64)
+    else:  # tiny items: batches of many items
+        lengths = rng.uniform(1, 5, n)
+    lengths = np.maximum(np.round(lengths), 1).astype(np.int64)
+    special = rng.random(n)
+    lengths[special < 0.02] = 0
+    lengths[special > 0.98] = max_frames + 1 + rng.integers(0, 100)
+    return lengths
+
+
+configs = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**16),
+        "n": st.integers(0, 400),
+        "spread": st.sampled_from(["lognormal", "uniform", "constant", "tiny"]),
+        "max_frames": st.integers(20, 3000),
+        "quadratic": st.sampled_from([0.0, 0.0, 2e-4]),
+        "max_items": st.sampled_from([None, None, 1, 3, 16]),
+        "world": st.integers(1, 8),
+        "uneven": st.sampled_from(["repeat", "drop"]),
+        "bucket_width": st.sampled_from([0.03, 0.1, 0.5]),
+    }
+)
+
+
+def build(cfg: dict, rank: int = 0, world: int | None = None, lengths: np.ndarray | None = None) -> BucketBatchSampler:
+    if lengths is None:
+        lengths = corpus(cfg["seed"], cfg["n"], cfg["spread"], cfg["max_frames"])
+    return BucketBatchSampler(
+        lengths, cfg["max_frames"], quadratic=cfg["quadratic"], max_items=cfg["max_items"],
+        bucket_width=cfg["bucket_width"], seed=cfg["seed"], uneven=cfg["uneven"], rank=rank,
+        world_size=cfg["world"] if world is None else world,
+    )
+
+
+def epoch_batches(cfg: dict, epoch: int = 0, world: int | None = None) -> list[list[list[int]]]:
+    """All ranks' batches of one epoch: out[rank][step]."""
+    world = cfg["world"] if world is None else world
+    out = []
+    for r in range(world):
+        s = build(cfg, r, world)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+def check_accounting(trained: list[int], diag, lengths: np.ndarray) -> None:
+    """Every kept item at least once; extra occurrences exactly the counted repeats; the rest counted drops."""
+    counts = Counter(trained)
+    dropped = set(diag.too_long_indices.tolist()) | set(diag.empty_indices.tolist()) | set(
+        diag.dropped_uneven_indices.tolist()
+    )
+    assert set(counts) | dropped == set(range(lengths.size))
+    assert not set(counts) & dropped
+    assert len(counts) == diag.kept
+    assert sum(counts.values()) - len(counts) == diag.repeated
+    assert diag.num_items == diag.kept + diag.dropped_too_long + diag.dropped_empty + diag.dropped_uneven
+    assert (lengths[diag.too_long_indices] > 0).all()
+    assert (lengths[diag.empty_indices] == 0).all()
+
+
+@FAST
+@given(configs)
+def test_epoch_covers_every_item_once_equal_ranks_under_budget(cfg):
+    per_rank = epoch_batches(cfg)
+    lengths = corpus(cfg["seed"], cfg["n"], cfg["spread"], cfg["max_frames"])
+    s0 = build(cfg)
+    diag = s0.diagnostics
+    # Equal batch counts: no rank waits at the end of the epoch for a collective that never comes.
+    assert {len(b) for b in per_rank} == {len(s0)} == {diag.batches_per_rank}
+    budget = BatchBudget(cfg["max_frames"], cfg["quadratic"], cfg["max_items"])
+    trained = []
+    real = padded = 0
+    for batches in per_rank:
+        for b in batches:
+            assert len(b) >= 1
+            assert len(set(b)) == len(b)
+            m = lengths[b].max()
+            assert budget.cost(len(b), m) <= cfg["max_frames"]
+            assert cfg["max_items"] is None or len(b) <= cfg["max_items"]
+            real, padded = real + lengths[b].sum(), padded + len(b) * m
+            trained += b
+    check_accounting(trained, diag, lengths)
+    assert diag.num_batches == sum(len(b) for b in per_rank)
+    if padded:
+        assert diag.padding_efficiency == pytest.approx(real / padded)
+    assert diag.max_fill <= 1.0
+    # Repeats and drops only happen when there are fewer items than ranks need (splitting impossible).
+    if diag.repeated or diag.dropped_uneven:
+        assert all(len(b) == 1 for batches in per_rank for b in batches)
+
+
+@FAST
+@given(configs, st.data())
+def test_resume_at_any_step_gives_exactly_the_remaining_batches(cfg, data):
+    rank = data.draw(st.integers(0, cfg["world"] - 1))
+    epoch = data.draw(st.integers(0, 3))
+    s = build(cfg, rank)
+    s.set_epoch(epoch)
+    full = list(s)
+    k = data.draw(st.integers(0, len(full)))
+    # The iterator runs ahead of training (DataLoader prefetch): checkpoint what was consumed, not yielded.
+    s2 = build(cfg, rank)
+    s2.set_epoch(epoch)
+    it = iter(s2)
+    for _ in range(min(len(full), k + 3)):
+        next(it)
+    state = json.loads(json.dumps(s2.state_dict(consumed_batches=k)))
+    # Every rank computes the same state: any rank's checkpoint serves all.
+    other = build(cfg, (rank + 1) % cfg["world"])
+    other.set_epoch(epoch)
+    it_other = iter(other)
+    for _ in range(k):
+        next(it_other)
+    assert other.state_dict() == state
+
+    resumed = build(cfg, rank)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(epoch)  # the usual trainer loop sets the restored epoch again: a no-op
+    assert resumed.epoch == epoch
+    assert len(resumed) == len(full) - k
+    assert list(resumed) == full[k:]
+    # The pass after the resumed one is a whole epoch again.
+    assert list(resumed) == full
+
+
+@FAST
+@given(configs, st.integers(1, 8), st.data())
+def test_resume_with_another_world_size_loses_and_repeats_nothing(cfg, new_world, data):
+    old = epoch_batches(cfg, epoch=1)
+    k = data.draw(st.integers(0, len(old[0])))
+    s = build(cfg, 0)
+    s.set_epoch(1)
+    it = iter(s)
+    for _ in range(k):
+        next(it)
+    state = s.state_dict()
+    resumed = []
+    for r in range(new_world):
+        t = build(cfg, r, new_world)
+        t.load_state_dict(state)
+        resumed.append(list(t))
+    assert len({len(b) for b in resumed}) == 1
+    trained = [i for batches in old for b in batches[:k] for i in b] + [i for bs in resumed for b in bs for i in b]
+    t0 = build(cfg, 0, new_world)
+    t0.load_state_dict(state)
+    diag = t0.diagnostics
+    lengths = corpus(cfg["seed"], cfg["n"], cfg["spread"], cfg["max_frames"])
+    check_accounting(trained, diag, lengths)
+    budget = BatchBudget(cfg["max_frames"], cfg["quadratic"], cfg["max_items"])
+    for bs in resumed:
+        for b in bs:
+            assert budget.cost(len(b), lengths[b].max()) <= cfg["max_frames"]
+    old_flat = sorted(i for bs in old for b in bs for i in b)
+    old_diag = build(cfg, 0)
+    old_diag.set_epoch(1)
+    clean = [d.repeated == 0 and d.dropped_uneven == 0 for d in (diag, old_diag.diagnostics)]
+    if all(clean):
+        assert sorted(trained) == old_flat  # exactly the items of an uninterrupted epoch, once each
+
+
+def test_resume_chain_across_three_world_sizes_trains_each_item_once():
+    lengths = corpus(7, 3000, "lognormal", 2000)
+    cfg = dict(seed=7, n=3000, spread="lognormal", max_frames=2000, quadratic=0.0, max_items=None, world=4,
+               uneven="repeat", bucket_width=0.03)
+    trained: list[int] = []
+    state = None
+    for world, steps in ((4, 10), (3, 7), (5, None)):
+        samplers = [build(cfg, r, world, lengths) for r in range(world)]
+        for s in samplers:
+            s.set_epoch(2)
+            if state is not None:
+                s.load_state_dict(state)
+        iters = [iter(s) for s in samplers]
+        n = len(samplers[0]) if steps is None else steps
+        for _ in range(n):
+            for it in iters:
+                trained += next(it)
+        state = samplers[0].state_dict()
+    diag = samplers[0].diagnostics
+    assert diag.repeated == 0
+    check_accounting(trained, diag, lengths)
+    assert len(trained) == len(set(trained)) == diag.kept
+
+
+def test_same_seed_and_epoch_same_plan_new_epoch_new_composition():
+    cfg = dict(seed=3, n=2000, spread="lognormal", max_frames=3000, quadratic=0.0, max_items=None, world=2,
+               uneven="repeat", bucket_width=0.03)
+    e0, e0_again, e1 = epoch_batches(cfg, 0), epoch_batches(cfg, 0), epoch_batches(cfg, 1)
+    assert e0 == e0_again
+    # Not a reordering of the same batches: (almost) every batch is new (one-item batches cannot change).
+    sets0 = {frozenset(b) for bs in e0 for b in bs if len(b) > 1}
+    sets1 = {frozenset(b) for bs in e1 for b in bs if len(b) > 1}
+    assert len(sets1) > 100
+    assert len(sets0 & sets1) <= 0.05 * len(sets1)
+    other_seed = epoch_batches({**cfg, "seed": 4}, 0)
+    assert {frozenset(b) for bs in other_seed for b in bs} != sets0
+
+
+rich_configs = configs | st.builds(
+    lambda cfg, n, spread, max_frames: {**cfg, "n": n, "spread": spread, "max_frames": max_frames, "max_items": None},
+    configs, st.integers(150, 400), st.sampled_from(["lognormal", "uniform", "tiny"]), st.integers(300, 3000),
+)
+
+
+@FAST
+@given(rich_configs)
+def test_new_epoch_changes_composition(cfg):
+    e0, e1 = epoch_batches(cfg, 0), epoch_batches(cfg, 1)
+    sets0 = {frozenset(b) for bs in e0 for b in bs}
+    sets1 = {frozenset(b) for bs in e1 for b in bs}
+    sizes = [len(b) for b in sets0]
+    # Only meaningful when batches have several items drawn from a bucket that holds more than one batch.
+    assume(len(sets0) >= 4 and np.mean(sizes) >= 4 and cfg["spread"] != "constant")
+    assert sets0 != sets1
+
+
+def test_steps_group_batches_of_similar_cost():
+    lengths = corpus(11, 4000, "lognormal", 2500)
+    world = 4
+    budget = BatchBudget(2500, 1e-4)
+    per_rank = []
+    for r in range(world):
+        s = BucketBatchSampler(lengths, 2500, quadratic=1e-4, seed=11, rank=r, world_size=world)
+        per_rank.append(list(s))
+    steps = [[budget.cost(len(per_rank[r][i]), lengths[per_rank[r][i]].max()) for r in range(world)]
+             for i in range(len(per_rank[0]))]
+    # Steps are consecutive groups of the cost-sorted batches: their cost ranges never overlap.
+    ranges = sorted((min(c), max(c)) for c in steps)
+    assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
+
+
+def test_targets_on_a_speech_like_corpus():
+    rng = np.random.default_rng(0)
+    seconds = np.exp(rng.normal(np.log(5.5), 0.7, 30000))
+    lengths = np.round(np.clip(seconds, 1, 20) * 93.75).astype(np.int64)
+    s = BucketBatchSampler(lengths, 38400, seed=0, world_size=8, rank=0)
+    d = s.diagnostics
+    assert d.kept == lengths.size and d.max_fill <= 1.0
+    assert d.padding_efficiency >= 0.97 and d.fill_ratio >= 0.9
+
+
+def test_shuffle_false_is_length_ordered_and_epoch_independent():
+    lengths = corpus(5, 500, "uniform", 1000)
+    s = BucketBatchSampler(lengths, 1000, shuffle=False)
+    e0 = list(s)
+    s.set_epoch(1)
+    assert list(s) == e0
+    longest = [lengths[b].max() for b in e0]
+    assert longest == sorted(longest)
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="integer frame counts"):
+        BucketBatchSampler(np.array([1.5, 2.0]), 100)
+    with pytest.raises(ValueError, match="negative"):
+        BucketBatchSampler(np.array([3, -1]), 100)
+    with pytest.raises(ValueError, match="1-D"):
+        BucketBatchSampler(np.ones((2, 2), dtype=int), 100)
+    with pytest.raises(ValueError, match="max_frames"):
+        BucketBatchSampler(np.array([3]), 0)
+    with pytest.raises(ValueError, match="rank"):
+        BucketBatchSampler(np.array([3]), 100, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="uneven"):
+        BucketBatchSampler(np.array([3]), 100, uneven="pad")
+    s = BucketBatchSampler(np.arange(1, 50), 100)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="other lengths"):
+        BucketBatchSampler(np.arange(1, 51), 100).load_state_dict(state)
+    with pytest.raises(ValueError, match="config"):
+        BucketBatchSampler(np.arange(1, 50), 200).load_state_dict(state)
+    iter(s)
+    with pytest.raises(ValueError, match="consumed_batches"):
+        s.state_dict(consumed_batches=len(s) + 1)
+    with pytest.raises(ValueError, match="not a BucketBatchSampler state"):
+        s.load_state_dict({"epoch": 0})
+
+
+def test_too_long_and_empty_items_are_counted_not_silent():
+    lengths = np.array([10, 0, 500, 20, 30, 0, 1000])
+    s = BucketBatchSampler(lengths, 100)
+    d = s.diagnostics
+    assert d.dropped_too_long == 2 and sorted(d.too_long_indices.tolist()) == [2, 6]
+    assert d.dropped_empty == 2 and sorted(d.empty_indices.tolist()) == [1, 5]
+    assert sorted(i for b in s for i in b) == [0, 3, 4]
+    assert "dropped 2 too long" in d.summary()
+
+
+class TinyDataset(torch.utils.data.Dataset):
+    def __init__(self, lengths: np.ndarray):
+        rng = np.random.default_rng(0)
+        self.items = [
+            {"id": f"utt{i}", "speaker": f"spk{i % 3}", "mel": rng.standard_normal((4, t)).astype(np.float32),
+             "f0": np.full(t, i, dtype=np.float32)}
+            for i, t in enumerate(lengths)
+        ]
+        for item in self.items:
+            item["mel"].setflags(write=False)  # like zero-copy mmap views
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_as_dataloader_batch_sampler(num_workers):
+    lengths = corpus(2, 120, "lognormal", 400)
+    lengths[lengths == 0] = 1
+    ds = TinyDataset(lengths)
+    sampler = BucketBatchSampler(lengths, 400, seed=2, rank=0, world_size=1)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=PadCollator(["mel", "f0"], pad_to_multiple=4),
+                        num_workers=num_workers)
+    assert len(loader) == len(sampler)
+    sampler.set_epoch(0)
+    seen = []
+    for batch in loader:  # checked as it comes: the collate ring reuses buffers in-process
+        for j, uid in enumerate(batch["id"]):
+            i = int(uid[3:])
+            t = int(batch["mel_lengths"][j])
+            assert t == lengths[i]
+            assert np.array_equal(batch["mel"][j, :, :t].numpy(), ds.items[i]["mel"])
+            assert not batch["mel"][j, :, t:].any() and batch["mel_mask"][j].sum() == t
+            assert torch.equal(batch["f0"][j, :t], torch.full((t,), float(i)))
+            seen.append(i)
+    expect = sorted(i for i in range(len(ds)) if lengths[i] <= 400)
+    assert sorted(seen) == expect
+
+    # Checkpoint mid-epoch while workers prefetch ahead; a fresh sampler resumes with exactly the rest.
+    sampler.set_epoch(1)
+    reference = BucketBatchSampler(lengths, 400, seed=2, rank=0, world_size=1)
+    reference.set_epoch(1)
+    full = list(reference)
+    taken = []
+    for i, batch in enumerate(loader):
+        taken.append(batch["id"])
+        if i + 1 == 3:
+            state = sampler.state_dict(consumed_batches=i + 1)
+            break
+    assert [[f"utt{j}" for j in b] for b in full[:3]] == taken
+    resumed = BucketBatchSampler(lengths, 400, seed=2, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    rest = DataLoader(ds, batch_sampler=resumed, collate_fn=PadCollator(["mel"]), num_workers=num_workers)
+    assert [b["id"] for b in rest] == [[f"utt{j}" for j in b] for b in full[3:]]
