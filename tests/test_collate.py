@@ -1,0 +1,144 @@
+"""PadCollator: shapes, masks, lengths, padding ratio, pad_to_multiple, buffer reuse without leaks, workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from audiopipe.collate.pad import PadCollator
+
+
+def make_items(lengths, channels: int, dtype: str, seed: int = 0, fill: float | None = None) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    items = []
+    for i, t in enumerate(lengths):
+        shape = (channels, t) if channels else (t,)
+        if fill is not None:
+            x = np.full(shape, fill, dtype=dtype)
+        else:
+            x = (rng.integers(1, 100, size=shape)).astype(dtype)  # never 0, so pad is distinguishable
+        x.setflags(write=False)  # zero-copy mmap views are read-only
+        items.append({"id": f"u{seed}-{i}", "speaker": "s", "feat": x, "frames": int(t)})
+    return items
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from(["float32", "int16", "int64", "float16"]),
+    st.integers(1, 8),
+    st.integers(0, 1000),
+)
+def test_pad_shapes_masks_lengths_ratio(lengths, channels, dtype, multiple, seed):
+    items = make_items(lengths, channels, dtype, seed)
+    batch = PadCollator(["feat"], pad_to_multiple=multiple)(items)
+    t_max = batch["feat"].shape[-1]
+    assert t_max % multiple == 0 and max(lengths) <= t_max < max(lengths) + multiple
+    assert batch["feat"].shape == ((len(items), channels, t_max) if channels else (len(items), t_max))
+    assert batch["feat"].dtype == torch.from_numpy(np.empty(0, dtype)).dtype
+    assert batch["feat_lengths"].tolist() == list(lengths)
+    assert batch["feat_mask"].dtype == torch.bool and batch["feat_mask"].shape == (len(items), t_max)
+    for i, (item, t) in enumerate(zip(items, lengths)):
+        got = batch["feat"][i].numpy()
+        assert np.array_equal(got[..., :t], item["feat"])
+        assert (got[..., t:] == 0).all()
+        assert batch["feat_mask"][i, :t].all() and not batch["feat_mask"][i, t:].any()
+    expect = 1 - sum(lengths) / (len(items) * t_max) if t_max else 0.0
+    assert batch["padding_ratio"]["feat"] == pytest.approx(expect)
+    assert batch["id"] == [it["id"] for it in items] and batch["frames"] == list(lengths)
+    assert batch["speaker"] == ["s"] * len(items)
+
+
+def test_reused_buffers_never_leak_an_earlier_batch_into_padding():
+    collate = PadCollator(["feat"], ring_size=1, pad_value=0)
+    first = collate(make_items([50, 64, 40], 2, "float32", fill=-7.0))
+    ptr = first["feat"].data_ptr()
+    second = collate(make_items([5, 12, 3, 9], 2, "float32", seed=1))
+    # Same memory (the point of the ring), yet nothing of the -7.0-filled batch shows through.
+    assert second["feat"].data_ptr() == ptr
+    for i, t in enumerate([5, 12, 3, 9]):
+        assert (second["feat"][i, :, t:] == 0).all()
+        assert not (second["feat"][i, :, :t] == -7.0).any()
+    assert second["feat_mask"].sum() == 5 + 12 + 3 + 9
+
+
+def test_ring_alternates_buffers_so_the_previous_batch_survives():
+    collate = PadCollator(["feat"], ring_size=2)
+    a = collate(make_items([10, 20], 0, "float32", seed=1))
+    a_copy = a["feat"].clone()
+    b = collate(make_items([15, 5], 0, "float32", seed=2))
+    assert b["feat"].data_ptr() != a["feat"].data_ptr()
+    assert torch.equal(a["feat"], a_copy)  # batch k is intact while batch k+1 is produced
+    c = collate(make_items([8], 0, "float32", seed=3))
+    assert c["feat"].data_ptr() == a["feat"].data_ptr()  # ... and reused by batch k + ring_size
+
+
+def test_buffer_grows_on_demand_and_pad_value_per_feature():
+    collate = PadCollator(["mel", "f0"], ring_size=1, pad_value={"mel": -11.5}, pad_to_multiple=8)
+    small = [{"mel": np.ones((3, 4), np.float32), "f0": np.ones(4, np.float32)}]
+    collate(small)
+    big = [{"mel": np.ones((3, t), np.float32), "f0": np.ones(t, np.float32)} for t in (100, 130)]
+    out = collate(big)
+    assert out["mel"].shape == (2, 3, 136)
+    assert (out["mel"][0, :, 100:] == -11.5).all() and (out["f0"][0, 100:] == 0).all()
+    assert (out["mel"][1, :, :130] == 1).all()
+    assert collate.stats.batches == 2
+    assert collate.stats.padding_ratio("mel") == pytest.approx(1 - (4 + 230) / (8 + 2 * 136))
+
+
+def test_read_only_inputs_are_copied_once_without_warnings(recwarn):
+    items = make_items([3, 5], 4, "float32")
+    PadCollator(["feat"])(items)
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+
+
+def test_bad_input_gives_clear_errors():
+    good = make_items([3, 4], 2, "float32")
+    with pytest.raises(ValueError, match="empty batch"):
+        PadCollator(["feat"])([])
+    with pytest.raises(KeyError, match="no feature 'mel'"):
+        PadCollator(["mel"])(good)
+    with pytest.raises(ValueError, match="non-time axes"):
+        PadCollator(["feat"])(good[:1] + make_items([4], 3, "float32"))
+    with pytest.raises(ValueError, match="same dtype"):
+        PadCollator(["feat"])(good[:1] + make_items([4], 2, "float64"))
+    with pytest.raises(ValueError, match="has keys"):
+        PadCollator(["feat"])([good[0], {**good[1], "extra": 1}])
+    with pytest.raises(ValueError, match="overwrite"):
+        PadCollator(["feat"])([{**good[0], "feat_mask": 1}])
+    with pytest.raises(ValueError, match="scalar"):
+        PadCollator(["frames"])(good)
+    with pytest.raises(ValueError, match="pad_to_multiple"):
+        PadCollator(["feat"], pad_to_multiple=0)
+    with pytest.raises(ValueError, match="features"):
+        PadCollator("feat")
+
+
+class _Items(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def test_workers_write_each_batch_into_its_own_shared_memory():
+    items = make_items(list(range(1, 41)), 3, "float32", seed=5)
+    loader = DataLoader(_Items(items), batch_size=4, collate_fn=PadCollator(["feat"], ring_size=1),
+                        num_workers=2, prefetch_factor=4)
+    batches = list(loader)  # all held: a reused buffer would show up as later data in earlier batches
+    assert len({b["feat"].data_ptr() for b in batches}) == len(batches)
+    for k, batch in enumerate(batches):
+        for j in range(4):
+            item = items[4 * k + j]
+            t = item["feat"].shape[-1]
+            assert np.array_equal(batch["feat"][j, :, :t].numpy(), item["feat"])
+            assert not batch["feat"][j, :, t:].any()
