@@ -224,6 +224,8 @@ class _LogMel:
         p["fmax"] = p["sample_rate"] / 2 if p["fmax"] is None else float(p["fmax"])
         if p["win_length"] > p["n_fft"]:
             raise ValueError(f"{self.kind}: win_length {p['win_length']} > n_fft {p['n_fft']}")
+        if p["padding"] not in ("center", "hifigan"):
+            raise ValueError(f"{self.kind}: unknown padding {p['padding']!r}: expected 'center' or 'hifigan'")
         if p["hop_length"] <= 0 or p["n_mels"] <= 0:
             raise ValueError(f"{self.kind}: hop_length and n_mels must be positive")
         mel_filterbank(p["sample_rate"], p["n_fft"], p["n_mels"], p["fmin"], p["fmax"], p["mel_scale"], p["norm"])
