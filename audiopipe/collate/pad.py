@@ -149,22 +149,26 @@ class PadCollator:
     def _pad(
         self, f: str, items: Sequence[Mapping[str, Any]], in_worker: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-        arrays = []
-        for i, item in enumerate(items):
-            if f not in item:
-                raise KeyError(f"item {i} ({_name(item, i)}) has no feature {f!r}; it has {sorted(item.keys())}")
-            a = item[f]
-            a = a if isinstance(a, np.ndarray) else np.asarray(a)
-            if a.ndim == 0:
-                raise ValueError(f"feature {f!r} of item {i} ({_name(item, i)}) is a scalar; time must be the last axis")
-            arrays.append(a)
-        lead, dtype = arrays[0].shape[:-1], arrays[0].dtype
-        for i, a in enumerate(arrays):
-            if a.shape[:-1] != lead or a.dtype != dtype:
-                raise ValueError(
-                    f"feature {f!r}: item {i} ({_name(items[i], i)}) is {a.dtype}{list(a.shape)}, item 0 is "
-                    f"{dtype}{list(arrays[0].shape)}; all items need the same dtype and non-time axes"
-                )
+        try:
+            arrays = [item[f] for item in items]
+        except KeyError:
+            i = next(i for i, item in enumerate(items) if f not in item)
+            raise KeyError(f"item {i} ({_name(items[i], i)}) has no feature {f!r}; it has {sorted(items[i].keys())}") from None
+        arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
+        first = arrays[0]
+        lead, dtype = first.shape[:-1], first.dtype
+        # One pass of cheap checks; the loop that names the culprit runs only when something is wrong.
+        if any(a.ndim == 0 or a.shape[:-1] != lead or a.dtype != dtype for a in arrays):
+            for i, a in enumerate(arrays):
+                if a.ndim == 0:
+                    raise ValueError(
+                        f"feature {f!r} of item {i} ({_name(items[i], i)}) is a scalar; time must be the last axis"
+                    )
+                if a.shape[:-1] != lead or a.dtype != dtype:
+                    raise ValueError(
+                        f"feature {f!r}: item {i} ({_name(items[i], i)}) is {a.dtype}{list(a.shape)}, item 0 is "
+                        f"{dtype}{list(first.shape)}; all items need the same dtype and non-time axes"
+                    )
         lengths = np.fromiter((a.shape[-1] for a in arrays), dtype=np.int64, count=len(arrays))
         m = self.pad_to_multiple
         t_max = -(-int(lengths.max()) // m) * m
@@ -178,13 +182,12 @@ class PadCollator:
             flat = self._ring(f, "data").take(numel, tdtype)
             mask_flat = self._ring(f, "mask").take(n * t_max, torch.bool)
         tensor = flat.view(shape)
-        dst = tensor.numpy()
         pad = self.pad_value[f]
-        for i, a in enumerate(arrays):
+        for row, a in zip(tensor.numpy(), arrays):
             t = a.shape[-1]
-            dst[i, ..., :t] = a  # the one copy of this item
+            row[..., :t] = a  # the one copy of this item
             if t < t_max:
-                dst[i, ..., t:] = pad  # only the pad region; the rest was just overwritten
+                row[..., t:] = pad  # only the pad region; the rest was just overwritten
         mask = mask_flat.view(n, t_max)
         np.less(np.arange(t_max)[None, :], lengths[:, None], out=mask.numpy())
         real, total = int(lengths.sum()), n * t_max
