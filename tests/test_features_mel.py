@@ -21,7 +21,7 @@ from audiopipe.features.mel import (
     vocos_mel_kwargs,
 )
 
-PROMPTS = ("vm-goodbye", "conf-adminmenu-18", "queue-periodic-announce")
+PROMPTS = ("vm-goodbye", "auth-incorrect", "vm-next")
 
 
 @pytest.fixture(scope="module")
