@@ -44,8 +44,12 @@ def libritts_like_lengths(n: int, frame_rate: float, seed: int) -> np.ndarray:
 # ---- strategies: (lengths, epoch) -> the epoch's global batches -------------------------------------------
 
 
-def audiopipe_batches(lengths: np.ndarray, max_frames: int, seed: int, world: int) -> Callable[[int], Batches]:
-    samplers = [BucketBatchSampler(lengths, max_frames, seed=seed, rank=r, world_size=world) for r in range(world)]
+def audiopipe_batches(
+    lengths: np.ndarray, max_frames: int, seed: int, world: int, **options: float
+) -> Callable[[int], Batches]:
+    samplers = [
+        BucketBatchSampler(lengths, max_frames, seed=seed, rank=r, world_size=world, **options) for r in range(world)
+    ]
 
     def plan(epoch: int) -> Batches:
         out = []
@@ -237,6 +241,26 @@ def bench_collate(lengths: np.ndarray, max_frames: int, seed: int, channels: int
     }
 
 
+def sweep(lengths: np.ndarray, max_frames: int, seed: int) -> list[dict]:
+    """The padding / randomness trade-off of the two bucketing knobs (world size 1)."""
+    rows = []
+    for width in (0.01, 0.03, 0.1):
+        for min_batches in (1.0, 2.0, 8.0):
+            plan = audiopipe_batches(lengths, max_frames, seed, 1, bucket_width=width, min_bucket_batches=min_batches)
+            row = evaluate(f"bucket_width={width}, min_bucket_batches={min_batches:g}", plan, lengths, max_frames)
+            row["buckets"] = plan.samplers[0].diagnostics.num_buckets  # type: ignore[attr-defined]
+            rows.append(row)
+    return rows
+
+
+def markdown_sweep(rows: list[dict]) -> str:
+    lines = ["| setting | buckets | padding eff. | fill | pairs still together next epoch |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['buckets']} | {r['padding_efficiency']:.2%} | {r['fill_ratio']:.2%} | "
+                     f"{r['pairs_together_next_epoch']:.1%} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("strategy", "batches", "padding eff.", "fill", "over budget", "worst padded/budget",
             "same batches next epoch", "pairs still together", "missing / repeated", "plan s/epoch")
@@ -263,6 +287,7 @@ def main() -> None:
     p.add_argument("--feature", default="mel")
     p.add_argument("--no-lhotse", action="store_true")
     p.add_argument("--no-collate", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="also sweep bucket_width x min_bucket_batches")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
@@ -306,6 +331,8 @@ def main() -> None:
     }
     if not args.no_collate:
         result["collate"] = bench_collate(lengths, args.max_frames, args.seed)
+    if args.sweep:
+        result["sweep"] = sweep(lengths, args.max_frames, args.seed)
     print(markdown(rows))
     print(diag.summary())
     r = result["resume"]
@@ -317,6 +344,8 @@ def main() -> None:
               f"memcpy {c['memcpy_gb_s']:.2f} GB/s, "
               f"PadCollator {c['pad_collator_gb_s']:.2f} GB/s ({c['pad_collator_vs_memcpy']:.0%}), "
               f"fresh zeroed tensor per batch {c['fresh_zeroed_gb_s']:.2f} GB/s ({c['fresh_zeroed_vs_memcpy']:.0%})")
+    if args.sweep:
+        print(markdown_sweep(result["sweep"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -54,17 +54,19 @@ def test_pad_shapes_masks_lengths_ratio(lengths, channels, dtype, multiple, seed
     assert batch["speaker"] == ["s"] * len(items)
 
 
-def test_reused_buffers_never_leak_an_earlier_batch_into_padding():
+@pytest.mark.parametrize("second_lengths", [[5, 12, 3, 9], [1, 50, 50, 50], [7]])
+def test_reused_buffers_never_leak_an_earlier_batch_into_padding(second_lengths):
+    # Lengths close together fill the pad box in one call; one short item among long ones pads per item.
     collate = PadCollator(["feat"], ring_size=1, pad_value=0)
-    first = collate(make_items([50, 64, 40], 2, "float32", fill=-7.0))
+    first = collate(make_items([50, 64, 40, 60], 2, "float32", fill=-7.0))
     ptr = first["feat"].data_ptr()
-    second = collate(make_items([5, 12, 3, 9], 2, "float32", seed=1))
+    second = collate(make_items(second_lengths, 2, "float32", seed=1))
     # Same memory (the point of the ring), yet nothing of the -7.0-filled batch shows through.
     assert second["feat"].data_ptr() == ptr
-    for i, t in enumerate([5, 12, 3, 9]):
+    for i, t in enumerate(second_lengths):
         assert (second["feat"][i, :, t:] == 0).all()
         assert not (second["feat"][i, :, :t] == -7.0).any()
-    assert second["feat_mask"].sum() == 5 + 12 + 3 + 9
+    assert second["feat_mask"].sum() == sum(second_lengths)
 
 
 def test_ring_alternates_buffers_so_the_previous_batch_survives():
@@ -113,6 +115,8 @@ def test_bad_input_gives_clear_errors():
         PadCollator(["feat"])([{**good[0], "feat_mask": 1}])
     with pytest.raises(ValueError, match="scalar"):
         PadCollator(["frames"])(good)
+    with pytest.raises(ValueError, match="scalar"):
+        PadCollator(["f0"])([{"f0": np.ones(3, np.float32)}, {"f0": np.float32(1.0)}])
     with pytest.raises(ValueError, match="pad_to_multiple"):
         PadCollator(["feat"], pad_to_multiple=0)
     with pytest.raises(ValueError, match="features"):
