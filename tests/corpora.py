@@ -6,19 +6,16 @@ Used through the session fixtures in tests/conftest.py (`synthetic_corpus`, `bro
 
 from __future__ import annotations
 
-import gzip
 import os
-import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
-ASTERISK_SOUNDS = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
-ASTERISK_TRANSCRIPTS = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz")
+from audiopipe.corpus.demo import (ASTERISK_SOUNDS, ESPEAK_SENTENCES, ESPEAK_VOICES, MissingSource, place, speak,
+                                   usable_asterisk_prompts)
 
 
 @dataclass(frozen=True)
@@ -218,23 +215,6 @@ def make_broken_files(dir: str | os.PathLike[str]) -> dict[str, str | None]:
 # real speech: Asterisk prompts (one female speaker, 8 kHz)
 
 
-def asterisk_transcripts() -> dict[str, str]:
-    """{prompt name: text} for the top-level English prompts; [bracketed] entries are tones and are left out."""
-    out: dict[str, str] = {}
-    with gzip.open(ASTERISK_TRANSCRIPTS, "rt", encoding="utf-8", errors="strict") as f:
-        for line in f:
-            if line.startswith(";") or ": " not in line:
-                continue
-            name, text = line.split(": ", 1)
-            text = text.strip()
-            if "/" in name or not text or text.startswith("["):
-                continue
-            text = " ".join(re.sub(r"\[[^\]]*\]", " ", text).split())  # "at [@]" -> "at"
-            if text and "|" not in text:
-                out[name.strip()] = text
-    return out
-
-
 def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None,
                          copy: bool = False) -> list[ExpectedUtt]:
     """Real speech in an LJSpeech layout: <dir>/metadata.csv (name|text) and <dir>/wavs/<name>.wav symlinks.
@@ -243,36 +223,21 @@ def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None,
     that many, evenly spaced over the sorted names (deterministic). Ids are "wavs/<name>", speaker "".
     copy=True copies the files instead of linking them (for a corpus that must travel to another machine).
     """
-    if not ASTERISK_SOUNDS.is_dir() or not ASTERISK_TRANSCRIPTS.is_file():
+    try:
+        usable = [(name, text, sf.info(str(ASTERISK_SOUNDS / f"{name}.wav")))
+                  for name, text in usable_asterisk_prompts(n)]
+    except MissingSource as e:
         import pytest
 
-        pytest.skip("asterisk-core-sounds-en is not installed")
-    texts = asterisk_transcripts()
-    usable = []
-    for name in sorted(texts):
-        src = ASTERISK_SOUNDS / f"{name}.wav"
-        if not src.is_file():
-            continue
-        info = sf.info(str(src))
-        if 0.3 <= info.duration <= 30.0:
-            usable.append((name, info))
-    if n is not None:
-        if n > len(usable):
-            raise ValueError(f"asked for {n} asterisk prompts, only {len(usable)} are usable")
-        usable = [usable[i * len(usable) // n] for i in range(n)]
+        pytest.skip(str(e))
     root = Path(dir)
     (root / "wavs").mkdir(parents=True, exist_ok=True)
     out = []
     lines = []
-    for name, info in usable:
-        link = root / "wavs" / f"{name}.wav"
-        if not link.exists():
-            if copy:
-                shutil.copyfile(ASTERISK_SOUNDS / f"{name}.wav", link)
-            else:
-                link.symlink_to(ASTERISK_SOUNDS / f"{name}.wav")
-        lines.append(f"{name}|{texts[name]}")
-        out.append(ExpectedUtt(f"wavs/{name}", "", texts[name], info.samplerate, info.frames, "speech"))
+    for name, text, info in usable:
+        place(ASTERISK_SOUNDS / f"{name}.wav", root / "wavs" / f"{name}.wav", copy)
+        lines.append(f"{name}|{text}")
+        out.append(ExpectedUtt(f"wavs/{name}", "", text, info.samplerate, info.frames, "speech"))
     (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
 
@@ -280,34 +245,13 @@ def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None,
 # ---------------------------------------------------------------------------------------------------------------
 # multi-speaker synthetic speech: espeak-ng voices (22.05 kHz)
 
-# (voice, words per minute, pitch 0-99): different enough in pitch and rate to act as different speakers
-ESPEAK_VOICES = (("en-us", 165, 45), ("en-gb", 140, 35), ("en+f3", 175, 70), ("en+m3", 130, 25),
-                 ("en-gb-scotland", 150, 55), ("en+f2", 160, 80), ("en-us+m1", 145, 20), ("en-gb+f4", 185, 65))
-
-ESPEAK_SENTENCES = (
-    "The quick test sentence fits in a single breath.",
-    "A small corpus is enough to check the whole pipeline.",
-    "Seven green boxes stood beside the open door.",
-    "She counted the boats as they crossed the bay.",
-    "Every shard holds a few minutes of speech.",
-    "The loader reads the index before anything else.",
-    "Please keep the window closed when it rains.",
-    "He found the old map under a pile of letters.",
-    "Short words and long words share the same batch.",
-    "A quiet room makes the recording much cleaner.",
-    "The train left the station ten minutes late.",
-    "Nine bright lamps lit the narrow street.",
-)
-
-
 def make_espeak_corpus(dir: str | os.PathLike[str], speakers: int = 4, per_speaker: int = 6) -> list[ExpectedUtt]:
     """Speech by espeak-ng: <dir>/<speaker>/<utt>.wav with a sidecar <utt>.txt (skips if espeak-ng is missing).
 
     Speaker k uses ESPEAK_VOICES[k] (rate and pitch vary too) and sentences starting at offset k, so texts differ
     between speakers. Ids are "spk<k>/utt<j>", speakers "spk<k>". Returns the expected utterances by id.
     """
-    exe = shutil.which("espeak-ng")
-    if exe is None:
+    if shutil.which("espeak-ng") is None:
         import pytest
 
         pytest.skip("espeak-ng is not installed")
@@ -322,8 +266,7 @@ def make_espeak_corpus(dir: str | os.PathLike[str], speakers: int = 4, per_speak
         for j in range(per_speaker):
             text = ESPEAK_SENTENCES[(k + j) % len(ESPEAK_SENTENCES)]
             wav = root / spk / f"utt{j:03d}.wav"
-            subprocess.run([exe, "-v", voice, "-s", str(wpm), "-p", str(pitch), "-w", str(wav), text],
-                           check=True, capture_output=True, timeout=60)
+            speak(text, voice, wpm, pitch, wav)
             (root / spk / f"utt{j:03d}.txt").write_text(text + "\n", encoding="utf-8")
             info = sf.info(str(wav))
             out.append(ExpectedUtt(f"{spk}/utt{j:03d}", spk, text, info.samplerate, info.frames, "speech",

@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine; both build the virtual environment when it is missing.
+#   make demo   shard a small demo corpus of real speech, then inspect the result
+#   make test   run the test suite (what .ci/run calls)
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+# The CPU wheel of torch must go in first: any looser torch requirement resolved by pip pulls a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en
+
+.PHONY: demo test sysdeps venv bench clean-demo
+
+$(BIN)/.ok: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip "setuptools<82" wheel
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(BIN)/.ok
+
+# Real speech for the demo and the tests comes from Debian packages (asterisk prompts, espeak-ng voices).
+sysdeps:
+	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "please install: sudo apt-get install $$missing" >&2; exit 1; fi; fi
+
+demo: sysdeps venv
+	$(BIN)/python -m audiopipe.corpus.demo demo/wavs
+	$(BIN)/audiopipe shard --corpus demo/wavs --out demo/shards --preset f5tts,eres2net
+	$(BIN)/audiopipe verify demo/shards
+	$(BIN)/audiopipe inspect demo/shards
+
+test: sysdeps venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python benchmarks/bench_features.py --json benchmarks/results/features.json
+
+clean-demo:
+	rm -rf demo

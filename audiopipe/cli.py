@@ -1,0 +1,172 @@
+"""The `audiopipe` command line: shard, verify, inspect, bench-loader.
+
+Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-zero exit, never a traceback
+(set AUDIOPIPE_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+EPILOG_SHARD = """\
+examples:
+  audiopipe shard --corpus ./wavs                       # F5-TTS mels into ./shards
+  audiopipe shard --corpus ./LibriTTS --preset f5tts,eres2net --workers 16
+  audiopipe shard --corpus ./vctk --preset ns2 --codec-checkpoint ./encodec_24khz
+  audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
+
+Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
+result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op.
+"""
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 256MB or 1GB)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _presets_help() -> str:
+    from audiopipe.presets import PRESETS
+
+    return "\n".join(f"  {k:<11} {p.description}" for k, p in PRESETS.items())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="audiopipe", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("shard", help="extract features from a corpus into Arrow + WebDataset shards",
+                       description="Decode every utterance once, compute the features a preset needs, and write "
+                                   "checksummed Arrow IPC shards (mmap, zero-copy) and WebDataset tars.\n\n"
+                                   "presets:\n" + _presets_help(),
+                       epilog=EPILOG_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--corpus", required=True, help="folder of audio (searched recursively)")
+    s.add_argument("--out", default="./shards", help="output folder (default ./shards)")
+    s.add_argument("--preset", default="f5tts", help="comma-separated presets (default f5tts); see above")
+    s.add_argument("--features", default=None,
+                   help="comma-separated feature kinds instead of a preset's (vocos_mel, slaney_mel, f0, "
+                        "energy, kaldi_fbank, pcm)")
+    s.add_argument("--manifest", default=None, help="JSONL/CSV listing path[,id,text,speaker]; only these files")
+    s.add_argument("--speaker", default="auto", help="auto (first folder), dir:N, or none (default auto)")
+    s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
+    s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
+                                                       "or auto); paths must be on shared storage")
+    s.add_argument("--shard-size", type=_size, default=_size("256MB"), help="target shard size (default 256MB)")
+    s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
+    s.add_argument("--max-duration", type=float, default=30.0, help="reject longer clips, seconds (default 30)")
+    s.add_argument("--max-channels", type=int, default=2, help="reject files with more channels (default 2)")
+    s.add_argument("--silence-dbfs", type=float, default=-60.0,
+                   help="reject clips whose peak is below this level (default -60 dBFS)")
+    s.add_argument("--no-tar", action="store_true", help="write Arrow shards only, no WebDataset tars")
+    s.add_argument("--codec-checkpoint", default=None, help="local EnCodec folder (save_pretrained layout)")
+    s.add_argument("--codec-random-init", action="store_true",
+                   help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
+    s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch (default 8)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    v = sub.add_parser("verify", help="re-check checksums and decode every record with semantic checks",
+                       description="Recompute every shard's sha256, decode every record of the Arrow shards and "
+                                   "the tars, and check frame counts against durations, NaN/inf, and F0 range. "
+                                   "Names the shard and sample of every failure; exit 1 if any.")
+    v.add_argument("shards", nargs="?", default="./shards", help="shard folder (default ./shards)")
+    v.add_argument("--no-tar", action="store_true", help="skip the WebDataset tars")
+
+    i = sub.add_parser("inspect", help="print counts, hours, speakers; write a duration histogram PNG",
+                       description="Summarise a shard folder from its manifest and length index.")
+    i.add_argument("shards", nargs="?", default="./shards", help="shard folder (default ./shards)")
+    i.add_argument("--plot", default=None, help="histogram PNG path (default <shards>/durations.png)")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def _cmd_shard(a: argparse.Namespace) -> int:
+    from audiopipe.decode.audio import DecodeLimits
+    from audiopipe.presets import resolve
+    from audiopipe.shard.job import CodecSettings, Job
+    from audiopipe.shard.run import JobError, run_job
+
+    corpus = Path(a.corpus)
+    if not corpus.is_dir():
+        raise JobError(f"corpus folder not found: {corpus}")
+    if a.manifest and not Path(a.manifest).is_file():
+        raise JobError(f"manifest not found: {a.manifest}")
+    if a.workers is not None and a.workers < 1:
+        raise JobError("--workers must be at least 1")
+    try:
+        preset = resolve([n.strip() for n in a.preset.split(",") if n.strip()])
+    except ValueError as e:
+        raise JobError(str(e)) from e
+    features = list(preset.features)
+    if a.features:
+        from audiopipe.features.registry import FEATURE_KINDS
+
+        kinds = [k.strip() for k in a.features.split(",") if k.strip()]
+        bad = [k for k in kinds if k not in FEATURE_KINDS]
+        if bad:
+            raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
+        features = [(k, {}) for k in kinds]
+    codec = None
+    if preset.codec:
+        if not a.codec_checkpoint and not a.codec_random_init:
+            raise JobError("preset ns2 needs codec weights: --codec-checkpoint DIR (a local EnCodec 24 kHz "
+                           "folder), or --codec-random-init for a demo")
+        if a.codec_checkpoint and not Path(a.codec_checkpoint).is_dir():
+            raise JobError(f"codec checkpoint folder not found: {a.codec_checkpoint}")
+        codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
+                              random_init=a.codec_random_init and not a.codec_checkpoint,
+                              batch_size=a.codec_batch_size)
+    limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
+                          max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
+    from dataclasses import asdict
+
+    job = Job(corpus=str(corpus.resolve()), out=str(Path(a.out).resolve()), presets=preset.description.split("+"),
+              features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
+              align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
+              write_tar=not a.no_tar)
+    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
+                      speaker=a.speaker, show_progress=not a.no_progress)
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from audiopipe.shard.verify import verify
+
+    report = verify(a.shards, tars=not a.no_tar)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from audiopipe.shard.inspect import inspect_shards
+
+    return inspect_shards(a.shards, plot=a.plot, as_json=a.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("audiopipe: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        if os.environ.get("AUDIOPIPE_DEBUG"):
+            raise
+        msg = str(e).strip() or type(e).__name__
+        print(f"audiopipe: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The length index: one small row per written utterance, so samplers plan batches without opening payloads.
+
+Built from the shards' scalar columns only (the mmap reads touch those buffers alone, not the feature arrays).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+INDEX_NAME = "index.arrow"
+_KEEP = ("id", "speaker", "duration")
+
+
+def build_index(out: Path, shard_paths: list[str]) -> Path:
+    """Concatenate id/speaker/duration/<feature>_frames of every shard (in manifest order) into index.arrow."""
+    tables = []
+    for i, rel in enumerate(shard_paths):
+        with pa.memory_map(str(out / rel)) as src:
+            t = pa.ipc.open_file(src).read_all()
+        cols = [c for c in t.column_names if c in _KEEP or c.endswith("_frames")]
+        t = t.select(cols)
+        t = t.append_column("shard", pa.array(np.full(len(t), i, dtype=np.int32)))
+        t = t.append_column("row", pa.array(np.arange(len(t), dtype=np.int32)))
+        tables.append(t)
+    table = pa.concat_tables(tables) if tables else pa.table({
+        "id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
+        "duration": pa.array([], pa.float32()), "shard": pa.array([], pa.int32()), "row": pa.array([], pa.int32())})
+    path = out / INDEX_NAME
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class LengthIndex:
+    """Columns of index.arrow as numpy arrays (ids stay in Arrow: a million Python strings is slow)."""
+
+    table: pa.Table
+
+    @staticmethod
+    def open(shards_dir: str | Path) -> "LengthIndex":
+        path = Path(shards_dir) / INDEX_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
+        with pa.memory_map(str(path)) as src:
+            return LengthIndex(pa.ipc.open_file(src).read_all())
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.table.column_names:
+            raise KeyError(f"index has no column {name!r}; it has {self.table.column_names}")
+        return self.table.column(name).to_numpy()
+
+    def frames(self, feature: str) -> np.ndarray:
+        return self.column(f"{feature}_frames")
+
+    @property
+    def shard(self) -> np.ndarray:
+        return self.column("shard")
+
+    @property
+    def row(self) -> np.ndarray:
+        return self.column("row")
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.column("duration")

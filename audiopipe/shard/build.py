@@ -1,0 +1,231 @@
+"""Build one shard: decode each utterance once, compute every feature, write Arrow + tar, record completion.
+
+This is a plain function; the Ray runner only decides where it runs. Every input either becomes a row or a
+reject with a reason: nothing is dropped silently, and one bad file never fails the shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, resample_to
+from audiopipe.features.base import FeatureSpec
+from audiopipe.features.registry import build_feature
+from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.job import Job
+from audiopipe.shard.plan import WorkUnit
+from audiopipe.shard.writer import ArrayColumn, ScalarColumn, write_arrow, write_tar
+
+# A codec encoder takes waveforms at its rate and returns int16 [16, T] codes for each (batched inside).
+EncodeFn = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+CODEC_RATE = 24000
+
+
+@dataclass
+class Extractors:
+    """Feature objects for a job, built once per worker process."""
+
+    features: list[Any]
+    specs: list[FeatureSpec]
+    codec_spec: FeatureSpec | None = None
+    phone_ids: Callable[[str], np.ndarray] | None = None
+    extra_specs: list[FeatureSpec] = field(default_factory=list)
+
+    @property
+    def all_specs(self) -> list[FeatureSpec]:
+        return self.specs + ([self.codec_spec] if self.codec_spec else [])
+
+
+_CACHE: dict[str, Extractors] = {}
+
+
+class _Renamed:
+    """A feature stored under another column name (two presets may both want a "mel" of different kinds)."""
+
+    def __init__(self, feature: Any, name: str):
+        if len(feature.specs) != 1:
+            raise ValueError(f"only single-column features can be renamed, {feature.specs[0].kind} has "
+                             f"{len(feature.specs)}")
+        self._f, self._from = feature, feature.specs[0].name
+        self.specs = (replace(feature.specs[0], name=name),)
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        return {self.specs[0].name: self._f(wav)[self._from]}
+
+    def num_frames(self, n: int) -> int:
+        return self._f.num_frames(n)
+
+
+def make_feature(kind: str, params: dict[str, Any]) -> Any:
+    params = dict(params)
+    name = params.pop("name", None)
+    f = build_feature(kind, **params)
+    return _Renamed(f, name) if name and name != f.specs[0].name else f
+
+
+def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractors:
+    key = job.identity()
+    if key not in _CACHE:
+        feats = [make_feature(kind, params) for kind, params in job.features]
+        specs = [s for f in feats for s in f.specs]
+        names = [s.name for s in specs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two features want the same column name {dup}; give one a different name")
+        phone_ids = None
+        if job.phones:
+            from audiopipe.features.phones import g2p, phones_to_ids
+
+            def phone_ids(text: str) -> np.ndarray:
+                return np.asarray(phones_to_ids(g2p(text)), dtype=np.int16)
+
+        _CACHE[key] = Extractors(feats, specs, codec_spec, phone_ids)
+    return _CACHE[key]
+
+
+def done_path(out: Path, name: str) -> Path:
+    return out / "done" / f"{name}.json"
+
+
+def _fit_length(a: np.ndarray, frames: int) -> np.ndarray:
+    """Crop or edge-pad the time axis: F0 counts N//hop+1 frames, EnCodec ceil(N/hop); NS2 needs them equal."""
+    t = a.shape[-1]
+    if t == frames:
+        return a
+    if t > frames:
+        return a[..., :frames]
+    pad = [(0, 0)] * (a.ndim - 1) + [(0, frames - t)]
+    return np.pad(a, pad, mode="edge")
+
+
+def _reject(u: Any, reason: str, detail: str) -> dict[str, Any]:
+    return {"id": u.id, "path": u.path, "source": u.source, "reason": reason, "detail": detail}
+
+
+def array_columns(specs: list[FeatureSpec], phones: bool) -> list[ArrayColumn]:
+    cols = [ArrayColumn(s.name, s.dtype, s.channels) for s in specs]
+    if phones:
+        cols.append(ArrayColumn("phones", "int16", 0))
+    return cols
+
+
+def scalar_columns(job: Job) -> list[ScalarColumn]:
+    cols = []
+    if job.trim:
+        cols += [ScalarColumn("trim_start", pa.int64()), ScalarColumn("trim_end", pa.int64())]
+    return cols
+
+
+def shard_metadata(job: Job, specs: list[FeatureSpec]) -> dict[str, Any]:
+    return {"features": {s.name: {**s.to_dict(), "hash": s.config_hash} for s in specs},
+            "job": job.identity()}
+
+
+def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
+                codec_spec: FeatureSpec | None = None,
+                progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Write shard `unit.name` under job.out and return its completion record (also saved in done/)."""
+    out = Path(job.out)
+    ex = extractors_for(job, codec_spec)
+    limits = DecodeLimits(**job.limits)
+    rates = sorted({s.sample_rate for s in ex.specs} | ({CODEC_RATE} if job.codec else set()))
+    rows: list[dict[str, Any]] = []
+    rejects: list[dict[str, Any]] = []
+    codec_inputs: list[np.ndarray] = []
+    for u in unit.utterances:
+        try:
+            wav, sr = load_audio(u.path, limits)
+            scalars: dict[str, Any] = {}
+            if job.trim:
+                from audiopipe.features.trim import trim_silence
+
+                # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
+                scale = sr / CODEC_RATE
+                t = trim_silence(wav, top_db=job.trim.get("top_db", 35.0),
+                                 frame_length=max(16, round(job.trim.get("frame_length", 1024) * scale)),
+                                 hop_length=max(4, round(job.trim.get("hop_length", 256) * scale)))
+                start, end = t.start, t.end
+                wav = wav[start:end]
+                scalars.update(trim_start=int(start), trim_end=int(end))
+                if len(wav) / sr < limits.min_duration:
+                    raise RejectError("too_short", f"{len(wav) / sr:.2f} s after trimming silence "
+                                                   f"< {limits.min_duration} s")
+            by_rate = resample_to(wav, sr, rates)
+            arrays: dict[str, np.ndarray] = {}
+            for f in ex.features:
+                arrays.update(f(by_rate[f.specs[0].sample_rate]))
+            for s in ex.specs:
+                a = arrays[s.name]
+                if a.dtype != np.dtype(s.dtype):
+                    raise TypeError(f"feature {s.name} returned {a.dtype}, spec says {s.dtype}")
+                if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                    raise RejectError("feature_nan", f"feature {s.name} has non-finite values")
+            if ex.phone_ids is not None:
+                if not u.text.strip():
+                    raise RejectError("no_text", "preset needs phones but the utterance has no transcript")
+                arrays["phones"] = ex.phone_ids(u.text)
+            if job.codec:
+                codec_inputs.append(by_rate[CODEC_RATE])
+            rows.append({"id": u.id, "speaker": u.speaker, "text": u.text, "source": u.source,
+                         "duration": len(wav) / sr, "arrays": arrays, "scalars": scalars})
+        except RejectError as e:
+            rejects.append(_reject(u, e.reason, e.detail))
+        except Exception as e:  # a bug or an odd file must not sink the other utterances of the shard
+            rejects.append(_reject(u, "feature_error", f"{type(e).__name__}: {e}"))
+            if os.environ.get("AUDIOPIPE_DEBUG"):
+                traceback.print_exc()
+        if progress:
+            progress(u.duration)
+
+    specs = list(ex.specs)
+    if job.codec:
+        if encode is None or codec_spec is None:
+            raise RuntimeError("this job needs codec tokens but no encoder was given")
+        codes = encode(codec_inputs) if codec_inputs else []
+        for row, c in zip(rows, codes):
+            row["arrays"]["codes"] = c
+        specs.append(codec_spec)
+        if job.align_to:
+            for row in rows:
+                n = row["arrays"][job.align_to].shape[-1]
+                for s in ex.specs:
+                    if s.hop_length * CODEC_RATE == codec_spec.hop_length * s.sample_rate:
+                        row["arrays"][s.name] = _fit_length(row["arrays"][s.name], n)
+
+    acols = array_columns(specs, job.phones)
+    scols = scalar_columns(job)
+    meta = shard_metadata(job, specs)
+    arrow_path = out / "arrow" / f"{unit.name}.arrow"
+    tar_path = out / "wds" / f"{unit.name}.tar"
+    write_arrow(arrow_path, rows, acols, scols, meta)
+    pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
+    if job.write_tar:
+        write_tar(tar_path, rows, acols, scols, pcm_rate)
+    record = {
+        "name": unit.name,
+        "index": unit.index,
+        "rows": len(rows),
+        "duration": float(sum(r["duration"] for r in rows)),
+        "planned": len(unit.utterances),
+        "arrow": {"path": f"arrow/{unit.name}.arrow", "bytes": arrow_path.stat().st_size,
+                  "sha256": sha256_file(arrow_path)},
+        "rejects": rejects,
+    }
+    if job.write_tar:
+        record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_path.stat().st_size,
+                         "sha256": sha256_file(tar_path)}
+    dp = done_path(out, unit.name)
+    dp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dp.with_name(f".{dp.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, sort_keys=True, indent=1))
+    os.replace(tmp, dp)  # the shard counts as finished only once this record exists
+    return record

@@ -1,0 +1,66 @@
+"""The settings of one `audiopipe shard` run, as plain JSON-able data.
+
+A job is what travels to Ray workers (they rebuild features from it) and what a rerun compares against: the
+same job over the same corpus must give the same shards, a different one must not mix into an old output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CodecSettings:
+    checkpoint: str | None = None
+    random_init: bool = False
+    seed: int = 0
+    device: str = "auto"  # "auto": cuda when the worker has a GPU
+    batch_size: int = 8
+
+
+@dataclass
+class Job:
+    corpus: str
+    out: str
+    presets: list[str]
+    features: list[tuple[str, dict[str, Any]]]  # (registry kind, params)
+    limits: dict[str, Any]
+    trim: dict[str, Any] | None = None
+    phones: bool = False
+    codec: CodecSettings | None = None
+    align_to: str | None = None
+    shard_bytes: int = 256 << 20
+    write_tar: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["features"] = [[k, p] for k, p in self.features]
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Job":
+        d = dict(d)
+        d["features"] = [(k, p) for k, p in d["features"]]
+        if d.get("codec") is not None:
+            d["codec"] = CodecSettings(**d["codec"])
+        return Job(**d)
+
+    def record(self) -> dict[str, Any]:
+        """What the output folder keeps of the job: everything but its own location (folders can move)."""
+        d = self.to_dict()
+        d.pop("out")
+        return d
+
+    def identity(self) -> str:
+        """Hash of everything that changes shard bytes (not the paths, so a moved corpus still resumes)."""
+        d = self.to_dict()
+        for k in ("corpus", "out"):
+            d.pop(k)
+        if d.get("codec"):
+            d["codec"].pop("device", None)
+            d["codec"].pop("batch_size", None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,69 @@
+"""manifest.json and rejects.jsonl: assembled from the per-shard completion records once all shards exist."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from audiopipe import __version__
+from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.writer import FORMAT_VERSION
+
+MANIFEST_NAME = "manifest.json"
+REJECTS_NAME = "rejects.jsonl"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_rejects(out: Path, rejects: list[dict[str, Any]]) -> Path:
+    path = out / REJECTS_NAME
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        for r in sorted(rejects, key=lambda r: (r.get("source") or r.get("path") or "", r["reason"])):
+            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[str, Any],
+                      resampler: dict[str, Any], job: dict[str, Any], discovered: int,
+                      discovery_rejects: int, index_path: Path) -> dict[str, Any]:
+    shards = []
+    for r in records:
+        entry = {k: r[k] for k in ("name", "rows", "duration", "arrow")}
+        if "tar" in r:
+            entry["tar"] = r["tar"]
+        shards.append(entry)
+    written = sum(r["rows"] for r in records)
+    rejected = discovery_rejects + sum(len(r["rejects"]) for r in records)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "audiopipe_version": __version__,
+        "features": features,
+        "resampler": resampler,
+        "job": job,
+        "shards": shards,
+        "index": {"path": index_path.name, "sha256": sha256_file(index_path)},
+        "totals": {"discovered": discovered, "written": written, "rejected": rejected,
+                   "hours": round(sum(r["duration"] for r in records) / 3600, 6)},
+    }
+    if discovered != written + rejected:  # the invariant users rely on: nothing vanishes
+        raise RuntimeError(f"accounting error: discovered {discovered} != written {written} + rejected {rejected}")
+    write_json_atomic(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def read_manifest(shards_dir: str | Path) -> dict[str, Any]:
+    path = Path(shards_dir) / MANIFEST_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out folder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); the folder may be from an interrupted run") from e

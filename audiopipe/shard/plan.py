@@ -1,0 +1,72 @@
+"""Split a discovered corpus into shard-sized work units, deterministically.
+
+The plan depends only on the sorted utterance list and the job settings, so a rerun after a crash rebuilds the
+same units and can skip the ones already finished. Sizes are estimated from header durations (no decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+
+@dataclass
+class PlannedUtt:
+    id: str
+    path: str
+    source: str
+    speaker: str
+    text: str
+    duration: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkUnit:
+    name: str  # "shard-000000"
+    index: int
+    utterances: list[PlannedUtt]
+
+    @property
+    def duration(self) -> float:
+        return float(sum(u.duration for u in self.utterances))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "index": self.index, "utterances": [asdict(u) for u in self.utterances]}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "WorkUnit":
+        return WorkUnit(d["name"], d["index"], [PlannedUtt(**u) for u in d["utterances"]])
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}"
+
+
+def bytes_per_second(specs: Iterable[Any]) -> float:
+    """Estimated stored bytes per second of audio, summed over feature columns (Arrow payload only)."""
+    total = 0.0
+    for s in specs:
+        width = max(1, s.channels)
+        total += width * s.frame_rate * np.dtype(s.dtype).itemsize
+    return total
+
+
+def plan_units(utts: list[PlannedUtt], bytes_per_sec: float, target_bytes: int,
+               max_utts_per_shard: int = 100_000) -> list[WorkUnit]:
+    """Greedy fill in id order: a shard closes when its estimated payload reaches target_bytes."""
+    units: list[WorkUnit] = []
+    cur: list[PlannedUtt] = []
+    cur_bytes = 0.0
+    for u in utts:
+        est = u.duration * bytes_per_sec
+        if cur and (cur_bytes + est > target_bytes or len(cur) >= max_utts_per_shard):
+            units.append(WorkUnit(shard_name(len(units)), len(units), cur))
+            cur, cur_bytes = [], 0.0
+        cur.append(u)
+        cur_bytes += est
+    if cur:
+        units.append(WorkUnit(shard_name(len(units)), len(units), cur))
+    return units

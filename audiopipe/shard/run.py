@@ -1,0 +1,320 @@
+"""Run a shard job on Ray: plan, fan out one task per shard, retry failures, then write index and manifest.
+
+Ray is embedded and local by default (no cluster to set up); `ray_address` joins a real cluster, whose workers
+must see the same corpus and output paths (shared storage). Codec encoding is its own Ray stage: actors that hold
+the model (on a GPU when the cluster has one) and encode batches sent by the shard tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from audiopipe.decode.audio import DecodeLimits, resampler_info
+from audiopipe.shard.build import build_shard, done_path
+from audiopipe.shard.job import Job
+from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
+from audiopipe.shard.plan import PlannedUtt, WorkUnit, bytes_per_second, plan_units
+
+PLAN_NAME = "plan.json"
+
+
+class JobError(RuntimeError):
+    """A problem the user can fix (bad arguments, an output folder from another job): printed, not traced."""
+
+
+@dataclass
+class Summary:
+    discovered: int
+    written: int
+    rejected: int
+    reject_reasons: dict[str, int]
+    shards: int
+    shards_built: int
+    hours: float
+    seconds: float
+    up_to_date: bool = False
+
+    def lines(self) -> list[str]:
+        if self.up_to_date:
+            return [f"up to date: {self.shards} shards, {self.written} utterances, {self.hours:.3f} h "
+                    f"(nothing to do; use a new --out to re-extract)"]
+        rate = self.hours / self.seconds if self.seconds > 0 else 0.0
+        out = [f"discovered {self.discovered}, written {self.written}, rejected {self.rejected}",
+               f"{self.shards} shards ({self.shards_built} built now), {self.hours:.3f} h of audio in "
+               f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)"]
+        if self.reject_reasons:
+            out.append("rejects: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reject_reasons.items()))
+                       + " (see rejects.jsonl)")
+        return out
+
+
+# ---------------------------------------------------------------- planning
+
+def _utterance_digest(utts: list[PlannedUtt], rejects: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for u in utts:
+        h.update(f"{u.id}\t{u.source}\t{u.speaker}\t{u.text}\t{u.duration:.6f}\n".encode())
+    for r in rejects:
+        h.update(f"{r.get('source')}\t{r['reason']}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any]) -> dict[str, Any]:
+    from audiopipe.corpus.discover import discover
+    from audiopipe.decode.audio import RejectError, check_header
+
+    disc = discover(job.corpus, manifest=manifest, speaker=speaker)
+    limits = DecodeLimits(**job.limits)
+    utts: list[PlannedUtt] = []
+    rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
+    for u in disc.utterances:
+        try:
+            check_header(u, limits)
+        except RejectError as e:
+            rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
+            continue
+        utts.append(PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration, dict(u.extra)))
+    units = plan_units(utts, bytes_per_second(specs) or 1.0, job.shard_bytes)
+    return {
+        "job_identity": job.identity(),
+        "job": job.record(),
+        "corpus_digest": _utterance_digest(utts, rejects),
+        "discovered": len(utts) + len(rejects),
+        "discovery_rejects": rejects,
+        "units": [u.to_dict() for u in units],
+    }
+
+
+def _shard_finished(out: Path, unit_name: str) -> bool:
+    dp = done_path(out, unit_name)
+    if not dp.exists():
+        return False
+    try:
+        rec = json.loads(dp.read_text())
+    except json.JSONDecodeError:
+        return False
+    for key in ("arrow", "tar"):
+        if key in rec:
+            p = out / rec[key]["path"]
+            if not p.exists() or p.stat().st_size != rec[key]["bytes"]:
+                return False
+    return True
+
+
+def _clean_temporaries(out: Path) -> None:
+    """Remove half-written files a killed run left behind (they never carry a final name)."""
+    for sub in ("arrow", "wds", "done"):
+        d = out / sub
+        if d.is_dir():
+            for p in d.glob(".*.tmp-*"):
+                p.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- Ray
+
+def _init_ray(workers: int, address: str | None) -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    # One thread per worker process: parallelism comes from processes, and BLAS/torch/numba threads fighting
+    # over the same cores only slow every worker down.
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    runtime_env: dict[str, Any] = {"env_vars": env}
+    if address:
+        import audiopipe
+
+        runtime_env["py_modules"] = [os.path.dirname(audiopipe.__file__)]
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
+    else:
+        ray.init(num_cpus=workers, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                 logging_level="WARNING", configure_logging=True)
+
+
+def _remote_defs():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ProgressCounter:
+        def __init__(self) -> None:
+            self.seconds = 0.0
+
+        def add(self, seconds: float) -> None:
+            self.seconds += seconds
+
+        def get(self) -> float:
+            return self.seconds
+
+    @ray.remote(max_retries=3, retry_exceptions=True)
+    def shard_task(unit_dict: dict, job_dict: dict, counter, codec_actors, codec_spec) -> dict:
+        import torch
+
+        torch.set_num_threads(1)
+        unit, job = WorkUnit.from_dict(unit_dict), Job.from_dict(job_dict)
+        pending = [0.0, time.monotonic()]
+
+        def progress(seconds: float) -> None:
+            # Batch the updates: one actor call per second, not one per utterance.
+            pending[0] += seconds
+            if time.monotonic() - pending[1] > 1.0:
+                counter.add.remote(pending[0])
+                pending[0], pending[1] = 0.0, time.monotonic()
+
+        encode = None
+        if codec_actors:
+            actor = codec_actors[unit.index % len(codec_actors)]
+            bs = job.codec.batch_size
+
+            def encode(wavs):
+                refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
+                return [c for part in ray.get(refs) for c in part]
+
+        rec = build_shard(unit, job, encode=encode, codec_spec=codec_spec, progress=progress)
+        counter.add.remote(pending[0])
+        return rec
+
+    return ProgressCounter, shard_task
+
+
+def _codec_actors(job: Job, workers: int):
+    """Start the codec stage: one actor per GPU in the cluster, or one CPU actor when there is none."""
+    import ray
+
+    from audiopipe.shard.codec_stage import CodecWorker
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    settings = asdict(job.codec)
+    if gpus:
+        cls = ray.remote(num_gpus=1, num_cpus=1)(CodecWorker)
+        actors = [cls.remote(settings) for _ in range(gpus)]
+    else:
+        cls = ray.remote(num_cpus=1)(CodecWorker)
+        actors = [cls.remote(settings)]
+    spec = ray.get(actors[0].spec.remote())
+    return actors, spec
+
+
+# ---------------------------------------------------------------- the job
+
+def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
+            manifest: str | None = None, speaker: str = "auto", show_progress: bool = True) -> Summary:
+    from audiopipe.shard.build import make_feature
+
+    t0 = time.monotonic()
+    out = Path(job.out)
+    workers = workers or os.cpu_count() or 1
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
+
+    plan_path = out / PLAN_NAME
+    old_plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
+    if old_plan and old_plan["job_identity"] != job.identity():
+        raise JobError(f"{out} holds shards made with other settings (job {old_plan['job_identity']}, "
+                       f"now {job.identity()}); use a new --out or delete the folder")
+    # A finished output answers at once, without rescanning the corpus.
+    if old_plan and (out / MANIFEST_NAME).exists():
+        names = [u["name"] for u in old_plan["units"]]
+        if all(_shard_finished(out, n) for n in names):
+            m = json.loads((out / MANIFEST_NAME).read_text())
+            t = m["totals"]
+            return Summary(t["discovered"], t["written"], t["rejected"], {}, len(names), 0, t["hours"],
+                           time.monotonic() - t0, up_to_date=True)
+
+    specs = [s for kind, params in job.features for s in make_feature(kind, params).specs]
+    if job.codec:
+        from audiopipe.shard.codec_stage import codec_spec_estimate
+
+        specs.append(codec_spec_estimate())
+    plan = make_plan(job, manifest, speaker, specs)
+    if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
+        raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
+                       f"use a new --out, or delete {plan_path} to start over")
+    if not old_plan:
+        write_json_atomic(plan_path, plan)
+    _clean_temporaries(out)
+
+    units = [WorkUnit.from_dict(u) for u in plan["units"]]
+    todo = [u for u in units if not _shard_finished(out, u.name)]
+    if todo:
+        _run_units(job, todo, workers, ray_address, show_progress)
+
+    records = [json.loads(done_path(out, u.name).read_text()) for u in units]
+    from audiopipe.index.lengths import build_index
+
+    index_path = build_index(out, [r["arrow"]["path"] for r in records])
+    features = _manifest_features(out, records)
+    rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
+    write_rejects(out, rejects)
+    m = assemble_manifest(out, records, features, resampler_info(), job.record(), plan["discovered"],
+                          len(plan["discovery_rejects"]), index_path)
+    t = m["totals"]
+    return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
+                   len(units), len(todo), t["hours"], time.monotonic() - t0)
+
+
+def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    import pyarrow as pa
+
+    from audiopipe.shard.writer import METADATA_KEY
+
+    if not records:
+        return {}
+    with pa.memory_map(str(out / records[0]["arrow"]["path"])) as src:
+        meta = pa.ipc.open_file(src).schema.metadata[METADATA_KEY]
+    return json.loads(meta)["features"]
+
+
+def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool) -> None:
+    import ray
+    from tqdm import tqdm
+
+    _init_ray(workers, address)
+    ProgressCounter, shard_task = _remote_defs()
+    counter = ProgressCounter.remote()
+    codec_actors, codec_spec = _codec_actors(job, workers) if job.codec else ([], None)
+    job_dict = job.to_dict()
+    refs = {shard_task.remote(u.to_dict(), job_dict, counter, codec_actors, codec_spec): u for u in todo}
+    total_s = sum(u.duration for u in todo)
+    # Progress in audio seconds; the postfix gives audio-hours per second and the real-time factor.
+    bar = tqdm(total=round(total_s), unit="audio-s", desc="shard", disable=not show_progress, file=sys.stderr,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} audio-s "
+                          "[{elapsed}<{remaining}{postfix}]")
+    t_start = time.monotonic()
+    pending = list(refs)
+    failures: list[str] = []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as e:  # after Ray's retries: report, keep building the other shards
+                failures.append(f"{refs[ref].name}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+        seconds = min(ray.get(counter.get.remote()), total_s)
+        elapsed = max(time.monotonic() - t_start, 1e-9)
+        bar.n = round(seconds)
+        bar.set_postfix_str(f"{seconds / 3600 / elapsed:.4f} audio-h/s, {seconds / elapsed:.0f}x real time",
+                            refresh=False)
+        bar.refresh()
+    bar.n = bar.total
+    bar.close()
+    for a in codec_actors:
+        ray.kill(a)
+    if failures:
+        raise JobError("some shards failed after retries (rerun the same command to retry them):\n  "
+                       + "\n  ".join(failures))

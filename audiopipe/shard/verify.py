@@ -1,0 +1,177 @@
+"""`audiopipe verify`: prove a shard folder is intact and sane, naming the shard and sample of every failure.
+
+Checks, in order of cost: sha256 of every file against the manifest; the Arrow schema's feature hashes against
+the manifest; every record decoded with semantic checks (array sizes match frame counts, frame counts match the
+duration, no NaN/inf, F0 inside its range); every tar member decoded and compared with its Arrow twin.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import soundfile as sf
+
+from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.manifest import read_manifest
+from audiopipe.shard.writer import METADATA_KEY, wds_key
+
+
+@dataclass
+class VerifyReport:
+    shards: int = 0
+    records: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def fail(self, msg: str) -> None:
+        self.failures.append(msg)
+
+    def lines(self) -> list[str]:
+        head = f"verified {self.shards} shards, {self.records} records: "
+        if self.ok:
+            return [head + "OK"]
+        shown = self.failures[:50]
+        more = [f"... and {len(self.failures) - 50} more"] if len(self.failures) > 50 else []
+        return [head + f"{len(self.failures)} FAILED"] + [f"  {m}" for m in shown] + more
+
+
+_FEATURES: dict[str, Any] = {}
+
+
+def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
+    from audiopipe.features.registry import build_feature
+
+    if spec["hash"] not in _FEATURES:
+        _FEATURES[spec["hash"]] = build_feature(spec["kind"], **spec["params"])
+    return _FEATURES[spec["hash"]].num_frames(int(round(seconds * spec["sample_rate"])))
+
+
+def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray], specs: dict[str, Any],
+                  report: VerifyReport, aligned: bool) -> None:
+    rid = row["id"]
+    for name, spec in specs.items():
+        a = arrays[name]
+        frames = row[f"{name}_frames"]
+        if a.shape[-1] != frames:
+            report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
+            continue
+        # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
+        tol = 1 + (2 if aligned else 0)
+        want = frames if spec["kind"] == "encodec" else _expected_frames(spec, row["duration"])
+        if abs(want - frames) > tol:
+            report.fail(f"{shard} {rid}: {name} has {frames} frames but {row['duration']:.3f} s implies {want}")
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            report.fail(f"{shard} {rid}: {name} contains NaN or inf")
+        if name == "f0":
+            p = spec["params"]
+            lo, hi = p.get("fmin", 50.0), p.get("fmax", 1100.0)
+            voiced = arrays.get("voiced")
+            mask = voiced.astype(bool) if voiced is not None else a > 0
+            if mask.any() and (a[mask].min() < lo * 0.99 or a[mask].max() > hi * 1.01):
+                report.fail(f"{shard} {rid}: f0 outside [{lo}, {hi}] Hz on voiced frames")
+            if p.get("interpolate") and (a <= 0).any():
+                report.fail(f"{shard} {rid}: interpolated f0 has frames <= 0")
+        if spec["kind"] == "encodec" and (a.min(initial=0) < 0 or a.max(initial=0) >= spec["params"].get("codebook_size", 1024)):
+            report.fail(f"{shard} {rid}: codes outside the codebook")
+
+
+def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
+    root = Path(shards_dir)
+    m = read_manifest(root)
+    specs = m["features"]
+    report = VerifyReport()
+    aligned = bool(m.get("job", {}).get("align_to"))
+    idx = root / m["index"]["path"]
+    if not idx.exists() or sha256_file(idx) != m["index"]["sha256"]:
+        report.fail(f"{m['index']['path']}: missing or checksum mismatch")
+    for sh in m["shards"]:
+        report.shards += 1
+        name = sh["name"]
+        kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
+        intact = True
+        for kind in kinds:
+            p = root / sh[kind]["path"]
+            if not p.exists():
+                report.fail(f"{name}: {sh[kind]['path']} is missing")
+                intact = False
+            elif p.stat().st_size != sh[kind]["bytes"] or sha256_file(p) != sh[kind]["sha256"]:
+                report.fail(f"{name}: {sh[kind]['path']} checksum mismatch (corrupted, truncated or replaced)")
+                intact = False
+        if not intact:
+            continue
+        try:
+            with pa.memory_map(str(root / sh["arrow"]["path"])) as src:
+                reader = pa.ipc.open_file(src)
+                table = reader.read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            report.fail(f"{name}: Arrow file unreadable: {e}")
+            continue
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        for fname, spec in specs.items():
+            got = meta["features"].get(fname, {}).get("hash")
+            if got != spec["hash"]:
+                report.fail(f"{name}: feature {fname} hash {got} differs from manifest {spec['hash']}")
+        if table.num_rows != sh["rows"]:
+            report.fail(f"{name}: {table.num_rows} rows, manifest says {sh['rows']}")
+        array_names = [f.name for f in table.schema if pa.types.is_large_list(f.type)]
+        channels = {n: specs[n]["channels"] if n in specs else 0 for n in array_names}
+        arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
+        for i in range(table.num_rows):
+            row = {c: table.column(c)[i].as_py() for c in table.column_names if c not in array_names}
+            arrays = {}
+            for n in array_names:
+                flat = table.column(n)[i].values.to_numpy(zero_copy_only=False)
+                frames = row[f"{n}_frames"]
+                ch = channels[n]
+                if flat.size != max(ch, 1) * frames:
+                    report.fail(f"{name} {row['id']}: {n} holds {flat.size} values, expected {max(ch, 1)}x{frames}")
+                    continue
+                arrays[n] = flat.reshape(ch, frames) if ch else flat
+            report.records += 1
+            _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
+            if tars and "tar" in sh:
+                arrow_arrays[wds_key(row["id"])] = arrays
+        if tars and "tar" in sh:
+            _verify_tar(name, root / sh["tar"]["path"], arrow_arrays, specs, report)
+    return report
+
+
+def _verify_tar(name: str, path: Path, arrow_arrays: dict[str, dict[str, np.ndarray]], specs: dict[str, Any],
+                report: VerifyReport) -> None:
+    seen: set[str] = set()
+    with tarfile.open(path) as tar:
+        for member in tar:
+            key, _, ext = member.name.partition(".")
+            data = tar.extractfile(member).read()
+            seen.add(key)
+            if key not in arrow_arrays:
+                report.fail(f"{name} tar {member.name}: sample not in the Arrow shard")
+                continue
+            try:
+                if ext == "json":
+                    json.loads(data)
+                    continue
+                if ext == "flac":
+                    feat, arr = "pcm", sf.read(io.BytesIO(data), dtype="int16")[0]
+                else:
+                    feat = ext.removesuffix(".npy")
+                    arr = np.load(io.BytesIO(data), allow_pickle=False)
+            except Exception as e:
+                report.fail(f"{name} tar {member.name}: undecodable ({type(e).__name__}: {e})")
+                continue
+            ref = arrow_arrays[key].get(feat)
+            if ref is None or ref.shape != arr.shape or not np.array_equal(ref, arr):
+                report.fail(f"{name} tar {member.name}: differs from the Arrow record")
+    missing = set(arrow_arrays) - seen
+    if missing:
+        report.fail(f"{name} tar: {len(missing)} samples missing, e.g. {sorted(missing)[0]}")

@@ -1,0 +1,221 @@
+"""The shard stage end to end, on real Ray, real Arrow files and real tars."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import soundfile as sf
+
+from audiopipe.index.lengths import LengthIndex
+from audiopipe.shard.manifest import read_manifest
+from audiopipe.shard.run import JobError, run_job
+from audiopipe.shard.verify import verify
+from shard_helpers import make_job, shard, tree_digest
+
+FEATS = [("vocos_mel", {}), ("f0", {"sample_rate": 16000, "hop_length": 160}), ("kaldi_fbank", {}),
+         ("pcm", {"sample_rate": 16000})]
+
+
+@pytest.fixture(scope="module")
+def synth_shards(synthetic_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth_shards")
+    summary = shard(synthetic_corpus.root, out, FEATS, shard_bytes=200_000)
+    return synthetic_corpus, out, summary
+
+
+def test_every_utterance_written_with_exact_frame_counts(synth_shards):
+    corpus, out, summary = synth_shards
+    m = read_manifest(out)
+    t = m["totals"]
+    assert t["discovered"] == len(corpus.utterances) == t["written"] + t["rejected"]
+    assert t["rejected"] == 0 and summary.written == len(corpus.utterances)
+    assert len(m["shards"]) > 1, "a small shard size must give several shards"
+    assert set(m["features"]) == {"mel", "f0", "voiced", "fbank", "pcm"}
+    idx = LengthIndex.open(out)
+    assert sorted(idx.table.column("id").to_pylist()) == sorted(u.id for u in corpus.utterances)
+    by_id = {u.id: u for u in corpus.utterances}
+    for sh in m["shards"]:
+        with pa.memory_map(str(out / sh["arrow"]["path"])) as src:
+            table = pa.ipc.open_file(src).read_all()
+        assert table.num_rows == sh["rows"]
+        for i in range(table.num_rows):
+            u = by_id[table.column("id")[i].as_py()]
+            n24 = round(u.num_samples * 24000 / u.sample_rate)
+            n16 = round(u.num_samples * 16000 / u.sample_rate)
+            assert abs(table.column("mel_frames")[i].as_py() - (n24 // 256 + 1)) <= 1
+            assert table.column("f0_frames")[i].as_py() == table.column("voiced_frames")[i].as_py()
+            assert abs(table.column("pcm_frames")[i].as_py() - n16) <= 1
+            mel = np.asarray(table.column("mel")[i].values).reshape(100, -1)
+            assert mel.shape[1] == table.column("mel_frames")[i].as_py() and np.isfinite(mel).all()
+            assert table.column("speaker")[i].as_py() == u.speaker
+            assert table.column("text")[i].as_py() == u.text
+
+
+def test_tones_keep_their_pitch_through_the_shards(synth_shards):
+    corpus, out, _ = synth_shards
+    idx = LengthIndex.open(out)
+    m = read_manifest(out)
+    ids = idx.table.column("id").to_pylist()
+    tones = [u for u in corpus.utterances if u.kind == "tone"]
+    assert tones
+    for u in tones:
+        k = ids.index(u.id)
+        sh = m["shards"][int(idx.shard[k])]
+        with pa.memory_map(str(out / sh["arrow"]["path"])) as src:
+            t = pa.ipc.open_file(src).read_all()
+        r = int(idx.row[k])
+        f0 = np.asarray(t.column("f0")[r].values)
+        voiced = np.asarray(t.column("voiced")[r].values).astype(bool)
+        assert voiced.mean() > 0.6
+        assert abs(np.median(f0[voiced]) - u.f0) / u.f0 < 0.02
+
+
+def test_tar_holds_the_same_samples_without_pickles(synth_shards):
+    _, out, _ = synth_shards
+    m = read_manifest(out)
+    sh = m["shards"][0]
+    with tarfile.open(out / sh["tar"]["path"]) as tar:
+        names = tar.getnames()
+        exts = {n.split(".", 1)[1] for n in names}
+        assert exts == {"json", "mel.npy", "f0.npy", "voiced.npy", "fbank.npy", "flac"}
+        first = names[0].split(".", 1)[0]
+        meta = json.loads(tar.extractfile(f"{first}.json").read())
+        mel = np.load(io.BytesIO(tar.extractfile(f"{first}.mel.npy").read()), allow_pickle=False)
+        pcm, sr = sf.read(io.BytesIO(tar.extractfile(f"{first}.flac").read()), dtype="int16")
+    assert mel.shape == (100, meta["mel_frames"]) and sr == 16000 and len(pcm) == meta["pcm_frames"]
+    assert verify(out).ok
+
+
+def test_rerun_on_finished_output_is_a_noop(synth_shards):
+    corpus, out, _ = synth_shards
+    before = tree_digest(out)
+    t0 = time.monotonic()
+    s = shard(corpus.root, out, FEATS, shard_bytes=200_000)
+    assert s.up_to_date and time.monotonic() - t0 < 5
+    assert tree_digest(out) == before
+
+
+def test_other_settings_into_same_output_are_refused(synth_shards):
+    corpus, out, _ = synth_shards
+    with pytest.raises(JobError, match="other settings"):
+        shard(corpus.root, out, [("vocos_mel", {})], shard_bytes=200_000)
+
+
+def test_broken_inputs_become_rejects_with_reasons(broken_corpus, tmp_path):
+    out = tmp_path / "shards"
+    s = shard(broken_corpus.root, out, [("vocos_mel", {}), ("f0", {})], max_duration=20.0)
+    m = read_manifest(out)
+    rejects = [json.loads(l) for l in (out / "rejects.jsonl").read_text().splitlines()]
+    got = {Path(r["source"]).name: r["reason"] for r in rejects}
+    for name, reason in broken_corpus.expected.items():
+        if reason is None:
+            assert name not in got, f"{name} should be written, was rejected: {got.get(name)}"
+        else:
+            assert got.get(name) == reason, f"{name}: expected {reason}, got {got.get(name)}"
+    assert all(r["detail"] for r in rejects)
+    t = m["totals"]
+    assert t["discovered"] == t["written"] + t["rejected"] == len(broken_corpus.expected)
+    assert t["written"] == sum(v is None for v in broken_corpus.expected.values())
+    assert s.reject_reasons and verify(out).ok
+
+
+def test_real_speech_f5tts_preset_verifies(asterisk_corpus, tmp_path):
+    out = tmp_path / "shards"
+    s = shard(asterisk_corpus.root, out, [("vocos_mel", {})])
+    assert s.written == len(asterisk_corpus.utterances) and s.rejected == 0
+    assert verify(out).ok
+    idx = LengthIndex.open(out)
+    assert idx.table.column("speaker").to_pylist() == [""] * len(idx)
+    assert np.allclose(idx.duration.sum(), sum(u.num_samples / u.sample_rate for u in asterisk_corpus.utterances),
+                       rtol=1e-4)
+
+
+def test_verify_names_the_corrupted_shard(synth_shards, tmp_path):
+    _, out, _ = synth_shards
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    m = read_manifest(bad)
+    target = bad / m["shards"][1]["arrow"]["path"]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    rep = verify(bad)
+    assert not rep.ok and any(m["shards"][1]["name"] in f and "checksum" in f for f in rep.failures)
+
+
+def _cli(*args, **kw):
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True,
+                          env=env, **kw)
+
+
+def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus, tmp_path):
+    args = ["shard", "--corpus", str(espeak_corpus.root), "--features", "vocos_mel,f0", "--shard-size", "100kB",
+            "--workers", "1", "--no-progress"]
+    clean = tmp_path / "clean"
+    r = _cli(*args, "--out", str(clean), timeout=300)
+    assert r.returncode == 0, r.stderr
+    n_shards = len(read_manifest(clean)["shards"])
+    assert n_shards >= 5
+
+    crashed = tmp_path / "crashed"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *args, "--out", str(crashed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list((crashed / "done").glob("*.json"))) < 2:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers, mid-job
+    proc.wait()
+    done = len(list((crashed / "done").glob("*.json")))
+    assert 2 <= done < n_shards, "the kill must land mid-job"
+    assert not (crashed / "manifest.json").exists()
+
+    r = _cli(*args, "--out", str(crashed), timeout=300)
+    assert r.returncode == 0, r.stderr
+    # A Ray worker may finish the shard it held after the driver died (its writes are atomic), so count
+    # what the rerun rebuilt rather than what was on disk at the moment of the kill.
+    rebuilt = int(re.search(r"\((\d+) built now\)", r.stdout).group(1))
+    assert 0 < rebuilt <= n_shards - done
+    assert tree_digest(crashed) == tree_digest(clean)
+    r = _cli(*args, "--out", str(crashed), timeout=120)
+    assert r.returncode == 0 and "up to date" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--corpus", "/nonexistent/wavs"], "corpus folder not found"),
+    (["--preset", "nope"], "unknown preset nope"),
+    (["--features", "mel,zzz"], "unknown feature"),
+    (["--out", "/proc/audiopipe-cannot-write"], "cannot write to output folder"),
+    (["--preset", "ns2"], "needs codec weights"),
+])
+def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path):
+    base = {"--corpus": str(synthetic_corpus.root), "--out": str(tmp_path / "o")}
+    for k, v in zip(args[::2], args[1::2]):
+        base[k] = v
+    r = _cli("shard", *[x for kv in base.items() for x in kv], "--no-progress", timeout=60)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_inspect_prints_counts_and_writes_a_histogram(synth_shards, tmp_path):
+    _, out, _ = synth_shards
+    png = tmp_path / "d.png"
+    r = _cli("inspect", str(out), "--plot", str(png), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "utterances" in r.stdout and "speakers" in r.stdout and "mel" in r.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
