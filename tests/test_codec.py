@@ -159,6 +159,18 @@ def test_wrong_architecture_is_refused(tok, tmp_path):
         EncodecTokenizer(checkpoint=tmp_path)
 
 
+def test_incomplete_weights_are_refused(tok, tmp_path):
+    # transformers would fill a missing tensor with random values and only warn: that must be an error here.
+    from safetensors.torch import load_file, save_file
+
+    tok._model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["encoder.layers.0.conv.bias"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CodecCheckpointError, match="lacks or misshapes 1 .*encoder.layers.0.conv.bias"):
+        EncodecTokenizer(checkpoint=tmp_path)
+
+
 def test_constructor_and_input_errors(tok):
     with pytest.raises(ValueError, match="exactly one"):
         EncodecTokenizer()

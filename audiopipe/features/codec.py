@@ -243,10 +243,19 @@ def _load_checkpoint(path: Path):
     if not (path / "config.json").is_file():
         raise CodecCheckpointError(f"no config.json in EnCodec checkpoint folder {path}")
     try:
-        model = EncodecModel.from_pretrained(str(path), local_files_only=True)
+        model, info = EncodecModel.from_pretrained(str(path), local_files_only=True, output_loading_info=True)
     except Exception as exc:  # transformers raises many types; the path is what the user needs
         raise CodecCheckpointError(f"could not load EnCodec checkpoint from {path}: {exc}") from exc
     _check_architecture(model.config, path)
+    # from_pretrained only warns about absent or misshapen tensors and fills them with random values; for the
+    # parts that make the codes (the decoder is unused here) that would be silently wrong codes.
+    mismatched = [m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys", [])]
+    bad = [str(k) for k in [*info.get("missing_keys", []), *mismatched] if str(k).startswith(("encoder.", "quantizer."))]
+    if bad:
+        shown = ", ".join(sorted(map(str, bad))[:5]) + (" ..." if len(bad) > 5 else "")
+        raise CodecCheckpointError(
+            f"EnCodec checkpoint {path} lacks or misshapes {len(bad)} encoder/quantizer tensors: {shown}"
+        )
     return model
 
 
