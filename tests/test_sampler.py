@@ -291,6 +291,8 @@ def test_bad_input_gives_clear_errors():
         BucketBatchSampler(np.array([3]), 0)
     with pytest.raises(ValueError, match="rank"):
         BucketBatchSampler(np.array([3]), 100, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="seed"):
+        BucketBatchSampler(np.array([3]), 100, seed=-1)
     with pytest.raises(ValueError, match="uneven"):
         BucketBatchSampler(np.array([3]), 100, uneven="pad")
     s = BucketBatchSampler(np.arange(1, 50), 100)

@@ -6,9 +6,10 @@ Every feature has time on its LAST axis (see audiopipe/features/base.py), so one
 Buffer reuse and its aliasing rule: in the training process, a batch's tensors are views into a small ring
 of `ring_size` preallocated buffers per feature (grown on demand, never shrunk). Batch k's memory is written
 again by batch k + ring_size, so the caller must be done with a batch (moved it to the GPU, or copied it)
-before ring_size more batches are collated; keep ring_size >= 2 + batches held at once (e.g. pin-memory or
-non_blocking copies in flight). A batch tensor's storage can be larger than the tensor: `.clone()` it
-before keeping or saving it for long. Inside DataLoader worker processes the ring is NOT used: each batch
+before ring_size more batches are collated. The default of 2 keeps batch k intact while batch k + 1 is
+built; raise it by the number of batches held longer (in-flight copies, a prefetching thread). More slots
+cost cache: each slot touched is another batch-sized working set (the benchmark shows it). A batch tensor's
+storage can be larger than the tensor: `.clone()` it before keeping or saving it for long. Inside DataLoader worker processes the ring is NOT used: each batch
 is written once, directly into a fresh shared-memory block (as torch's default_collate does), because
 sending a tensor to the main process moves its storage into shared memory, and a reused one would be
 overwritten while the main process still reads it.
@@ -87,7 +88,7 @@ class PadCollator:
         *,
         pad_to_multiple: int = 1,
         pad_value: float | Mapping[str, float] = 0,
-        ring_size: int = 3,
+        ring_size: int = 2,
     ):
         if isinstance(features, str) or not features:
             raise ValueError(f"features must be a non-empty list of feature names, got {features!r}")

@@ -125,6 +125,8 @@ class BucketBatchSampler:
             raise ValueError(f"min_bucket_batches must be >= 0, got {min_bucket_batches!r}")
         if boundary_sample_size < 1:
             raise ValueError(f"boundary_sample_size must be >= 1, got {boundary_sample_size!r}")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {seed!r}")
         if uneven not in ("repeat", "drop"):
             raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
         self.bucket_width = float(bucket_width)
