@@ -250,7 +250,8 @@ def _load_checkpoint(path: Path):
     # from_pretrained only warns about absent or misshapen tensors and fills them with random values; for the
     # parts that make the codes (the decoder is unused here) that would be silently wrong codes.
     mismatched = [m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys", [])]
-    bad = [str(k) for k in [*info.get("missing_keys", []), *mismatched] if str(k).startswith(("encoder.", "quantizer."))]
+    bad = [str(k) for k in [*info.get("missing_keys", []), *mismatched]
+           if str(k).startswith(("encoder.", "quantizer."))]
     if bad:
         shown = ", ".join(sorted(map(str, bad))[:5]) + (" ..." if len(bad) > 5 else "")
         raise CodecCheckpointError(
