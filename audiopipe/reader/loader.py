@@ -1,0 +1,84 @@
+"""One call from a shard folder to a DDP-ready torch DataLoader: dataset -> sampler -> collate.
+
+    loader = make_loader("./shards", ["mel"], max_frames=38400)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            ...
+            ckpt["sampler"] = loader.state_dict(consumed_batches=step + 1)
+
+Reading is a slice of an mmap, so workers are rarely needed: num_workers=0 keeps everything in one process and
+uses no shared memory at all. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
+`shm_bytes_per_worker()` says how much, so the 3D-Speaker-style SIGBUS (a full /dev/shm) can be planned away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from audiopipe.collate.pad import PadCollator
+from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.sampler.bucket import BucketBatchSampler
+
+
+@dataclass
+class Loader:
+    dataset: ShardDataset
+    sampler: BucketBatchSampler
+    collate: PadCollator
+    dataloader: torch.utils.data.DataLoader
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.dataloader)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        return self.sampler.state_dict(consumed_batches=consumed_batches)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def shm_bytes_per_worker(self) -> int:
+        """Upper bound of shared memory one worker holds: prefetch_factor padded batches at the frame budget."""
+        if self.dataloader.num_workers == 0:
+            return 0
+        per_frame = 0
+        for f in self.collate.features:
+            ch = max(1, self.dataset.channels.get(f, 0))
+            dtype = np.dtype(self.dataset.spec(f)["dtype"]) if f in self.dataset.manifest["features"] else np.dtype("int64")
+            per_frame += ch * dtype.itemsize + 1  # + the bool mask
+        budget = self.sampler.budget.max_frames
+        return int(self.dataloader.prefetch_factor * budget * per_frame)
+
+
+def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: int,
+                length_feature: str | None = None, quadratic: float = 0.0, max_items: int | None = None,
+                seed: int = 0, shuffle: bool = True, num_workers: int = 0, prefetch_factor: int = 2,
+                rank: int | None = None, world_size: int | None = None, expect: dict[str, str] | None = None,
+                pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False) -> Loader:
+    """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
+
+    length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
+    rank/world_size: default to torch.distributed's when it is initialised.
+    """
+    ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
+    lengths = ds.lengths(length_feature or features[0]).astype(np.int64)
+    sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
+                                 shuffle=shuffle, rank=rank, world_size=world_size)
+    collate = PadCollator(list(features), pad_to_multiple=pad_to_multiple)
+    kw: dict[str, Any] = {}
+    if num_workers > 0:
+        kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
+    dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+                                     pin_memory=pin_memory, **kw)
+    return Loader(ds, sampler, collate, dl)
