@@ -9,10 +9,11 @@ again by batch k + ring_size, so the caller must be done with a batch (moved it 
 before ring_size more batches are collated. The default of 2 keeps batch k intact while batch k + 1 is
 built; raise it by the number of batches held longer (in-flight copies, a prefetching thread). More slots
 cost cache: each slot touched is another batch-sized working set (the benchmark shows it). A batch tensor's
-storage can be larger than the tensor: `.clone()` it before keeping or saving it for long. Inside DataLoader worker processes the ring is NOT used: each batch
-is written once, directly into a fresh shared-memory block (as torch's default_collate does), because
-sending a tensor to the main process moves its storage into shared memory, and a reused one would be
-overwritten while the main process still reads it.
+storage can be larger than the tensor: `.clone()` it before keeping or saving it for long.
+
+Inside DataLoader worker processes the ring is NOT used: each batch is written once, directly into a fresh
+shared-memory block (as torch's default_collate does), because sending a tensor to the main process moves
+its storage into shared memory, and a reused one would be overwritten while the main process still reads it.
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ class PadCollator:
             arrays = [item[f] for item in items]
         except KeyError:
             i = next(i for i, item in enumerate(items) if f not in item)
-            raise KeyError(f"item {i} ({_name(items[i], i)}) has no feature {f!r}; it has {sorted(items[i].keys())}") from None
+            raise KeyError(
+                f"item {i} ({_name(items[i], i)}) has no feature {f!r}; it has {sorted(items[i].keys())}"
+            ) from None
         arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
         first = arrays[0]
         lead, dtype = first.shape[:-1], first.dtype
