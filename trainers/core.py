@@ -187,10 +187,15 @@ LossFn = Callable[[torch.nn.Module, dict[str, Any]], tuple[torch.Tensor, dict[st
 
 def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, features: list[str],
           length_feature: str | None = None, expect: dict[str, str] | None = None,
+          loader_kw: dict[str, Any] | None = None,
           to_device: Callable[[dict[str, Any], torch.device], dict[str, Any]] | None = None,
           optimizer: torch.optim.Optimizer | None = None, on_log: Callable[[dict[str, Any]], None] | None = None,
           log_name: str = "train") -> dict[str, Any]:
-    """Train until cfg.max_steps optimizer steps; returns the last logged record."""
+    """Train until cfg.max_steps optimizer steps; returns the last logged record.
+
+    loader_kw: passed to make_loader (item_transform, batch_transform, subset, lengths, collate_features, ...).
+    loss_fn(model, batch) gets the batch on the device; it returns the loss and extra numbers to log.
+    """
     out = Path(cfg.out)
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -199,7 +204,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     loader = make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
                          quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                          num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
-                         pin_memory=d.device.type == "cuda")
+                         pin_memory=d.device.type == "cuda", **(loader_kw or {}))
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
@@ -242,7 +247,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                 with autocast:
                     loss, logs = loss_fn(ddp, batch)
                 scaler.scale(loss / cfg.grad_accum).backward()
-            f0 = features[0]
+            f0 = loader.collate.features[0]
             window["frames"] += int(batch[f"{f0}_lengths"].sum())
             window["pad"].append(float(batch["padding_ratio"][f0]))
             window["loss"] += float(loss.detach()) / cfg.grad_accum

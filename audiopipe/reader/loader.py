@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,37 @@ import torch
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.sampler.bucket import BucketBatchSampler
+
+
+class _View:
+    """The dataset seen through a subset of utterances and a per-item transform (both optional).
+
+    The sampler plans over positions 0..len(subset)-1; this maps them back to global rows.
+    """
+
+    def __init__(self, ds: ShardDataset, subset: np.ndarray | None, item_transform: Callable | None):
+        self.ds, self.subset, self.item_transform = ds, subset, item_transform
+
+    def __len__(self) -> int:
+        return len(self.ds) if self.subset is None else len(self.subset)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.ds[int(self.subset[i]) if self.subset is not None else i]
+        return self.item_transform(item) if self.item_transform else item
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [self[i] for i in indices]
+
+
+class _Collate:
+    """PadCollator, then an optional batch transform, both inside the worker that built the batch."""
+
+    def __init__(self, pad: PadCollator, batch_transform: Callable | None):
+        self.pad, self.batch_transform = pad, batch_transform
+
+    def __call__(self, items):
+        batch = self.pad(items)
+        return self.batch_transform(batch) if self.batch_transform else batch
 
 
 @dataclass
@@ -62,23 +93,38 @@ class Loader:
 
 
 def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: int,
-                length_feature: str | None = None, quadratic: float = 0.0, max_items: int | None = None,
+                length_feature: str | None = None, lengths: np.ndarray | None = None,
+                subset: np.ndarray | None = None, quadratic: float = 0.0, max_items: int | None = None,
                 seed: int = 0, shuffle: bool = True, num_workers: int = 0, prefetch_factor: int = 2,
                 rank: int | None = None, world_size: int | None = None, expect: dict[str, str] | None = None,
-                pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False) -> Loader:
+                pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
+                item_transform: Callable | None = None, batch_transform: Callable | None = None,
+                collate_features: Sequence[str] | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
+    lengths: the frames the budget counts per utterance when items are transformed (e.g. 3 s crops);
+             default: the index's counts of length_feature. Indexed like the subset when one is given.
+    subset: global indices of the utterances to use (e.g. training speakers only).
+    item_transform: per-sample function applied before collate (random crops); batch_transform: applied to the
+             padded batch (a prompt/target split). Both run in the DataLoader workers and must be picklable.
+    collate_features: the keys to pad, when item_transform makes new arrays (default: features).
     rank/world_size: default to torch.distributed's when it is initialised.
     """
     ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
-    lengths = ds.lengths(length_feature or features[0]).astype(np.int64)
-    sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
-                                 shuffle=shuffle, rank=rank, world_size=world_size)
-    collate = PadCollator(list(features), pad_to_multiple=pad_to_multiple)
+    if subset is not None:
+        subset = np.asarray(subset, dtype=np.int64)
+    if lengths is None:
+        lengths = ds.lengths(length_feature or features[0]).astype(np.int64)
+        if subset is not None:
+            lengths = lengths[subset]
+    sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
+                                 max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
-    dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+    dl = torch.utils.data.DataLoader(_View(ds, subset, item_transform), batch_sampler=sampler,
+                                     collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
                                      pin_memory=pin_memory, **kw)
     return Loader(ds, sampler, collate, dl)
