@@ -148,9 +148,9 @@ def magnitude_spectrogram(
         wav, n_fft, hop_length=hop_length, win_length=win_length, window=window,
         center=center, pad_mode="reflect", normalized=False, onesided=True, return_complex=True,
     )
-    if magnitude_eps > 0:
-        return torch.sqrt(spec.real.square() + spec.imag.square() + magnitude_eps)
-    return spec.abs()
+    # sqrt(re^2 + im^2) rather than abs(): hypot's overflow guard is not needed for audio and costs ~2x.
+    power = spec.real.square() + spec.imag.square()
+    return torch.sqrt(power + magnitude_eps if magnitude_eps > 0 else power)
 
 
 def mel_spectrogram(
