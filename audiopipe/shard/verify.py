@@ -51,9 +51,12 @@ _FEATURES: dict[str, Any] = {}
 def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
     from audiopipe.features.registry import build_feature
 
+    n = int(round(seconds * spec["sample_rate"]))
+    if spec["kind"].startswith("encodec"):  # the codec is not in the feature registry: ceil(N / hop) frames
+        return -(-n // spec["hop_length"])
     if spec["hash"] not in _FEATURES:
         _FEATURES[spec["hash"]] = build_feature(spec["kind"], **spec["params"])
-    return _FEATURES[spec["hash"]].num_frames(int(round(seconds * spec["sample_rate"])))
+    return _FEATURES[spec["hash"]].num_frames(n)
 
 
 def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray], specs: dict[str, Any],
@@ -67,7 +70,7 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
             continue
         # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
         tol = 1 + (2 if aligned else 0)
-        want = frames if spec["kind"] == "encodec" else _expected_frames(spec, row["duration"])
+        want = _expected_frames(spec, row["duration"])
         if abs(want - frames) > tol:
             report.fail(f"{shard} {rid}: {name} has {frames} frames but {row['duration']:.3f} s implies {want}")
         if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
@@ -81,7 +84,7 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
                 report.fail(f"{shard} {rid}: f0 outside [{lo}, {hi}] Hz on voiced frames")
             if p.get("interpolate") and (a <= 0).any():
                 report.fail(f"{shard} {rid}: interpolated f0 has frames <= 0")
-        if spec["kind"] == "encodec" and (a.min(initial=0) < 0 or a.max(initial=0) >= spec["params"].get("codebook_size", 1024)):
+        if spec["kind"].startswith("encodec") and (a.min(initial=0) < 0 or a.max(initial=0) >= spec["params"].get("codebook_size", 1024)):
             report.fail(f"{shard} {rid}: codes outside the codebook")
 
 
