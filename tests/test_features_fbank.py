@@ -121,3 +121,12 @@ def test_mean_normalize_numpy_torch_and_lengths():
     np.testing.assert_allclose(mean_normalize(batch.numpy(), time_axis=1, lengths=lengths), out.numpy())
     with pytest.raises(ValueError, match="lengths"):
         mean_normalize(batch, time_axis=1, lengths=[31, 5])
+
+
+def test_cached_constants_survive_inference_mode():
+    # A first call under inference_mode must not leave inference tensors in the cache for later autograd use.
+    with torch.inference_mode():
+        kaldi_fbank_torch(torch.zeros(1, 800, dtype=torch.float64))
+    wav = (0.1 * torch.randn(2, 1600, dtype=torch.float64)).requires_grad_(True)
+    kaldi_fbank_torch(wav).sum().backward()
+    assert torch.isfinite(wav.grad).all()

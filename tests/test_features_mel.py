@@ -147,6 +147,17 @@ def test_batch_items_are_independent():
     torch.testing.assert_close(batch, single, rtol=0, atol=1e-10)
 
 
+def test_gradient_is_finite_through_digital_silence():
+    # A mel loss on generated audio must not turn exact zeros (silence, padding) into NaN gradients.
+    wav = torch.zeros(2, 8000, dtype=torch.float32)
+    wav[1, 2000:4000] = torch.sin(torch.arange(2000) * 0.3)
+    wav.requires_grad_(True)
+    for kw in (vocos_mel_kwargs(), hifigan_mel_kwargs()):
+        mel_spectrogram(wav, **kw).sum().backward()
+        assert torch.isfinite(wav.grad).all()
+        wav.grad = None
+
+
 @pytest.mark.parametrize("n", [513, 1024, 1025, 24000, 24000 + 255, 24000 + 256])
 def test_frame_counts_are_exact(n):
     x = np.random.default_rng(n).uniform(-0.5, 0.5, n).astype(np.float32)

@@ -68,10 +68,11 @@ def kaldi_mel_banks(
 @functools.lru_cache(maxsize=8)
 def _torch_consts(key: tuple, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     num_bins, sample_rate, win, n_fft, low_freq, high_freq = key
-    i = torch.arange(win, dtype=torch.float64)
-    window = (0.5 - 0.5 * torch.cos(2 * math.pi * i / (win - 1))) ** _POVEY_POWER
-    banks = torch.from_numpy(np.array(kaldi_mel_banks(num_bins, sample_rate, n_fft, low_freq, high_freq)))
-    return window.to(device, dtype), banks.to(device, dtype)
+    with torch.inference_mode(False):  # cached: must stay usable by autograd after a first inference call
+        i = torch.arange(win, dtype=torch.float64)
+        window = (0.5 - 0.5 * torch.cos(2 * math.pi * i / (win - 1))) ** _POVEY_POWER
+        banks = torch.from_numpy(np.array(kaldi_mel_banks(num_bins, sample_rate, n_fft, low_freq, high_freq)))
+        return window.to(device, dtype), banks.to(device, dtype)
 
 
 def kaldi_fbank_torch(

@@ -83,15 +83,18 @@ def mel_filterbank(
     return weights
 
 
-# Trainers call every step: keep the window and filterbank resident per (device, dtype).
+# Trainers call every step: keep the window and filterbank resident per (device, dtype). They are built
+# outside inference mode, or a first call under torch.inference_mode() would poison the cache for autograd.
 @functools.lru_cache(maxsize=16)
 def _hann(win_length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.hann_window(win_length, periodic=True, dtype=torch.float64).to(device=device, dtype=dtype)
+    with torch.inference_mode(False):
+        return torch.hann_window(win_length, periodic=True, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=16)
 def _filterbank_tensor(key: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_numpy(np.array(mel_filterbank(*key))).to(device=device, dtype=dtype)
+    with torch.inference_mode(False):
+        return torch.from_numpy(np.array(mel_filterbank(*key))).to(device=device, dtype=dtype)
 
 
 def stft_num_frames(num_samples: int, n_fft: int, hop_length: int, padding: Padding) -> int:
@@ -148,9 +151,12 @@ def magnitude_spectrogram(
         wav, n_fft, hop_length=hop_length, win_length=win_length, window=window,
         center=center, pad_mode="reflect", normalized=False, onesided=True, return_complex=True,
     )
-    # sqrt(re^2 + im^2) rather than abs(): hypot's overflow guard is not needed for audio and costs ~2x.
-    power = spec.real.square() + spec.imag.square()
-    return torch.sqrt(power + magnitude_eps if magnitude_eps > 0 else power)
+    if magnitude_eps > 0:
+        return torch.sqrt(spec.real.square() + spec.imag.square() + magnitude_eps)
+    if spec.requires_grad:
+        return spec.abs()  # zero subgradient at |X| = 0, where sqrt's would be infinite (NaN in a mel loss)
+    # Without autograd sqrt(re^2 + im^2): abs()'s hypot overflow guard is useless for audio and costs ~2x.
+    return torch.sqrt(spec.real.square() + spec.imag.square())
 
 
 def mel_spectrogram(
