@@ -87,10 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_shard(a: argparse.Namespace) -> int:
-    from audiopipe.decode.audio import DecodeLimits
+    # Check the command line before importing torch, Ray and friends: a typo should cost milliseconds.
     from audiopipe.presets import resolve
-    from audiopipe.shard.job import CodecSettings, Job
-    from audiopipe.shard.run import JobError, run_job
+    from audiopipe.shard.job import CodecSettings, Job, JobError
 
     corpus = Path(a.corpus)
     if not corpus.is_dir():
@@ -122,11 +121,15 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
                               random_init=a.codec_random_init and not a.codec_checkpoint,
                               batch_size=a.codec_batch_size)
+    from audiopipe.decode.audio import DecodeLimits
+    from audiopipe.shard.run import run_job
+
     limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
                           max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
     from dataclasses import asdict
 
-    job = Job(corpus=str(corpus.resolve()), out=str(Path(a.out).resolve()), presets=preset.description.split("+"),
+    job = Job(corpus=str(corpus.resolve()), out=str(Path(a.out).resolve()),
+              presets=["custom"] if a.features else preset.description.split("+"),
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar)

@@ -166,8 +166,8 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     args = ["shard", "--corpus", str(espeak_corpus.root), "--features", "vocos_mel,f0", "--shard-size", "100kB",
             "--workers", "1", "--no-progress"]
     clean = tmp_path / "clean"
-    r = _cli(*args, "--out", str(clean), timeout=300)
-    assert r.returncode == 0, r.stderr
+    # The same job in-process (what the CLI builds from these arguments), on the session's running Ray.
+    shard(espeak_corpus.root, clean, [("vocos_mel", {}), ("f0", {})], shard_bytes=100 * 1024, workers=1)
     n_shards = len(read_manifest(clean)["shards"])
     assert n_shards >= 5
 
@@ -191,8 +191,7 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     rebuilt = int(re.search(r"\((\d+) built now\)", r.stdout).group(1))
     assert 0 < rebuilt <= n_shards - done
     assert tree_digest(crashed) == tree_digest(clean)
-    r = _cli(*args, "--out", str(crashed), timeout=120)
-    assert r.returncode == 0 and "up to date" in r.stdout
+    assert shard(espeak_corpus.root, crashed, [("vocos_mel", {}), ("f0", {})], shard_bytes=100 * 1024).up_to_date
 
 
 @pytest.mark.parametrize("args, message", [
@@ -201,15 +200,23 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     (["--features", "mel,zzz"], "unknown feature"),
     (["--out", "/proc/audiopipe-cannot-write"], "cannot write to output folder"),
     (["--preset", "ns2"], "needs codec weights"),
+    (["--workers", "0"], "--workers must be at least 1"),
 ])
-def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path):
+def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path, capsys):
+    from audiopipe.cli import main
+
     base = {"--corpus": str(synthetic_corpus.root), "--out": str(tmp_path / "o")}
     for k, v in zip(args[::2], args[1::2]):
         base[k] = v
-    r = _cli("shard", *[x for kv in base.items() for x in kv], "--no-progress", timeout=60)
-    assert r.returncode == 2
-    assert message in r.stderr and "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    assert main(["shard", *[x for kv in base.items() for x in kv], "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and err.startswith("audiopipe: error:")
+
+
+def test_a_bad_command_line_prints_no_traceback(tmp_path):
+    r = _cli("shard", "--corpus", str(tmp_path / "missing"), timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"audiopipe: error: corpus folder not found: {tmp_path / 'missing'}"
 
 
 def test_inspect_prints_counts_and_writes_a_histogram(synth_shards, tmp_path):
@@ -219,3 +226,42 @@ def test_inspect_prints_counts_and_writes_a_histogram(synth_shards, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "utterances" in r.stdout and "speakers" in r.stdout and "mel" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _textgrid(intervals: list[tuple[float, float, str]], xmax: float) -> str:
+    items = "\n".join(f'        intervals [{i + 1}]:\n            xmin = {a}\n            xmax = {b}\n'
+                      f'            text = "{t}"' for i, (a, b, t) in enumerate(intervals))
+    return ('File type = "ooTextFile"\nObject class = "TextGrid"\n\nxmin = 0\nxmax = ' f"{xmax}\n"
+            "tiers? <exists>\nsize = 1\nitem []:\n    item [1]:\n        class = \"IntervalTier\"\n"
+            f'        name = "phones"\n        xmin = 0\n        xmax = {xmax}\n'
+            f"        intervals: size = {len(intervals)}\n{items}\n")
+
+
+def test_phones_come_from_g2p_or_from_an_mfa_textgrid_with_exact_durations(espeak_corpus, tmp_path):
+    corpus = tmp_path / "c"
+    shutil.copytree(espeak_corpus.root / "spk0", corpus / "spk0")
+    wavs = sorted((corpus / "spk0").glob("*.wav"))[:3]
+    for w in sorted((corpus / "spk0").glob("*.wav"))[3:]:
+        w.unlink()
+    dur = sf.info(str(wavs[0])).duration
+    cut = [0.0, 0.2, 0.5, 0.9, dur]
+    (wavs[0].with_suffix(".TextGrid")).write_text(
+        _textgrid([(cut[0], cut[1], ""), (cut[1], cut[2], "DH"), (cut[2], cut[3], "AH0"), (cut[3], cut[4], "sil")], dur))
+    (wavs[1].with_suffix(".TextGrid")).write_text("this is not a TextGrid")
+    out = tmp_path / "shards"
+    shard(corpus, out, [("f0", {"sample_rate": 24000, "hop_length": 320})], phones=True)
+    from audiopipe.features.phones import PHONES, ids_to_phones
+    from audiopipe.reader.arrow_dataset import ShardDataset
+
+    m = read_manifest(out)
+    assert m["phones"]["vocab"] == list(PHONES)
+    rejects = [json.loads(l) for l in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejects] == ["bad_textgrid"] and wavs[1].stem in rejects[0]["source"]
+    ds = ShardDataset(out, ["f0", "phones", "durations"])
+    items = {ds[i]["id"]: ds[i] for i in range(len(ds))}
+    aligned = items[f"spk0/{wavs[0].stem}"]
+    assert ids_to_phones(aligned["phones"].tolist()) == ["sil", "DH", "AH0", "sil"]
+    assert aligned["durations"].sum() == aligned["f0"].shape[-1] and (aligned["durations"] > 0).all()
+    g2p_only = items[f"spk0/{wavs[2].stem}"]
+    assert g2p_only["durations"].size == 0 and g2p_only["phones"].size > 5
+    assert verify(out).ok

@@ -81,7 +81,7 @@ class ShardDataset:
         self.verify = verify
         self.meta_columns = tuple(meta_columns)
         specs = self.manifest["features"]
-        extra_arrays = {"phones": 0}
+        extra_arrays = {"phones": 0, "durations": 0}  # front-end columns without a FeatureSpec
         missing = [f for f in self.features if f not in specs and f not in extra_arrays]
         if missing:
             raise ConfigMismatch(f"{self.root} has no feature {missing}; it has {sorted(specs)}")

@@ -83,10 +83,13 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
             raise ValueError(f"two features want the same column name {dup}; give one a different name")
         phone_ids = None
         if job.phones:
-            from audiopipe.features.phones import g2p, phones_to_ids
+            from audiopipe.features.phones import G2PError, g2p, phones_to_ids
 
             def phone_ids(text: str) -> np.ndarray:
-                return np.asarray(phones_to_ids(g2p(text)), dtype=np.int16)
+                try:
+                    return np.asarray(phones_to_ids(g2p(text)), dtype=np.int16)
+                except G2PError as e:
+                    raise RejectError("g2p_failed", str(e)) from e
 
         _CACHE[key] = Extractors(feats, specs, codec_spec, phone_ids)
     return _CACHE[key]
@@ -114,8 +117,31 @@ def _reject(u: Any, reason: str, detail: str) -> dict[str, Any]:
 def array_columns(specs: list[FeatureSpec], phones: bool) -> list[ArrayColumn]:
     cols = [ArrayColumn(s.name, s.dtype, s.channels) for s in specs]
     if phones:
-        cols.append(ArrayColumn("phones", "int16", 0))
+        # durations: frames per phone from an MFA TextGrid (then phones are MFA's), empty when there is none.
+        cols += [ArrayColumn("phones", "int16", 0), ArrayColumn("durations", "int32", 0)]
     return cols
+
+
+def textgrid_for(u: Any) -> Path | None:
+    """An MFA TextGrid for this utterance: a manifest `textgrid` column, or <stem>.TextGrid beside the audio."""
+    given = u.extra.get("textgrid") if u.extra else None
+    if given:
+        p = Path(given)
+        return p if p.is_absolute() else Path(u.path).parent / p
+    p = Path(u.path).with_suffix(".TextGrid")
+    return p if p.exists() else None
+
+
+def aligned_phones(tg: Path, frames: int, frame_rate: float, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    from audiopipe.corpus.textgrid import TextGridError, read_phone_durations
+    from audiopipe.features.phones import phones_to_ids
+
+    try:
+        labels, durs = read_phone_durations(tg, total_frames=frames, frame_rate=frame_rate, start=start_s, end=end_s)
+        ids = phones_to_ids(labels)
+    except (TextGridError, ValueError) as e:
+        raise RejectError("bad_textgrid", f"{tg.name}: {e}") from e
+    return np.asarray(ids, dtype=np.int16), np.asarray(durs, dtype=np.int32)
 
 
 def scalar_columns(job: Job) -> list[ScalarColumn]:
@@ -170,9 +196,15 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
                 if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
                     raise RejectError("feature_nan", f"feature {s.name} has non-finite values")
             if ex.phone_ids is not None:
-                if not u.text.strip():
+                tg = textgrid_for(u)
+                if tg is not None:
+                    scalars["_textgrid"] = (str(tg), scalars.get("trim_start", 0) / sr,
+                                            scalars.get("trim_end", len(wav)) / sr if job.trim else None)
+                elif not u.text.strip():
                     raise RejectError("no_text", "preset needs phones but the utterance has no transcript")
-                arrays["phones"] = ex.phone_ids(u.text)
+                else:
+                    arrays["phones"] = ex.phone_ids(u.text)
+                    arrays["durations"] = np.zeros(0, dtype=np.int32)
             if job.codec:
                 codec_inputs.append(by_rate[CODEC_RATE])
             rows.append({"id": u.id, "speaker": u.speaker, "text": u.text, "source": u.source,
@@ -200,6 +232,25 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
                 for s in ex.specs:
                     if s.hop_length * CODEC_RATE == codec_spec.hop_length * s.sample_rate:
                         row["arrays"][s.name] = _fit_length(row["arrays"][s.name], n)
+
+    if job.phones:
+        # Durations count frames of the model's frame rate: the codec's when there is one, else the first feature's.
+        rate_spec = codec_spec if job.codec else specs[0]
+        kept = []
+        for row in rows:
+            tg = row["scalars"].pop("_textgrid", None)
+            if tg is not None:
+                path, start_s, end_s = tg
+                frames = row["arrays"][rate_spec.name].shape[-1]
+                try:
+                    row["arrays"]["phones"], row["arrays"]["durations"] = aligned_phones(
+                        Path(path), frames, rate_spec.frame_rate, start_s, end_s)
+                except RejectError as e:
+                    rejects.append({"id": row["id"], "path": path, "source": row["source"], "reason": e.reason,
+                                    "detail": e.detail})
+                    continue
+            kept.append(row)
+        rows = kept
 
     acols = array_columns(specs, job.phones)
     scols = scalar_columns(job)

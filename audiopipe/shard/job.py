@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+class JobError(RuntimeError):
+    """A problem the user can fix (bad arguments, an output folder from another job): printed, not traced."""
+
+
 @dataclass
 class CodecSettings:
     checkpoint: str | None = None

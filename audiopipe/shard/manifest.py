@@ -33,7 +33,7 @@ def write_rejects(out: Path, rejects: list[dict[str, Any]]) -> Path:
 
 def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[str, Any],
                       resampler: dict[str, Any], job: dict[str, Any], discovered: int,
-                      discovery_rejects: int, index_path: Path) -> dict[str, Any]:
+                      discovery_rejects: int, index_path: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     shards = []
     for r in records:
         entry = {k: r[k] for k in ("name", "rows", "duration", "arrow")}
@@ -53,6 +53,7 @@ def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[s
         "totals": {"discovered": discovered, "written": written, "rejected": rejected,
                    "hours": round(sum(r["duration"] for r in records) / 3600, 6)},
     }
+    manifest.update(extra or {})
     if discovered != written + rejected:  # the invariant users rely on: nothing vanishes
         raise RuntimeError(f"accounting error: discovered {discovered} != written {written} + rejected {rejected}")
     write_json_atomic(out / MANIFEST_NAME, manifest)

@@ -19,15 +19,11 @@ from typing import Any
 
 from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.build import build_shard, done_path
-from audiopipe.shard.job import Job
+from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
 from audiopipe.shard.plan import PlannedUtt, WorkUnit, bytes_per_second, plan_units
 
 PLAN_NAME = "plan.json"
-
-
-class JobError(RuntimeError):
-    """A problem the user can fix (bad arguments, an output folder from another job): printed, not traced."""
 
 
 @dataclass
@@ -261,8 +257,15 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out, rejects)
+    extra = {}
+    if job.phones:
+        from audiopipe.features.phones import PHONES
+
+        # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
+        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
+                           "durations": "MFA TextGrid beside the audio when present, else empty"}
     m = assemble_manifest(out, records, features, resampler_info(), job.record(), plan["discovered"],
-                          len(plan["discovery_rejects"]), index_path)
+                          len(plan["discovery_rejects"]), index_path, extra)
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0)

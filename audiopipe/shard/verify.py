@@ -141,6 +141,14 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
                     continue
                 arrays[n] = flat.reshape(ch, frames) if ch else flat
             report.records += 1
+            durs = arrays.get("durations")
+            if durs is not None and durs.size:
+                ref = next((n for n in ("codes", "f0", "mel") if n in arrays), None)
+                if durs.size != arrays["phones"].size:
+                    report.fail(f"{name} {row['id']}: {durs.size} durations for {arrays['phones'].size} phones")
+                elif ref and int(durs.sum()) != arrays[ref].shape[-1]:
+                    report.fail(f"{name} {row['id']}: durations sum to {int(durs.sum())} frames, {ref} has "
+                                f"{arrays[ref].shape[-1]}")
             _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
             if tars and "tar" in sh:
                 arrow_arrays[wds_key(row["id"])] = arrays
