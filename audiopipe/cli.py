@@ -1,4 +1,4 @@
-"""The `audiopipe` command line: shard, verify, inspect, bench-loader.
+"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, tokens.
 
 Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-zero exit, never a traceback
 (set AUDIOPIPE_DEBUG=1 to see one).
@@ -37,10 +37,21 @@ def _presets_help() -> str:
     return "\n".join(f"  {k:<11} {p.description}" for k, p in PRESETS.items())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audiopipe", description=__doc__.splitlines()[0],
+# Subcommands that live in their own module (add_arguments(parser) and run(args) -> int). A module is imported
+# only when its subcommand is the one being run, so `audiopipe shard` never pays for the benchmark's imports.
+PLUGGED = {
+    "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
+    "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
+    "tokens": ("audiopipe.tokens", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="audiopipe", description="Speech training data, extracted once and read at "
+                                "memcpy speed. `audiopipe COMMAND --help` for each command; docs/ for the rest.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((x for x in (argv if argv is not None else sys.argv[1:]) if not x.startswith("-")), None)
 
     s = sub.add_parser("shard", help="extract features from a corpus into Arrow + WebDataset shards",
                        description="Decode every utterance once, compute the features a preset needs, and write "
@@ -83,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("shards", nargs="?", default="./shards", help="shard folder (default ./shards)")
     i.add_argument("--plot", default=None, help="histogram PNG path (default <shards>/durations.png)")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    for name, (module, help_text) in PLUGGED.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == chosen:
+            import importlib
+
+            importlib.import_module(module).add_arguments(sp)
     return p
 
 
@@ -156,9 +175,13 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
     try:
+        if args.command in PLUGGED:
+            import importlib
+
+            return importlib.import_module(PLUGGED[args.command][0]).run(args)
         return handlers[args.command](args)
     except KeyboardInterrupt:
         print("audiopipe: interrupted; rerun the same command to resume", file=sys.stderr)
