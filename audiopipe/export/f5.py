@@ -1,0 +1,192 @@
+"""Export f5tts shards to the prepared-data folder SWivid/F5-TTS trains from, so its own trainer can read them.
+
+    audiopipe export-f5 --shards ./shards --out ./data/MyCorpus_char
+
+What F5-TTS's `prepare_*` scripts write (datasets' ArrowWriter: Arrow IPC *stream* format) and its loader reads:
+  raw.arrow      rows {audio_path: string, text: string, duration: float64 seconds}
+  mel.arrow      the same rows plus mel_spec: list<list<float32>> [n_mels, T], read with `audio_type="mel"`
+                 (CustomDataset reads row["audio_path"] before it looks at mel_spec, so the column must exist)
+  duration.json  {"duration": [seconds per row, in row order]}: the frame budget of its batch sampler
+  vocab.txt      one symbol per line, line number = token id; its char tokenizer wants " " on line 0
+Here mel.arrow holds the shard mels bit for bit (float32, the vocos mel F5 computes itself: 100 bins, 24 kHz,
+hop 256); shards with any other mel config are refused. raw.arrow points at the corpus audio (the shard job's
+corpus folder + the row's source path), for `audio_type="raw"` while that corpus is still there. Only pyarrow
+is used; the files carry no `huggingface` schema metadata, so every datasets version infers the same features.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from audiopipe.features.mel import VocosMel
+from audiopipe.reader.arrow_dataset import ShardDataset
+
+F5_MEL_HASH = VocosMel().specs[0].config_hash
+F5_DURATION_RANGE = (0.3, 30.0)  # F5's CustomDataset silently swaps rows outside this for the next row
+OUTPUTS = ("mel.arrow", "raw.arrow", "duration.json", "vocab.txt")
+MEL_SCHEMA = pa.schema([("audio_path", pa.string()), ("text", pa.string()), ("duration", pa.float64()),
+                        ("mel_spec", pa.list_(pa.list_(pa.float32())))])
+RAW_SCHEMA = pa.schema([("audio_path", pa.string()), ("text", pa.string()), ("duration", pa.float64())])
+_MAX_LIST_VALUES = 2**31 - 1  # list<> offsets are int32: the floats of one record batch must fit
+
+
+class ExportError(ValueError):
+    """A shard folder that cannot be exported, or an output that would be overwritten."""
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _clean_text(text: str) -> tuple[str, bool]:
+    """F5 reads vocab.txt line by line: a newline inside a transcript would split a symbol. Made a space."""
+    cleaned = text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+    return cleaned, cleaned != text
+
+
+def _mel_column(mels: list[np.ndarray], n_mels: int) -> pa.Array:
+    """[n_mels, T_i] float32 arrays -> list<list<float32>>, the inner lists being the mel rows (one copy)."""
+    frames = np.array([m.shape[1] for m in mels], dtype=np.int64)
+    values = np.concatenate([m.reshape(-1) for m in mels]) if mels else np.empty(0, np.float32)
+    starts = np.concatenate([[0], np.cumsum(frames * n_mels)[:-1]])
+    inner = (starts[:, None] + np.arange(n_mels)[None, :] * frames[:, None]).reshape(-1)
+    inner = np.append(inner, len(values)).astype(np.int32)
+    outer = (np.arange(len(mels) + 1) * n_mels).astype(np.int32)
+    rows = pa.ListArray.from_arrays(pa.array(inner), pa.array(values, type=pa.float32()))
+    return pa.ListArray.from_arrays(pa.array(outer), rows)
+
+
+def _batches(ds: ShardDataset, n_mels: int, batch_rows: int) -> Iterator[list[dict[str, Any]]]:
+    """Rows in index order (= shard order), grouped so one record batch stays within int32 list offsets."""
+    batch: list[dict[str, Any]] = []
+    floats = 0
+    for i in range(len(ds)):
+        item = ds[i]
+        size = item["mel"].size
+        if batch and (len(batch) >= batch_rows or floats + size > _MAX_LIST_VALUES):
+            yield batch
+            batch, floats = [], 0
+        batch.append(item)
+        floats += size
+    if batch:
+        yield batch
+
+
+def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+              batch_rows: int = 100) -> dict[str, Any]:
+    """Write mel.arrow, raw.arrow, duration.json and vocab.txt for F5-TTS into out_dir; returns a summary.
+
+    Rows keep the shard index order. Each file is written to a temporary name and renamed when complete.
+    """
+    root, out = Path(shards_dir), Path(out_dir)
+    try:
+        ds = ShardDataset(root, ["mel"], expect={"mel": F5_MEL_HASH},
+                          meta_columns=("id", "text", "source", "duration"))
+    except FileNotFoundError as e:
+        raise ExportError(str(e)) from None
+    except ValueError as e:  # ConfigMismatch: no mel, or a mel F5 does not compute
+        raise ExportError(f"{e} (F5-TTS needs the f5tts preset's vocos mel, config {F5_MEL_HASH})") from None
+    if len(ds) == 0:
+        raise ExportError(f"{root} holds no utterances: nothing to export")
+    n_mels = int(ds.spec("mel")["channels"])
+    corpus = ds.manifest.get("job", {}).get("corpus")
+    existing = [n for n in OUTPUTS if (out / n).exists()]
+    if existing and not overwrite:
+        raise ExportError(f"{out} already has {', '.join(existing)}; pass overwrite=True (--overwrite) to replace")
+    out.mkdir(parents=True, exist_ok=True)
+
+    durations: list[float] = []
+    vocab: set[str] = set()
+    stats = {"empty_text": 0, "newlines_replaced": 0, "outside_f5_duration_range": 0, "audio_found": 0}
+    tmp = {n: _tmp(out / n) for n in OUTPUTS}
+    try:
+        with pa.OSFile(str(tmp["mel.arrow"]), "wb") as mel_sink, pa.OSFile(str(tmp["raw.arrow"]), "wb") as raw_sink, \
+                pa.ipc.new_stream(mel_sink, MEL_SCHEMA) as mel_w, pa.ipc.new_stream(raw_sink, RAW_SCHEMA) as raw_w:
+            for batch in _batches(ds, n_mels, batch_rows):
+                paths, texts, secs = [], [], []
+                for item in batch:
+                    text, changed = _clean_text(item["text"] or "")
+                    stats["newlines_replaced"] += changed
+                    stats["empty_text"] += not text
+                    vocab.update(text)
+                    path = str(Path(corpus) / item["source"]) if corpus else item["source"]
+                    stats["audio_found"] += os.path.exists(path)
+                    sec = float(item["duration"])  # float32 in the shards: exact as a float64
+                    lo, hi = F5_DURATION_RANGE
+                    stats["outside_f5_duration_range"] += not lo <= sec <= hi
+                    paths.append(path)
+                    texts.append(text)
+                    secs.append(sec)
+                durations.extend(secs)
+                cols = [pa.array(paths, pa.string()), pa.array(texts, pa.string()), pa.array(secs, pa.float64())]
+                raw_w.write_batch(pa.record_batch(cols, schema=RAW_SCHEMA))
+                mel_w.write_batch(pa.record_batch(cols + [_mel_column([it["mel"] for it in batch], n_mels)],
+                                                  schema=MEL_SCHEMA))
+        tmp["duration.json"].write_text(json.dumps({"duration": durations}, ensure_ascii=False), encoding="utf-8")
+        # Space first: F5's char tokenizer asserts vocab[" "] == 0 (it is also the id of unknown symbols).
+        symbols = [" "] + sorted(vocab - {" "})
+        with open(tmp["vocab.txt"], "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(s + "\n" for s in symbols)
+        for n in OUTPUTS:
+            os.replace(tmp[n], out / n)
+    finally:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+    return {"shards": str(root), "out": str(out), "rows": len(durations), "hours": round(sum(durations) / 3600, 6),
+            "n_mels": n_mels, "mel_hash": F5_MEL_HASH, "vocab_size": len(symbols),
+            "files": {n: (out / n).stat().st_size for n in OUTPUTS}, **stats}
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    lines = [f"exported {s['rows']} utterances ({s['hours']:.3f} h) to {s['out']}: "
+             f"{', '.join(OUTPUTS)}; vocab {s['vocab_size']} symbols"]
+    lo, hi = F5_DURATION_RANGE
+    if s["outside_f5_duration_range"]:
+        lines.append(f"warning: {s['outside_f5_duration_range']} rows are outside {lo}-{hi} s; F5-TTS's loader "
+                     f"silently replaces them with the next row")
+    if s["empty_text"]:
+        lines.append(f"warning: {s['empty_text']} rows have an empty transcript")
+    if s["newlines_replaced"]:
+        lines.append(f"note: newlines in {s['newlines_replaced']} transcripts were replaced by spaces")
+    if s["audio_found"] < s["rows"]:
+        lines.append(f"note: {s['rows'] - s['audio_found']} audio_path entries do not exist here; raw.arrow needs "
+                     f"the corpus audio (mel.arrow does not)")
+    lines.append("train in F5-TTS with audio_type=\"mel\" (mel.arrow) and tokenizer char with this vocab.txt, or "
+                 "the pretrained model's vocab.txt to fine-tune")
+    return lines
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shards", required=True, help="audiopipe shard folder made with the f5tts preset")
+    p.add_argument("--out", required=True, help="F5-TTS data folder to write (e.g. data/<name>_char)")
+    p.add_argument("--overwrite", action="store_true", help="replace mel.arrow/raw.arrow/... already in --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `audiopipe export-f5` command. Problems raise ExportError (a ValueError) for the CLI's error line."""
+    for line in summary_lines(export_f5(args.shards, args.out, overwrite=args.overwrite)):
+        print(line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m audiopipe.export.f5", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"audiopipe: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
