@@ -1,0 +1,357 @@
+"""The 3D-Speaker trainers (trainers/train_eres2net.py, train_campplus.py, speaker.py): crops, speed
+perturbation, labels, fbank on the device, AAM-softmax, EER, model shapes, DDP under torchrun, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "trainers"))
+
+import core  # noqa: E402
+import speaker  # noqa: E402
+import train_campplus  # noqa: E402
+import train_eres2net  # noqa: E402
+from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch, mean_normalize  # noqa: E402
+from audiopipe.reader.arrow_dataset import ShardDataset  # noqa: E402
+from shard_helpers import shard  # noqa: E402
+
+TRAINERS = {"campplus": train_campplus, "eres2net": train_eres2net}
+SR = speaker.SAMPLE_RATE
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on this shared 2-core machine two spinning OpenMP threads can be many times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def spk_shards(espeak_corpus, tmp_path_factory) -> Path:
+    """4 espeak voices x 6 sentences as 16 kHz int16 PCM shards (what the eres2net/campplus presets store)."""
+    out = tmp_path_factory.mktemp("speaker_shards")
+    shard(espeak_corpus.root, out, [("pcm", {"sample_rate": SR})])
+    return out
+
+
+def _noise_pcm(n: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(n) * 3000).astype(np.int16)
+
+
+def _dominant_hz(x: np.ndarray) -> float:
+    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spec) * SR / len(x))
+
+
+# ----------------------------------------------------------------------------- crops, speed, labels
+
+def test_crops_depend_on_seed_epoch_and_index_only():
+    pcm = _noise_pcm(3 * SR)
+    crops = speaker.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)
+    item = {"pcm": pcm, "index": 1, "id": "spk/u1"}
+    a = crops(item)
+    np.random.seed(123), torch.rand(5)  # global RNG use in between changes nothing
+    b = speaker.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)(item)
+    assert a["wav"].dtype == np.float32 and a["wav"].shape == (SR,)
+    assert np.array_equal(a["wav"], b["wav"]) and a["label"] == b["label"] and a["index"] == 1
+    assert a["label"] in (3, 4, 5)  # speaker 1 * 3 + speed index
+    crops.set_epoch(1)
+    assert not np.array_equal(crops(item)["wav"], a["wav"]), "a new epoch must draw a new crop"
+    assert not np.array_equal(speaker.SpeakerCrops(np.array([0, 1, -1]), seed=8, crop_samples=SR)(item)["wav"],
+                              a["wav"])
+    with pytest.raises(ValueError, match="not a training utterance"):
+        crops({"pcm": pcm, "index": 2, "id": "held/out"})
+
+
+def test_unperturbed_crop_is_a_slice_and_speeds_are_uniform():
+    pcm = (np.arange(2 * SR) - SR).astype(np.int16)  # every sample value unique: a crop reveals its start
+    n = 300
+    crops = speaker.SpeakerCrops(np.zeros(n, dtype=np.int64), seed=3, crop_samples=SR // 2)
+    counts = np.zeros(3, dtype=int)
+    for i in range(n):
+        out = crops({"pcm": pcm, "index": i})
+        k = out["label"]  # speaker 0: the label is the speed index
+        counts[k] += 1
+        if k == 0:
+            ints = np.round(out["wav"] * 32768).astype(np.int16)
+            start = int(ints[0]) + SR
+            assert np.array_equal(pcm[start:start + SR // 2], ints)
+    assert counts.sum() == n and counts.min() > 70, counts  # each speed about a third of the time
+
+
+def test_short_utterance_is_repeat_padded():
+    pcm = _noise_pcm(5000, seed=2)
+    out = speaker.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,))({"pcm": pcm, "index": 0})
+    assert np.array_equal(np.round(out["wav"] * 32768).astype(np.int16), np.resize(pcm, SR))
+
+
+@pytest.mark.parametrize("speed", [0.9, 1.1])
+def test_speed_perturbation_scales_pitch_and_keeps_level(speed):
+    t = np.arange(3 * SR) / SR
+    pcm = np.round(0.5 * 32767 * np.sin(2 * np.pi * 1000 * t)).astype(np.int16)
+    crops = speaker.SpeakerCrops(np.array([2]), seed=0, crop_samples=SR, speeds=(speed,))
+    out = crops({"pcm": pcm, "index": 0})
+    assert out["label"] == 2 * 1 + 0 and out["wav"].shape == (SR,)
+    assert abs(_dominant_hz(out["wav"]) - 1000 * speed) <= 2  # sox `speed`: faster is higher
+    rms = float(np.sqrt(np.mean(out["wav"][200:-200] ** 2)))
+    assert abs(rms - 0.5 / math.sqrt(2)) < 0.01
+    # soxr's edge transients stay outside the crop: the first and last samples are at full level too
+    assert np.abs(out["wav"][:40]).max() > 0.45 and np.abs(out["wav"][-40:]).max() > 0.45
+
+
+def test_noise_and_reverb_from_folders(tmp_path):
+    import soundfile as sf
+
+    for d in ("noise", "rir", "empty"):
+        (tmp_path / d).mkdir()
+    sf.write(tmp_path / "noise" / "hum.wav", 0.2 * np.sin(2 * np.pi * 1500 * np.arange(8000) / 8000), 8000)
+    rir = np.zeros(1600)
+    rir[0], rir[800] = 1.0, 0.5
+    sf.write(tmp_path / "rir" / "room.flac", rir, SR)
+    noise = speaker.AudioFolder(tmp_path / "noise", "--noise-dir")
+    rirs = speaker.AudioFolder(tmp_path / "rir", "--rir-dir")
+    wav = (0.3 * np.sin(2 * np.pi * 200 * np.arange(SR) / SR)).astype(np.float32)
+    noisy = speaker.add_noise(wav, noise.load(0), 5.0, np.random.default_rng(0))
+    snr = 10 * np.log10(np.mean(wav ** 2) / np.mean((noisy - wav) ** 2))
+    assert abs(snr - 5.0) < 0.05 and _dominant_hz(noisy - wav) == pytest.approx(1500, abs=2)  # read at 16 kHz
+    rev = speaker.add_reverb(wav, rirs.load(0))
+    assert np.allclose(rev[800:], (wav[800:] + 0.5 * wav[:-800]) / math.sqrt(1.25), atol=1e-4)
+    always = speaker.Augment(noise, rirs, prob=1.0, snr_db=(5.0, 5.0))
+    never = speaker.Augment(noise, rirs, prob=0.0)
+    for seed in range(6):
+        out = always(wav, np.random.default_rng(seed))
+        assert out.shape == wav.shape and out.dtype == np.float32 and not np.allclose(out, wav)
+        assert never(wav, np.random.default_rng(seed)) is wav
+    with pytest.raises(SystemExit, match="holds no"):
+        speaker.AudioFolder(tmp_path / "empty", "--noise-dir")
+    with pytest.raises(SystemExit, match="does not exist"):
+        speaker.AudioFolder(tmp_path / "missing", "--rir-dir")
+
+
+def test_speaker_split_and_labels():
+    speakers = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 2 + [""]
+    n = np.full(len(speakers), SR)
+    n[1] = 100  # too short
+    s = speaker.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
+    assert len(s.heldout_speakers) == 2 and not set(s.heldout_speakers) & set(s.train_speakers)
+    assert sorted(s.heldout_speakers + s.train_speakers) == ["a", "b", "c", "d"]
+    assert s.skipped_short == 1 and s.skipped_unlabelled == 1
+    for i, spk in enumerate(speakers):
+        if spk in s.train_speakers and i != 1:
+            assert s.train_speakers[s.label_of[i]] == spk and i in s.train
+        else:
+            assert s.label_of[i] == -1 and i not in s.train
+        assert (i in s.heldout) == (spk in s.heldout_speakers and i != 1)
+    again = speaker.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
+    assert again.heldout_speakers == s.heldout_speakers and np.array_equal(again.label_of, s.label_of)
+    with pytest.raises(ValueError, match="at least 2"):
+        speaker.split_speakers(speakers, n, heldout=1, seed=1, min_samples=400)
+    with pytest.raises(ValueError, match="leaves no speaker"):
+        speaker.split_speakers(speakers, n, heldout=4, seed=1, min_samples=400)
+    with pytest.raises(ValueError, match="no usable"):
+        speaker.split_speakers([""] * 3, n[:3], heldout=0, seed=1, min_samples=400)
+    full, extra = speaker.fill_last_batch(np.arange(13), 4, seed=0)
+    assert extra == 3 and len(full) == 16 and set(full[13:]) <= set(range(13))
+    assert speaker.fill_last_batch(np.arange(13), 64, seed=0)[1] == 0  # one batch of all 13
+
+
+# ----------------------------------------------------------------------------- fbank on the device
+
+def test_batched_fbank_equals_audiopipe_fbank_per_crop():
+    rng = np.random.default_rng(0)
+    t = np.arange(SR) / SR
+    wav = np.stack([0.1 * rng.standard_normal(SR) + 0.3 * np.sin(2 * np.pi * (200 + 150 * k) * t)
+                    for k in range(3)]).astype(np.float32)
+    batch = speaker.fbank_batch(torch.from_numpy(wav))
+    assert batch.shape == (3, 98, 80) and batch.dtype == torch.float32
+    for k in range(3):
+        one = mean_normalize(kaldi_fbank_torch(torch.from_numpy(wav[k:k + 1])), time_axis=1)[0]
+        assert torch.equal(batch[k], one)
+        ref = KaldiFbank()(wav[k])["fbank"].T  # kaldi-native-fbank, then CMN as 3D-Speaker's FBank(mean_nor)
+        assert np.abs(batch[k].numpy() - (ref - ref.mean(axis=0))).max() < 2e-3
+        assert torch.allclose(batch[k].mean(dim=0), torch.zeros(80), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- AAM-softmax
+
+def test_aam_logits_follow_the_margin_formula():
+    m, s = 0.3, 32.0
+    cos = torch.tensor([[0.5, 0.2, -0.3], [0.1, -0.99, 0.4], [0.7, 0.6, 0.0]])
+    labels = torch.tensor([0, 1, 2])
+    got = speaker.aam_logits(cos, labels, m, s)
+    want = s * cos.clone()
+    want[0, 0] = s * math.cos(math.acos(0.5) + m)
+    want[1, 1] = s * (-0.99 - (1 - math.cos(m)))  # theta > pi - m: the continued branch
+    want[2, 2] = s * math.cos(math.acos(0.0) + m)
+    assert torch.allclose(got, want, atol=1e-4)
+    assert torch.allclose(speaker.aam_logits(cos, labels, 0.0, s), s * cos, atol=1e-4)
+    # the true-class logit is continuous and decreasing in the angle, through theta = pi - m
+    theta = torch.linspace(0, math.pi, 2001)
+    curve = speaker.aam_logits(torch.cos(theta)[:, None], torch.zeros(2001, dtype=torch.long), m, 1.0)[:, 0]
+    assert (curve.diff() <= 1e-6).all() and curve.diff().abs().max() < 0.01
+
+    head = speaker.AAMSoftmax(4, 3, scale=s)
+    emb = torch.randn(5, 4)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    loss, c = head(emb, y, m)
+    assert torch.allclose(c, F.normalize(emb) @ F.normalize(head.weight).T, atol=1e-6)
+    assert torch.allclose(loss, F.cross_entropy(speaker.aam_logits(c, y, m, s), y))
+    # an embedding exactly on its class weight (cos = 1) still has a finite gradient
+    emb = head.weight.detach()[[0]].clone().requires_grad_(True)
+    head(emb, torch.tensor([0]), m)[0].backward()
+    assert torch.isfinite(emb.grad).all() and torch.isfinite(head.weight.grad).all()
+
+
+def test_margin_schedule():
+    ms = speaker.MarginSchedule(0.2, start=10, ramp=100)
+    assert ms(0) == ms(10) == 0.0 and ms(110) == ms(10_000) == 0.2
+    assert ms(60) == pytest.approx(0.2 * (1 - 1e-3 ** 0.5))
+    vals = [ms(k) for k in range(0, 120)]
+    assert all(b >= a for a, b in zip(vals, vals[1:]))
+    assert speaker.MarginSchedule(0.3)(0) == 0.3  # no ramp: the final margin at once
+
+
+# ----------------------------------------------------------------------------- EER
+
+def test_eer_known_answers():
+    eer, thr = speaker.equal_error_rate([0.9, 0.6, 0.4, 0.7, 0.3, 0.1], [1, 1, 1, 0, 0, 0])
+    assert eer == pytest.approx(1 / 3) and 0.4 < thr <= 0.7
+    assert speaker.equal_error_rate([3, 2, 1, 0], [1, 1, 0, 0])[0] == 0.0
+    assert speaker.equal_error_rate([0, 1, 2, 3], [1, 1, 0, 0])[0] == 1.0
+    assert speaker.equal_error_rate([1, 1, 1, 1], [1, 0, 1, 0])[0] == pytest.approx(0.5)
+    rng = np.random.default_rng(0)
+    n = 200_000
+    scores = np.r_[rng.normal(1, 1, n), rng.normal(-1, 1, n)]
+    eer, thr = speaker.equal_error_rate(scores, np.r_[np.ones(n), np.zeros(n)])
+    assert eer == pytest.approx(0.5 * math.erfc(1 / math.sqrt(2)), abs=3e-3)  # Phi(-1) = 0.1587
+    assert abs(thr) < 0.02
+    with pytest.raises(ValueError, match="non-target"):
+        speaker.equal_error_rate([0.1, 0.2], [1, 1])
+    i, j, target = speaker.trial_pairs(["a", "a", "b", "b"])
+    assert len(i) == 6 and int(target.sum()) == 2 and set(zip(i[target], j[target])) == {(0, 1), (2, 3)}
+
+
+# ----------------------------------------------------------------------------- models
+
+@pytest.mark.parametrize("name", ["eres2net", "campplus"])
+def test_model_shapes_and_batch_independence(name):
+    mod = TRAINERS[name]
+    cls = mod.ERes2Net if name == "eres2net" else mod.CAMPPlus
+    torch.manual_seed(0)
+    model = cls(mod.CONFIGS["tiny"])
+    for t in (98, 151):
+        assert model(torch.randn(2, t, 80)).shape == (2, 32)
+    model.eval()
+    x = torch.randn(3, 120, 80)
+    with torch.no_grad():
+        batch = model(x)
+        alone = torch.cat([model(x[k:k + 1]) for k in range(3)])
+    assert torch.allclose(batch, alone, atol=1e-5)  # no padding and no cross-item leakage in eval
+    with pytest.raises(ValueError, match="expects"):
+        model(torch.randn(2, 98, 40))
+
+
+def test_default_configs_have_the_reference_sizes():
+    n_eres = sum(p.numel() for p in train_eres2net.ERes2Net(train_eres2net.CONFIGS["default"]).parameters())
+    n_cam = sum(p.numel() for p in train_campplus.CAMPPlus(train_campplus.CONFIGS["default"]).parameters())
+    assert round(n_eres / 1e6, 2) == 6.61  # 3D-Speaker's ERes2Net (VoxCeleb), as its source states
+    assert round(n_cam / 1e6, 2) == 7.18  # CAM++, 512-d embedding
+
+
+# ----------------------------------------------------------------------------- the loader and the trainers
+
+def test_epoch_reaches_dataloader_workers(spk_shards):
+    speakers, n = speaker.read_speaker_index(spk_shards)
+    split = speaker.split_speakers(speakers, n, heldout=0, seed=0, min_samples=400)
+    crops = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
+    ref = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
+    ds = ShardDataset(spk_shards, ["pcm"])
+    with speaker.epochs_reach(crops):
+        loader = core.make_loader(spk_shards, ["pcm"], max_frames=8 * (SR // 2), subset=split.train,
+                                  lengths=np.full(len(split.train), SR // 2), item_transform=crops,
+                                  collate_features=["wav"], num_workers=1, rank=0, world_size=1)
+    seen = {}
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        for batch in loader:
+            for row, idx in enumerate(batch["index"]):
+                want = ref({"pcm": ds[idx]["pcm"], "index": idx})
+                assert np.array_equal(batch["wav"][row].numpy(), want["wav"]) and batch["label"][row] == want["label"]
+                seen.setdefault(idx, []).append(batch["wav"][row].numpy().copy())
+    assert len(seen) == len(split.train) and all(not np.array_equal(a, b) for a, b in seen.values())
+
+
+def _argv(shards: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    return ["--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
+            "--batch-frames", str(4 * SR), "--crop-seconds", "1", "--log-every", "1", "--cpu-threads", "1",
+            "--warmup-steps", "20", "--lr", "0.05", *extra]
+
+
+def test_torchrun_two_processes(spk_shards, tmp_path):
+    """CAM++ under real torchrun, 2 ranks on gloo. (ERes2Net runs the same speaker.train_and_evaluate; a second
+    torchrun launch costs ~25 s on this machine, so it is exercised in-process by test_exact_resume.)"""
+    name = "campplus"
+    out = tmp_path / "run"
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2",
+           str(ROOT / "trainers" / f"train_{name}.py"), *_argv(spk_shards, out, 3, "--heldout-speakers", "2")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # A session of its own, so that a hung run can be ended with all its ranks.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["world"] == 2 and 0 <= r["data_wait_share"] <= 1 and math.isfinite(r["loss"]) for r in recs)
+    res = json.loads((out / "eer.json").read_text())
+    assert 0 <= res["eer"] <= 1 and res["target_trials"] == 30 and res["nontarget_trials"] == 36
+    assert f"[{name}] EER" in stdout
+
+
+@pytest.mark.parametrize("name", ["campplus", "eres2net"])
+def test_exact_resume(name, spk_shards, tmp_path):
+    """8 steps straight == 4 steps, then --resume for 4 more: bit-identical weights and losses. 24 utterances
+    in batches of 4: the checkpoint is mid-epoch and the run crosses into epoch 1; the margin ramps meanwhile."""
+    main = TRAINERS[name].main
+    extra = ("--heldout-speakers", "0", "--margin-start-step", "0", "--margin-ramp-steps", "6")
+    main(_argv(spk_shards, tmp_path / "straight", 8, *extra))
+    main(_argv(spk_shards, tmp_path / "resumed", 4, *extra))
+    main(_argv(spk_shards, tmp_path / "resumed", 8, "--resume", *extra))
+    a = torch.load(tmp_path / "straight" / "ckpt-00000008.pt", weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "ckpt-00000008.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 1
+    assert int(b["model"]["micro_batches"]) == 8
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), "weights differ after resume"
+
+    def losses(run: str) -> list[tuple[int, float, float]]:
+        return [(r["step"], r["loss"], r["margin"]) for r in map(json.loads, (tmp_path / run / "log.jsonl")
+                                                                  .read_text().splitlines())]
+
+    assert losses("straight") == losses("resumed")
+    assert len({m for _, _, m in losses("straight")}) > 3  # the margin really moved during the run
+
+
+def test_bad_batch_budget_is_refused(spk_shards, tmp_path):
+    with pytest.raises(SystemExit, match="holds no crop"):
+        train_campplus.main(_argv(spk_shards, tmp_path / "x", 1) + ["--batch-frames", "1000"])
