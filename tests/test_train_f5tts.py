@@ -1,0 +1,245 @@
+"""trainers/train_f5tts.py: tokenizer, DiT shapes and size, padding invariance, the infill span and CFG drops,
+the flow-matching loss, refusal of other mel configs, 2-rank torchrun and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "trainers"))
+
+import train_f5tts as f5  # noqa: E402
+from shard_helpers import shard  # noqa: E402
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.fixture(scope="module")
+def f5_shards(espeak_corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("f5_shards")
+    shard(espeak_corpus.root, out, [("vocos_mel", {})])  # the f5tts preset
+    return out
+
+
+def _model(seed: int = 0, cfg: f5.ModelConfig | None = None) -> f5.F5TTS:
+    """A tiny model whose zero-initialised layers (adaLN-zero, output) get random weights, so every input matters."""
+    torch.manual_seed(seed)
+    m = f5.F5TTS(cfg or f5.CONFIGS["tiny"])
+    with torch.no_grad():
+        for p in m.parameters():
+            if not p.any():
+                p.normal_(0, 0.2)
+    return m
+
+
+def _inputs(lens: list[int], texts: list[str], seed: int = 1, pad_value: float = 0.0):
+    g = torch.Generator().manual_seed(seed)
+    n = max(lens)
+    mel = torch.randn(len(lens), n, 100, generator=g) * 2 - 5
+    for i, t in enumerate(lens):
+        mel[i, t:] = pad_value
+    return mel, torch.tensor(lens), f5.Tokenizer().batch(texts)
+
+
+# ----------------------------------------------------------------------------- text
+
+def test_byte_tokenizer_and_f5_vocab(tmp_path):
+    tok = f5.Tokenizer()
+    ids = tok.batch(["hé!", "", "ab"])
+    assert tok.size == 256 and ids.dtype == torch.long
+    assert ids.tolist() == [[104, 195, 169, 33], [-1, -1, -1, -1], [97, 98, -1, -1]]  # UTF-8 bytes, -1 padded
+    (tmp_path / "vocab.txt").write_text(" \n!\na\nb\n", encoding="utf-8")  # export-f5's layout
+    v = f5.Tokenizer.from_file(tmp_path / "vocab.txt")
+    assert v.size == 4 and v.batch(["ab a!", "zz"]).tolist() == [[2, 3, 0, 2, 1], [0, 0, -1, -1, -1]]
+    batch = f5.AddTextIds(v)({"text": ["a", "bb"]})
+    assert batch["text_ids"].tolist() == [[2, -1], [3, 3]]
+
+
+# ----------------------------------------------------------------------------- model
+
+def test_shapes_and_reference_size():
+    m = _model()
+    mel, lens, text = _inputs([30, 22], ["hello there", "hi"])
+    out = m.transformer(mel, mel, text, torch.rand(2), lens)
+    assert out.shape == (2, 30, 100)
+    loss, logs = m(mel, lens, text)
+    assert loss.dim() == 0 and torch.isfinite(loss) and set(logs) == {"drop_audio", "drop_text", "span_frac"}
+    with torch.device("meta"):
+        base = f5.F5TTS(f5.CONFIGS["default"])
+    n = f5.count_parameters(base)
+    assert 334e6 < n < 338e6, n  # F5-TTS Base is ~336 M (its pinyin vocabulary adds ~1.2 M of embedding)
+    assert base.cfg.dim == 1024 and len(base.transformer.blocks) == 22 and base.cfg.heads == 16
+    assert len(base.transformer.text_embed.blocks) == 4 and base.cfg.text_dim == 512 and base.cfg.ff_mult == 2
+
+
+def test_fresh_model_starts_from_adaln_zero():
+    m = f5.F5TTS(f5.CONFIGS["tiny"])
+    mel, lens, text = _inputs([20, 12], ["a", "b"])
+    out = m.transformer(mel, mel, text, torch.rand(2), lens)
+    assert torch.equal(out, torch.zeros_like(out))  # zero gates and zero output layer, as F5 initialises
+
+
+def test_padding_does_not_change_real_frames():
+    m = _model().eval()
+    lens, texts = [37, 20, 9], ["a longer sentence here", "short one", "x"]
+    mel, lens_t, text = _inputs(lens, texts, pad_value=123.0)  # garbage in the padding
+    t = torch.tensor([0.1, 0.5, 0.9])
+    with torch.no_grad():
+        batch = m.transformer(mel, mel * 0.5, text, t, lens_t)
+        for i, n in enumerate(lens):
+            ids = f5.Tokenizer().batch([texts[i]])
+            alone = m.transformer(mel[i:i + 1, :n], mel[i:i + 1, :n] * 0.5, ids, t[i:i + 1], lens_t[i:i + 1])
+            torch.testing.assert_close(batch[i, :n], alone[0], atol=2e-5, rtol=1e-5)
+
+
+def test_padded_frames_do_not_affect_the_loss():
+    m = _model()
+    mel_a, lens, text = _inputs([40, 25, 11], ["one", "two", "three"], pad_value=0.0)
+    mel_b = mel_a.clone()
+    for i, n in enumerate(lens.tolist()):
+        mel_b[i, n:] = torch.randn(mel_b.shape[1] - n, 100) * 50
+    mel_b.requires_grad_(True)
+    torch.manual_seed(5)
+    loss_a, _ = m(mel_a, lens, text)
+    torch.manual_seed(5)
+    loss_b, _ = m(mel_b, lens, text)
+    assert torch.equal(loss_a, loss_b)
+    loss_b.backward()
+    pad = ~f5.lengths_to_mask(lens, mel_b.shape[1])
+    assert torch.count_nonzero(mel_b.grad[pad]) == 0 and torch.count_nonzero(mel_b.grad[~pad]) > 0
+
+
+# ----------------------------------------------------------------------------- span, drops, loss
+
+def test_span_is_one_contiguous_70_to_100_percent_run_inside_each_utterance():
+    torch.manual_seed(0)
+    lens = torch.randint(5, 400, (2000,))
+    span = f5.random_span_mask(lens, (0.7, 1.0), int(lens.max()))
+    count = span.sum(1)
+    assert (count >= torch.floor(0.7 * lens)).all() and (count <= lens).all()
+    first = span.float().argmax(1)
+    assert (first + count <= lens).all()  # ends inside the utterance
+    idx = torch.arange(span.shape[1])[None]
+    assert torch.equal(span, (idx >= first[:, None]) & (idx < (first + count)[:, None]))  # one run
+    frac = (count / lens).numpy()
+    assert abs(frac.mean() - 0.85) < 0.01 and frac.min() < 0.72 and frac.max() > 0.97
+    starts = (first.float() / (lens - count).clamp(min=1)).numpy()[(lens - count).numpy() > 20]
+    assert 0.4 < starts.mean() < 0.6  # the span starts anywhere, not always at 0
+
+
+def test_cfg_drop_rates():
+    torch.manual_seed(0)
+    draws = np.array([f5.draw_drops(0.3, 0.2) for _ in range(20000)])
+    audio, text = draws[:, 0], draws[:, 1]
+    assert abs(text.mean() - 0.2) < 0.015
+    assert abs(audio.mean() - (1 - 0.7 * 0.8)) < 0.015  # audio alone 0.3, or together with the text 0.2
+    assert audio[text].all()  # dropping the text drops everything
+
+
+def test_drops_remove_their_condition():
+    m = _model().eval()
+    mel, lens, text = _inputs([16, 16], ["hello", "world"])
+    other = f5.Tokenizer().batch(["zzzzz", "qq"])
+    t = torch.tensor([0.3, 0.7])
+    with torch.no_grad():
+        keep = m.transformer(mel, mel, text, t, lens)
+        assert not torch.allclose(keep, m.transformer(mel, mel, other, t, lens))
+        assert not torch.allclose(keep, m.transformer(mel, mel * 0, text, t, lens))
+        no_text = m.transformer(mel, mel, text, t, lens, drop_audio_cond=True, drop_text=True)
+        # F5 keeps the text length when it drops the text: same length, other symbols, same output.
+        same_len = f5.Tokenizer().batch(["abcde", "xyzwv"])
+        torch.testing.assert_close(no_text, m.transformer(mel, mel * 3, same_len, t, lens, drop_audio_cond=True,
+                                                          drop_text=True), rtol=0, atol=0)
+        no_audio = m.transformer(mel, mel, text, t, lens, drop_audio_cond=True)
+        torch.testing.assert_close(no_audio, m.transformer(mel, mel * 0, text, t, lens, drop_audio_cond=True),
+                                   rtol=0, atol=0)
+
+
+def test_loss_is_the_flow_mse_inside_the_span():
+    cfg = f5.ModelConfig(**{**f5.asdict(f5.CONFIGS["tiny"]), "audio_drop_prob": 0.0, "cond_drop_prob": 0.0})
+    m = _model(cfg=cfg)
+    mel, lens, text = _inputs([50, 31], ["some words", "more"])
+    seen = {}
+    m.transformer.register_forward_hook(lambda mod, args, out: seen.update(args=args, out=out))
+    loss, logs = m(mel, lens, text)
+    xt, cond, _, t, _ = seen["args"]
+    mask = f5.lengths_to_mask(lens, mel.shape[1])
+    tt = t[:, None, None]
+    x0 = (xt - tt * mel) / (1 - tt)
+    flow = mel - x0  # the OT-path velocity with sigma = 0
+    span = (cond == 0).all(-1) & mask
+    for i, n in enumerate(lens.tolist()):
+        frac = span[i].sum().item() / n
+        assert 0.7 - 1 / n <= frac < 1.0
+        # Outside the span the condition is the clean mel: the audio prompt.
+        keep = mask[i] & ~span[i]
+        assert torch.equal(cond[i][keep], mel[i][keep])
+    expected = ((seen["out"] - flow) ** 2)[span].mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
+    assert logs["drop_audio"] == logs["drop_text"] == 0.0
+    assert math.isclose(logs["span_frac"], (span.sum() / lens.sum()).item(), rel_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- shards and torchrun
+
+def test_refuses_shards_with_another_mel(synthetic_corpus, tmp_path):
+    other = tmp_path / "mel80"
+    shard(synthetic_corpus.root, other, [("vocos_mel", {"n_mels": 80})])
+    with pytest.raises(SystemExit) as e:
+        f5.main(["--shards", str(other), "--config", "tiny", "--out", str(tmp_path / "run"), "--max-steps", "1"])
+    msg = str(e.value)
+    assert msg.startswith("train_f5tts: error:") and f5.MEL_HASH in msg and "expects" in msg
+
+
+def _torchrun(shards: Path, out: Path, steps: int, *extra: str) -> None:
+    # --standalone: a free rendezvous port of its own (--master_port=0 hangs the workers with this torch).
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(ROOT / "trainers" / "train_f5tts.py"),
+           "--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
+           "--batch-frames", "1600", "--log-every", "1", "--ckpt-every", "2", "--lr", "1e-3",
+           "--warmup-steps", "100", *extra]  # warmup > steps: the LR does not depend on --max-steps
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks, not just the launcher
+        stdout, stderr = p.communicate()
+        pytest.fail(f"torchrun timed out: {stdout[-2000:]}{stderr[-2000:]}")
+    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_torchrun_two_ranks_and_exact_resume(f5_shards, tmp_path):
+    """4 steps straight == the same run's step-2 checkpoint resumed for 2 more (2 ranks, each with its own noise;
+    the warmup outlasts the run, so the step-2 checkpoint equals that of a run stopped at 2)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _torchrun(f5_shards, straight, 4)
+    resumed.mkdir()
+    shutil.copy(straight / "ckpt-00000002.pt", resumed)
+    _torchrun(f5_shards, resumed, 4, "--resume")
+    log = _log(straight)
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert all(r["world"] == 2 and 0 <= r["data_wait_share"] < 1 and np.isfinite(r["loss"]) for r in log)
+    assert [r["loss"] for r in _log(resumed)] == [r["loss"] for r in log[2:]]  # bit-identical, step by step
+    a = torch.load(straight / "ckpt-00000004.pt", weights_only=True)
+    b = torch.load(resumed / "ckpt-00000004.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["sampler"] == b["sampler"]
+    cfg = json.loads((straight / "model_config.json").read_text())
+    assert cfg["mel_hash"] == f5.MEL_HASH and cfg["model"]["dim"] == 64 and cfg["tokenizer"] == "byte"

@@ -1,0 +1,431 @@
+"""F5-TTS on audiopipe shards: a DiT that infills masked mel spans by conditional flow matching.
+
+    torchrun --nproc_per_node=2 trainers/train_f5tts.py --shards ./shards --config tiny --out runs/f5 --max-steps 20
+
+Reads the `mel` column (the f5tts preset: vocos log-mel, 100 bins, 24 kHz, hop 256; shards made with any other
+mel config are refused) and `text`. Follows SWivid/F5-TTS (v1 Base settings):
+  - text: UTF-8 bytes (F5's "byte" tokenizer: a fixed 256-symbol vocabulary; for ASCII one token per character),
+    or an F5 vocab.txt via --vocab (one symbol per line, unknown symbols -> id 0, as F5's char tokenizer);
+    filler-padded to the mel length, sinusoidal positions, ConvNeXt-V2 blocks;
+  - input: Linear([noisy mel, masked mel, text]) + a grouped-conv position embedding;
+  - backbone: DiT blocks with adaLN-zero modulation from the flow time, self-attention with rotary positions;
+  - training: OT path with sigma = 0 (x_t = (1 - t) x0 + t x1, target x1 - x0), t ~ U(0, 1); the loss is the MSE
+    inside one random contiguous span of 70-100 % of each utterance, the rest of the mel is the audio prompt;
+    classifier-free guidance drops (per batch, as F5): audio prompt with p = 0.3, audio and text with p = 0.2.
+Simplified or changed: padding is masked everywhere (attention keys, convolutions, the GRN statistics), so padded
+frames change nothing, where F5 trains unmasked; no EMA weights, no sampler/vocoder (training only); no pinyin;
+the LR schedule is trainers/core's warmup + cosine rather than F5's warmup + linear decay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from core import load_model_config, parse_args, setup_dist, train  # noqa: E402  (puts the repo on sys.path)
+from audiopipe.features.mel import VocosMel  # noqa: E402
+from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- config
+
+@dataclass
+class ModelConfig:
+    dim: int = 1024
+    depth: int = 22
+    heads: int = 16
+    dim_head: int = 64
+    ff_mult: int = 2
+    text_dim: int = 512
+    conv_layers: int = 4  # ConvNeXt-V2 blocks of the text embedding
+    mel_dim: int = 100
+    text_num_embeds: int = 256  # set from the tokenizer at start-up
+    dropout: float = 0.1
+    pe_attn_head: int | None = None  # heads that get rotary positions (None: all, v1; F5TTS_Base used 1)
+    conv_pos_kernel: int = 31
+    conv_pos_groups: int = 16
+    text_max_pos: int = 4096  # sinusoidal text positions (~44 s of frames); later positions share the last
+    audio_drop_prob: float = 0.3
+    cond_drop_prob: float = 0.2
+    frac_lengths: tuple[float, float] = (0.7, 1.0)
+
+
+CONFIGS = {
+    "tiny": ModelConfig(dim=64, depth=2, heads=2, dim_head=32, text_dim=32, conv_layers=1, conv_pos_kernel=7),
+    "small": ModelConfig(dim=768, depth=18, heads=12, text_dim=512, conv_layers=4),  # F5TTS_Small
+    "default": ModelConfig(),  # F5TTS_Base / F5TTS_v1_Base: dim 1024, depth 22, heads 16, ff 2, text 512, conv 4
+}
+
+MEL_HASH = VocosMel().specs[0].config_hash  # the f5tts preset's mel; other mel configs are refused
+RUN_DEFAULTS = dict(batch_frames=38_400, max_items=64, lr=7.5e-5, warmup_steps=20_000, clip=1.0)  # F5 Base
+
+
+# ----------------------------------------------------------------------------- text
+
+class Tokenizer:
+    """Text -> ids. Default: UTF-8 bytes (fixed vocabulary of 256). With a vocab list: F5's char tokenizer."""
+
+    def __init__(self, vocab: list[str] | None = None):
+        if vocab is not None:
+            if len(set(vocab)) != len(vocab):
+                raise ValueError("vocab has duplicate entries")
+            if not vocab:
+                raise ValueError("vocab is empty")
+        self.vocab = vocab
+        self.map = {s: i for i, s in enumerate(vocab)} if vocab else None
+
+    @staticmethod
+    def from_file(path: str | Path) -> "Tokenizer":
+        """An F5 vocab.txt: one symbol per line, line number = id."""
+        try:
+            lines = Path(path).read_text(encoding="utf-8").split("\n")
+        except OSError as e:
+            raise SystemExit(f"cannot read --vocab {path}: {e}") from None
+        if lines and lines[-1] == "":
+            lines = lines[:-1]
+        return Tokenizer(lines)
+
+    @property
+    def size(self) -> int:
+        return 256 if self.map is None else len(self.map)
+
+    def encode(self, text: str) -> list[int]:
+        if self.map is None:
+            return list(text.encode("utf-8"))
+        return [self.map.get(c, 0) for c in text]
+
+    def batch(self, texts: list[str]) -> torch.Tensor:
+        """[B, Nt] int64, padded with -1 (F5's convention: -1 + 1 = the filler id 0 of the embedding)."""
+        ids = [self.encode(t) for t in texts]
+        out = torch.full((len(ids), max(1, max(map(len, ids)))), -1, dtype=torch.long)
+        for i, x in enumerate(ids):
+            out[i, :len(x)] = torch.tensor(x, dtype=torch.long)
+        return out
+
+
+class AddTextIds:
+    """Loader batch_transform: the batch's transcripts as `text_ids` (runs in DataLoader workers; picklable)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch["text_ids"] = self.tokenizer.batch(batch["text"])
+        return batch
+
+
+# ----------------------------------------------------------------------------- model
+
+def lengths_to_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def sinusoidal_table(n: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """[n, dim]: cos of every frequency, then sin (F5's absolute text positions)."""
+    freqs = 1.0 / theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim)
+    ang = torch.outer(torch.arange(n).float(), freqs)
+    return torch.cat([ang.cos(), ang.sin()], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Flow time t in [0, 1] -> sinusoid (scaled by 1000, 256 frequencies) -> MLP."""
+
+    def __init__(self, dim: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+        ang = 1000.0 * t.float()[:, None] * freqs[None]
+        return self.mlp(torch.cat([ang.sin(), ang.cos()], dim=-1).to(t.dtype))
+
+
+class GRN(nn.Module):
+    """Global response normalisation over time, counting only unmasked positions."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.zeros(1, 1, dim))
+        self.beta = nn.Parameter(torch.zeros(1, 1, dim))
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        x = x * keep  # padded positions must not enter the time norm (F5 lets them in)
+        gx = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        return self.gamma * (x * nx) + self.beta + x
+
+
+class ConvNeXtV2Block(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.dwconv = nn.Conv1d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pw1 = nn.Linear(dim, hidden)
+        self.grn = GRN(hidden)
+        self.pw2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(x.transpose(1, 2)).transpose(1, 2)
+        h = F.gelu(self.pw1(self.norm(h)))
+        return x + self.pw2(self.grn(h, keep))
+
+
+class TextEmbedding(nn.Module):
+    """Token ids [B, Nt] (-1 padded) -> [B, T, text_dim] aligned to the T mel frames, zero on filler positions."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.text_num_embeds + 1, cfg.text_dim)  # id 0 is the filler
+        self.max_pos = cfg.text_max_pos
+        self.register_buffer("pos", sinusoidal_table(cfg.text_max_pos, cfg.text_dim), persistent=False)
+        self.blocks = nn.ModuleList(ConvNeXtV2Block(cfg.text_dim, cfg.text_dim * 2) for _ in range(cfg.conv_layers))
+
+    def forward(self, text: torch.Tensor, mel_lens: torch.Tensor, seq_len: int, drop_text: bool) -> torch.Tensor:
+        text = (text + 1)[:, :seq_len]
+        text = F.pad(text, (0, seq_len - text.shape[1]), value=0)
+        # Each utterance's text stops at its own mel length, so a longer batch neighbour changes nothing.
+        text = text.masked_fill(~lengths_to_mask(mel_lens, seq_len), 0)
+        keep = (text != 0).unsqueeze(-1).to(self.pos.dtype)
+        if drop_text:
+            text = torch.zeros_like(text)
+        pos = self.pos[torch.arange(seq_len, device=text.device).clamp(max=self.max_pos - 1)]
+        x = (self.embed(text) + pos) * keep
+        for block in self.blocks:
+            x = block(x, keep) * keep
+        return x
+
+
+class ConvPositionEmbedding(nn.Module):
+    def __init__(self, dim: int, kernel: int, groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv1d(dim, dim, kernel, groups=groups, padding=kernel // 2)
+        self.conv2 = nn.Conv1d(dim, dim, kernel, groups=groups, padding=kernel // 2)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = (x * keep).transpose(1, 2)
+        h = F.mish(self.conv2(F.mish(self.conv1(h)) * keep.transpose(1, 2)))
+        return h.transpose(1, 2) * keep
+
+
+class InputEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.mel_dim * 2 + cfg.text_dim, cfg.dim)
+        self.conv_pos = ConvPositionEmbedding(cfg.dim, cfg.conv_pos_kernel, cfg.conv_pos_groups)
+
+    def forward(self, x, cond, text_embed, keep, drop_audio_cond: bool):
+        if drop_audio_cond:
+            cond = torch.zeros_like(cond)
+        h = self.proj(torch.cat([x, cond, text_embed], dim=-1))
+        return self.conv_pos(h, keep) + h
+
+
+def rope_tables(n: int, dim_head: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [n, dim_head] for rotary positions on interleaved channel pairs (x-transformers' layout)."""
+    inv = 1.0 / 10000 ** (torch.arange(0, dim_head, 2, device=device).float() / dim_head)
+    ang = torch.outer(torch.arange(n, device=device).float(), inv).repeat_interleave(2, dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    rotated = torch.stack([-x2, x1], dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        inner = cfg.heads * cfg.dim_head
+        self.heads, self.pe_heads = cfg.heads, cfg.pe_attn_head
+        self.to_q, self.to_k, self.to_v = (nn.Linear(cfg.dim, inner) for _ in range(3))
+        self.to_out = nn.Linear(inner, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        cos, sin = rope
+        if self.pe_heads is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:
+            p = self.pe_heads
+            q = torch.cat([apply_rope(q[:, :p], cos, sin), q[:, p:]], dim=1)
+            k = torch.cat([apply_rope(k[:, :p], cos, sin), k[:, p:]], dim=1)
+        # Padded frames are never attended to (F5 trains without this key mask).
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        out = self.drop(self.to_out(out.transpose(1, 2).reshape(b, n, -1)))
+        return out.masked_fill(~mask[..., None], 0.0)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm attention + feed-forward, each shifted/scaled/gated by the time embedding (adaLN-zero)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ada = nn.Linear(cfg.dim, cfg.dim * 6)
+        self.attn_norm = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(cfg)
+        self.ff_norm = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.ff = nn.Sequential(nn.Linear(cfg.dim, cfg.dim * cfg.ff_mult), nn.GELU(approximate="tanh"),
+                                nn.Dropout(cfg.dropout), nn.Linear(cfg.dim * cfg.ff_mult, cfg.dim))
+        nn.init.zeros_(self.ada.weight)  # "zero": every block starts as the identity
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x, t, mask, rope):
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.ada(F.silu(t))[:, None].chunk(6, dim=-1)
+        x = x + gate_a * self.attn(self.attn_norm(x) * (1 + scale_a) + shift_a, mask, rope)
+        return x + gate_f * self.ff(self.ff_norm(x) * (1 + scale_f) + shift_f)
+
+
+class DiT(nn.Module):
+    """(noisy mel x_t, masked mel, text, t) -> predicted flow [B, T, mel_dim]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.time_embed = TimestepEmbedding(cfg.dim)
+        self.text_embed = TextEmbedding(cfg)
+        self.input_embed = InputEmbedding(cfg)
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
+        self.norm_out = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.ada_out = nn.Linear(cfg.dim, cfg.dim * 2)
+        self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
+        for lin in (self.ada_out, self.proj_out):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, text: torch.Tensor, time: torch.Tensor,
+                lens: torch.Tensor, drop_audio_cond: bool = False, drop_text: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        mask = lengths_to_mask(lens, n)
+        keep = mask[..., None].to(x.dtype)
+        t = self.time_embed(time)
+        h = self.input_embed(x, cond, self.text_embed(text, lens, n, drop_text), keep, drop_audio_cond)
+        rope = rope_tables(n, self.cfg.dim_head, x.device, h.dtype)
+        for block in self.blocks:
+            h = block(h, t, mask, rope)
+        scale, shift = self.ada_out(F.silu(t))[:, None].chunk(2, dim=-1)
+        return self.proj_out(self.norm_out(h) * (1 + scale) + shift)
+
+
+# ----------------------------------------------------------------------------- conditional flow matching
+
+def random_span_mask(lens: torch.Tensor, frac_range: tuple[float, float], n: int) -> torch.Tensor:
+    """One contiguous span per utterance covering frac ~ U(frac_range) of its frames, at a uniform start."""
+    frac = torch.empty(lens.shape, device=lens.device).uniform_(*frac_range)
+    span = (frac * lens).long()
+    start = ((lens - span) * torch.rand(lens.shape, device=lens.device)).long().clamp(min=0)
+    pos = torch.arange(n, device=lens.device)[None, :]
+    return (pos >= start[:, None]) & (pos < (start + span)[:, None])
+
+
+def draw_drops(audio_drop_prob: float, cond_drop_prob: float) -> tuple[bool, bool]:
+    """Classifier-free guidance drops for one batch: (drop audio prompt, drop text). Dropping text drops both."""
+    u = torch.rand(2)
+    drop_audio = bool(u[0] < audio_drop_prob)
+    drop_text = bool(u[1] < cond_drop_prob)
+    return drop_audio or drop_text, drop_text
+
+
+class F5TTS(nn.Module):
+    """The DiT plus its training objective; forward(mel [B, T, 100], lens, text ids) -> (loss, logs)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = DiT(cfg)
+
+    def forward(self, mel: torch.Tensor, lens: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        b, n, _ = mel.shape
+        mask = lengths_to_mask(lens, n)
+        span = random_span_mask(lens, self.cfg.frac_lengths, n) & mask
+        x1 = mel.masked_fill(~mask[..., None], 0.0)  # padding holds whatever collate put there: never read it
+        x0 = torch.randn_like(x1)
+        t = torch.rand(b, device=mel.device, dtype=mel.dtype)
+        xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * x1  # OT path, sigma = 0
+        flow = x1 - x0
+        cond = x1.masked_fill(span[..., None], 0.0)  # the prompt: everything outside the span
+        drop_audio, drop_text = draw_drops(self.cfg.audio_drop_prob, self.cfg.cond_drop_prob)
+        pred = self.transformer(xt, cond, text, t, lens, drop_audio_cond=drop_audio, drop_text=drop_text)
+        loss = F.mse_loss(pred.float(), flow.float(), reduction="none")[span].mean()
+        logs = {"drop_audio": float(drop_audio), "drop_text": float(drop_text),
+                "span_frac": float(span.sum() / lens.sum())}
+        return loss, logs
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- training
+
+def optimizer_step(opt: torch.optim.Optimizer) -> int:
+    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st and "step" in st:
+                return int(st["step"])
+    return 0
+
+
+def step_seed(seed: int, rank: int, step: int, first_index: int) -> int:
+    return int(np.random.SeedSequence([seed, rank, step, first_index]).generate_state(1)[0])
+
+
+def make_loss_fn(opt: torch.optim.Optimizer, seed: int, rank: int):
+    def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        # The global RNG (noise, t, span, drops, dropout) is reseeded from (seed, rank, update, batch) on every
+        # call: a resumed rank draws exactly what it would have drawn, whatever RNG state the checkpoint holds.
+        torch.manual_seed(step_seed(seed, rank, optimizer_step(opt), int(batch["index"][0])))
+        mel = batch["mel"].transpose(1, 2)  # [B, 100, T] -> [B, T, 100]; a view, the batch buffer is not written
+        return model(mel, batch["mel_lengths"], batch["text_ids"])
+    return loss_fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse_args(
+        "Train F5-TTS (DiT + conditional flow matching) on audiopipe f5tts shards.", defaults=RUN_DEFAULTS,
+        extra=lambda p: p.add_argument("--vocab", default=None,
+                                       help="F5 vocab.txt (one symbol per line) instead of the UTF-8 byte "
+                                            "tokenizer, e.g. the one `audiopipe export-f5` writes"),
+        argv=argv)
+    tok = Tokenizer.from_file(args.vocab) if args.vocab else Tokenizer()
+    d = setup_dist(cfg.seed)
+    mcfg = replace(load_model_config(cfg.config, CONFIGS, ModelConfig), text_num_embeds=tok.size)
+    model = F5TTS(mcfg)
+    if d.main:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model_config.json").write_text(json.dumps(
+            {"model": asdict(mcfg), "tokenizer": "byte" if tok.vocab is None else "vocab", "mel_hash": MEL_HASH,
+             "parameters": count_parameters(model)}, indent=1) + "\n")
+        if tok.vocab is not None:
+            (out / "vocab.txt").write_text("".join(s + "\n" for s in tok.vocab), encoding="utf-8")
+        print(f"[f5tts] {count_parameters(model) / 1e6:.2f} M parameters, config {cfg.config}, "
+              f"vocab {tok.size}, world {d.world}", flush=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    try:
+        train(model, make_loss_fn(opt, cfg.seed, d.rank), cfg, d, features=["mel"], expect={"mel": MEL_HASH},
+              optimizer=opt, loader_kw={"batch_transform": AddTextIds(tok)}, log_name="f5tts")
+    except (ConfigMismatch, ShardError, FileNotFoundError) as e:
+        raise SystemExit(f"train_f5tts: error: {e}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
