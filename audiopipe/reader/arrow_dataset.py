@@ -46,7 +46,9 @@ class _MappedShard:
         for f in features:
             if f not in table.column_names:
                 raise ShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
-            chunk = table.column(f).combine_chunks()
+            col = table.column(f)
+            # combine_chunks() copies even a lone chunk into fresh memory; a shard is one record batch.
+            chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             offsets = chunk.offsets.to_numpy()
             values = chunk.values.to_numpy(zero_copy_only=True)
             frames = table.column(f"{f}_frames").to_numpy()

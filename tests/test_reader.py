@@ -1,0 +1,343 @@
+"""The mmap reader (ShardDataset, make_loader) on shards written by the real writer from known arrays.
+
+`write_shards` builds a shard folder in-process with audiopipe.shard.writer / index / manifest (no Ray, no
+audio), so every test knows exactly what each row holds; tests/test_wds_stream.py reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from audiopipe.decode.audio import resampler_info
+from audiopipe.features.registry import build_feature
+from audiopipe.index.lengths import build_index
+from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.errors import ConfigMismatch, ShardError
+from audiopipe.reader.loader import make_loader
+from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.manifest import assemble_manifest
+from audiopipe.shard.writer import ArrayColumn, write_arrow, write_tar
+
+SPECS = {s.name: s for kind, params in (("vocos_mel", {}), ("f0", {"sample_rate": 16000, "hop_length": 160}),
+                                          ("pcm", {"sample_rate": 16000}))
+         for s in build_feature(kind, **params).specs}
+ROWS_PER_SHARD = (5, 9, 1, 7, 6)
+
+
+@dataclass
+class Written:
+    root: Path
+    rows: list[dict]  # in global index order: id, speaker, text, duration, arrays
+
+    def shard_path(self, k: int, kind: str = "arrow") -> Path:
+        m = json.loads((self.root / "manifest.json").read_text())
+        return self.root / m["shards"][k][kind]["path"]
+
+
+def write_shards(out: Path, rows_per_shard=ROWS_PER_SHARD, seed: int = 0, mel_frames=(20, 400),
+                 tars: bool = True) -> Written:
+    """A shard folder of random rows (mel [100, T], f0/voiced [T'], int16 pcm [N]) via the real writer."""
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    acols = [ArrayColumn(s.name, s.dtype, s.channels) for s in SPECS.values()]
+    features = {s.name: {**s.to_dict(), "hash": s.config_hash} for s in SPECS.values()}
+    records, everything = [], []
+    for k, n in enumerate(rows_per_shard):
+        rows = []
+        for j in range(n):
+            t = int(rng.integers(*mel_frames))
+            seconds = t * 256 / 24000
+            t16 = int(seconds * 100)
+            rows.append({
+                # a dot and a slash in the id: the tar key replaces the dot, the folder stays
+                "id": f"spk{k % 2}/utt{k:02d}.{j:03d}", "speaker": f"spk{k % 2}", "text": f"text {k} {j} é",
+                "source": f"spk{k % 2}/utt{k:02d}.{j:03d}.wav", "duration": float(np.float32(seconds)),
+                "arrays": {"mel": rng.standard_normal((100, t)).astype(np.float32),
+                           "f0": rng.uniform(80, 300, t16).astype(np.float32),
+                           "voiced": rng.integers(0, 2, t16).astype(np.uint8),
+                           "pcm": rng.integers(-32768, 32767, int(seconds * 16000)).astype(np.int16)},
+                "scalars": {}})
+        name = f"shard-{k:06d}"
+        arrow = out / "arrow" / f"{name}.arrow"
+        write_arrow(arrow, rows, acols, [], {"features": features, "job": "test"})
+        rec = {"name": name, "rows": n, "duration": sum(r["duration"] for r in rows), "rejects": [],
+               "arrow": {"path": f"arrow/{name}.arrow", "bytes": arrow.stat().st_size, "sha256": sha256_file(arrow)}}
+        if tars:
+            tar = out / "wds" / f"{name}.tar"
+            write_tar(tar, rows, acols, [], 16000)
+            rec["tar"] = {"path": f"wds/{name}.tar", "bytes": tar.stat().st_size, "sha256": sha256_file(tar)}
+        records.append(rec)
+        everything += rows
+    index = build_index(out, [r["arrow"]["path"] for r in records])
+    assemble_manifest(out, records, features, resampler_info(), {"presets": ["test"]}, len(everything), 0, index)
+    return Written(out, everything)
+
+
+def copy_shards(w: Written, dst: Path) -> Written:
+    shutil.copytree(w.root, dst)
+    return Written(dst, w.rows)
+
+
+def set_manifest_entry(root: Path, k: int, kind: str = "arrow") -> None:
+    """Make the manifest agree with a shard file's current size and hash (a 'replaced' shard)."""
+    m = json.loads((root / "manifest.json").read_text())
+    p = root / m["shards"][k][kind]["path"]
+    m["shards"][k][kind].update(bytes=p.stat().st_size, sha256=sha256_file(p))
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Written:
+    return write_shards(tmp_path_factory.mktemp("reader") / "shards")
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of `path` (from /proc/self/maps)."""
+    target = os.path.realpath(path)
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].strip() == target:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append((lo, hi))
+    return out
+
+
+def _global_of(shard: int, row: int) -> int:
+    return sum(ROWS_PER_SHARD[:shard]) + row
+
+
+# ---- samples ---------------------------------------------------------------------------------------------------
+
+
+def test_samples_equal_what_was_written(shards):
+    ds = ShardDataset(shards.root, ["mel", "f0", "voiced", "pcm"])
+    assert len(ds) == len(shards.rows) == sum(ROWS_PER_SHARD)
+    for i, want in enumerate(shards.rows):
+        item = ds[i]
+        assert set(item) == {"id", "speaker", "text", "duration", "index", "mel", "f0", "voiced", "pcm"}
+        assert (item["id"], item["speaker"], item["text"], item["index"]) == (want["id"], want["speaker"], want["text"], i)
+        assert item["duration"] == pytest.approx(want["duration"], rel=1e-7)
+        for f in ("mel", "f0", "voiced", "pcm"):
+            assert item[f].dtype == want["arrays"][f].dtype and item[f].shape == want["arrays"][f].shape
+            np.testing.assert_array_equal(item[f], want["arrays"][f])
+    np.testing.assert_array_equal(ds.lengths("mel"), [r["arrays"]["mel"].shape[1] for r in shards.rows])
+    np.testing.assert_array_equal(ds.lengths("pcm"), [r["arrays"]["pcm"].size for r in shards.rows])
+
+
+def test_arrays_are_zero_copy_views_into_the_mapped_shard(shards):
+    ds = ShardDataset(shards.root, ["mel", "pcm"])
+    for shard in (0, 1, 3):
+        i = _global_of(shard, 0)
+        item = ds[i]
+        ranges = _mapped_ranges(shards.shard_path(shard))
+        assert ranges, "the shard must be memory-mapped once an item of it is read"
+        for f in ("mel", "pcm"):
+            a = item[f]
+            lo = a.__array_interface__["data"][0]
+            hi = lo + a.nbytes
+            assert any(r0 <= lo and hi <= r1 for r0, r1 in ranges), f"{f} of row {i} is not inside the mmap: a copy"
+            assert not a.flags.writeable  # a view of a read-only mapping, never a private buffer
+        again = ds[i]
+        assert np.shares_memory(item["mel"], again["mel"])  # the same bytes, not a fresh copy per access
+
+
+def test_only_the_selected_columns_are_read(shards):
+    ds = ShardDataset(shards.root, ["f0"])
+    item = ds[3]
+    assert "f0" in item and not {"mel", "pcm", "voiced"} & set(item)
+    np.testing.assert_array_equal(item["f0"], shards.rows[3]["arrays"]["f0"])
+    np.testing.assert_array_equal(ds.lengths(), [r["arrays"]["f0"].size for r in shards.rows])  # first feature's
+    with pytest.raises(ConfigMismatch, match=r"no feature \['energy'\]"):
+        ShardDataset(shards.root, ["mel", "energy"])
+
+
+def test_opening_touches_no_shard_whatever_the_corpus_size(tmp_path):
+    """Opening reads manifest.json and index.arrow only: no shard is mapped until a row of it is asked for."""
+    for rows in ((3,) * 4, (3,) * 40):
+        w = write_shards(tmp_path / f"n{len(rows)}", rows, mel_frames=(5, 20), tars=False)
+        ds = ShardDataset(w.root, ["mel"])
+        len(ds), ds.lengths()
+        mapped = [k for k in range(len(rows)) if _mapped_ranges(w.shard_path(k))]
+        assert mapped == []
+        ds[len(ds) - 1]
+        mapped = [k for k in range(len(rows)) if _mapped_ranges(w.shard_path(k))]
+        assert mapped == [len(rows) - 1]  # exactly the shard of that row, however many there are
+        del ds
+
+
+# ---- refusals: every error names the shard -------------------------------------------------------------------
+
+
+def test_config_hash_mismatch_is_refused_naming_both(shards):
+    have = SPECS["mel"].config_hash
+    with pytest.raises(ConfigMismatch, match=rf"mel.*made with config {have}.*expects deadbeef"):
+        ShardDataset(shards.root, ["mel"], expect={"mel": "deadbeef"})
+    with pytest.raises(ConfigMismatch, match="deadbeef"):
+        make_loader(shards.root, ["mel"], max_frames=2000, expect={"mel": "deadbeef"})
+    ShardDataset(shards.root, ["mel"], expect={"mel": have})  # the right hash opens
+
+
+def test_a_shard_whose_schema_hash_differs_from_the_manifest_is_refused(shards, tmp_path):
+    w = copy_shards(shards, tmp_path / "s")
+    p = w.shard_path(2)
+    # Read into memory, not through a mapping: truncating a mapped file under its readers is a SIGBUS.
+    table = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+    meta = json.loads(table.schema.metadata[b"audiopipe"])
+    meta["features"]["mel"]["hash"] = "0" * 16
+    table = table.replace_schema_metadata({b"audiopipe": json.dumps(meta).encode()})
+    with pa.OSFile(str(p), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    set_manifest_entry(w.root, 2)
+    ds = ShardDataset(w.root, ["mel"])
+    ds[0]  # other shards are fine
+    with pytest.raises(ShardError, match="shard-000002: feature mel hash differs"):
+        ds[_global_of(2, 0)]
+
+
+def test_truncated_shard_is_named_never_garbage(shards, tmp_path):
+    w = copy_shards(shards, tmp_path / "s")
+    p = w.shard_path(1)
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    ds = ShardDataset(w.root, ["mel"])
+    np.testing.assert_array_equal(ds[0]["mel"], w.rows[0]["arrays"]["mel"])
+    with pytest.raises(ShardError, match=r"shard-000001 .*bytes, manifest says .*truncated"):
+        ds[_global_of(1, 2)]
+    set_manifest_entry(w.root, 1)  # sizes agree now: the Arrow reader itself must refuse the file
+    with pytest.raises(ShardError, match=r"shard-000001 .*unreadable"):
+        ShardDataset(w.root, ["mel"])[_global_of(1, 2)]
+
+
+def _offsets_position(path: Path, column: str, row: int) -> int:
+    """File position of the int64 offset that ends `row` in a large_list column (where a flip breaks structure)."""
+    with pa.memory_map(str(path)) as mm:
+        mm.seek(0)
+        base = mm.read_buffer(mm.size()).address
+        chunk = pa.ipc.open_file(mm).read_all().column(column).chunk(0)
+        offsets = chunk.buffers()[1]
+        return offsets.address - base + 8 * (row + 1)
+
+
+def test_flipped_offsets_are_a_structural_error_naming_the_shard(shards, tmp_path):
+    w = copy_shards(shards, tmp_path / "s")
+    p = w.shard_path(3)
+    pos = _offsets_position(p, "mel", 2) + 1  # second-lowest byte of one offset: it moves by 256 values
+    data = bytearray(p.read_bytes())
+    data[pos] ^= 0x01
+    p.write_bytes(bytes(data))  # same size: the manifest's size check passes
+    ds = ShardDataset(w.root, ["mel"])
+    with pytest.raises(ShardError, match="shard-000003: column mel offsets do not match frame counts"):
+        ds[_global_of(3, 0)]
+
+
+def test_sha256_verify_catches_any_flip(shards, tmp_path):
+    w = copy_shards(shards, tmp_path / "s")
+    p = w.shard_path(4)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x40  # somewhere in the mel values: structure stays valid
+    p.write_bytes(bytes(data))
+    i = _global_of(4, 0)
+    with pytest.raises(ShardError, match="shard-000004 .*sha256"):
+        ShardDataset(w.root, ["mel"], verify="sha256")[i]
+    ShardDataset(w.root, ["mel"], verify="sha256")[0]  # intact shards pass the check
+
+
+def test_missing_shard_is_named(shards, tmp_path):
+    w = copy_shards(shards, tmp_path / "s")
+    w.shard_path(0).unlink()
+    with pytest.raises(ShardError, match="shard shard-000000 is missing"):
+        ShardDataset(w.root, ["mel"])[0]
+
+
+# ---- make_loader -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_make_loader_yields_every_sample_once_per_epoch(shards, workers):
+    budget = 1500
+    loader = make_loader(shards.root, ["mel", "pcm"], max_frames=budget, num_workers=workers, seed=3)
+    lengths = np.array([r["arrays"]["mel"].shape[1] for r in shards.rows])
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        seen = []
+        n = 0
+        for batch in loader:
+            n += 1
+            ids = batch["index"]
+            seen += ids
+            b, ch, t_max = batch["mel"].shape
+            assert ch == 100 and b * t_max <= budget
+            np.testing.assert_array_equal(batch["mel_lengths"].numpy(), lengths[ids])
+            for row, i in enumerate(ids):
+                want = shards.rows[i]["arrays"]
+                t = want["mel"].shape[1]
+                np.testing.assert_array_equal(batch["mel"][row, :, :t].numpy(), want["mel"])
+                assert not batch["mel"][row, :, t:].any()
+                np.testing.assert_array_equal(batch["pcm"][row, : want["pcm"].size].numpy(), want["pcm"])
+        assert n == len(loader)
+        assert sorted(seen) == list(range(len(shards.rows)))
+    if workers:
+        assert loader.shm_bytes_per_worker() == 2 * budget * (100 * 4 + 1 + 2 + 1)
+    else:
+        assert loader.shm_bytes_per_worker() == 0
+
+
+_DDP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    from audiopipe.reader.loader import make_loader
+
+    dist.init_process_group("gloo")
+    loader = make_loader(sys.argv[1], ["mel"], max_frames=int(sys.argv[3]), seed=5)
+    out = []
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        out.append({"len": len(loader), "batches": [batch["index"] for batch in loader]})
+    with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as f:
+        json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def run_torchrun(script: Path, *args: str, timeout: float = 150) -> None:
+    """Two CPU ranks under torchrun; kills the whole process group on timeout."""
+    # --standalone picks a free rendezvous port (--master_port=0 hangs the ranks with this torch).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"torchrun timed out: {out[-1500:]}{err[-1500:]}")
+    assert p.returncode == 0, err[-3000:]
+
+
+def test_torchrun_two_ranks_read_every_sample_exactly_once(shards, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(_DDP_SCRIPT)
+    run_torchrun(script, str(shards.root), str(tmp_path), "1200")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in (0, 1):
+        e0, e1 = (r[epoch] for r in ranks)
+        assert len(e0["batches"]) == len(e1["batches"]) == e0["len"] == e1["len"] > 0  # equal counts: no DDP hang
+        ids = [i for batch in e0["batches"] + e1["batches"] for i in batch]
+        assert sorted(ids) == list(range(len(shards.rows)))  # every sample once across ranks
+    assert ranks[0][0]["batches"] != ranks[0][1]["batches"]  # a new plan every epoch
