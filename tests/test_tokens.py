@@ -155,6 +155,10 @@ def test_name2semantic_refusals(ast_shards, tmp_path):
     tsv.write_text(f"{Path(first).name}.wav\t1 2 5000\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"ids outside 0\.\.1023"):
         cli("--shards", ast_shards, "--out", tmp_path / "o2", "--name2semantic", tsv)
+    (tmp_path / "o3").mkdir()
+    (tmp_path / "o3" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files a token folder does not \(notes.txt\)"):
+        cli("--shards", ast_shards, "--out", tmp_path / "o3", "--name2semantic", tsv, "--force")
     with pytest.raises(SystemExit):  # argparse: one source, not two
         cli("--shards", ast_shards, "--out", tmp_path / "o3", "--name2semantic", tsv, "--kmeans", "8")
 

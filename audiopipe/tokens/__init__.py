@@ -35,6 +35,8 @@ from audiopipe.shard.writer import ArrayColumn, write_arrow
 
 TOKEN_COLUMN = "semantic"
 REPORT_NAME = "report.json"
+# Everything a token folder may hold: --force clears these and refuses to touch anything else.
+_OURS = ("arrow", MANIFEST_NAME, "index.arrow", "rejects.jsonl", REPORT_NAME, "kmeans.npz")
 _COPIED = ("id", "speaker", "text", "source", "duration")
 
 
@@ -59,12 +61,18 @@ def prepare_out(parent: Path, out: Path, force: bool) -> None:
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ValueError(f"{out} is not empty; pass --force to replace the tokens there, or choose another --out")
-        if not (out / MANIFEST_NAME).exists() and not (out / REPORT_NAME).exists():
-            raise ValueError(f"{out} is not empty and not a token folder; refusing to clear it even with --force")
-        for sub in ("arrow",):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        for name in (MANIFEST_NAME, "index.arrow", "rejects.jsonl", REPORT_NAME):
-            (out / name).unlink(missing_ok=True)
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in _OURS and ".tmp" not in p.name)
+        if foreign:
+            raise ValueError(f"{out} holds files a token folder does not ({', '.join(foreign[:3])}); refusing to "
+                             f"clear it even with --force")
+        for name in _OURS:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        for tmp in out.glob("*.tmp*"):
+            tmp.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 
