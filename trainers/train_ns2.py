@@ -458,7 +458,8 @@ class NaturalSpeech2(nn.Module):
         if not given.all():
             with torch.no_grad():
                 m, zm = mu[~given], zt[~given]
-                logp = -0.5 * ((m * m).sum(-1)[:, :, None] - 2 * m @ zm.transpose(1, 2) + (zm * zm).sum(-1)[:, None, :])
+                logp = -0.5 * ((m * m).sum(-1)[:, :, None] - 2 * m @ zm.transpose(1, 2)
+                               + (zm * zm).sum(-1)[:, None, :])
             path[~given] = mas_durations(logp.float(), phones_mask[~given], frames_mask[~given])[0].float()
         path = path.to(mu.dtype)
         mu_frames = path.transpose(1, 2) @ mu  # [B, T, D]
@@ -584,8 +585,8 @@ def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
     if feats["f0"].get("hop_length") != spec.get("hop_length"):
         raise SystemExit(f"{shards}: f0 hop {feats['f0'].get('hop_length')} differs from the codes' "
                          f"{spec.get('hop_length')}; use the ns2 preset (align_to codes)")
-    vocab = m.get("phones", {}).get("vocab")
-    if vocab is not None and len(vocab) > cfg.vocab_size:
+    vocab = m.get("phones", {}).get("vocab", PHONES)  # older shards do not record it: ours then
+    if len(vocab) > cfg.vocab_size:
         raise SystemExit(f"{shards}: the phone vocabulary has {len(vocab)} entries, the config's vocab_size is "
                          f"{cfg.vocab_size}")
     if not feats["f0"].get("params", {}).get("interpolate"):
