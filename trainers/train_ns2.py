@@ -550,8 +550,8 @@ def make_loss_fn(opt: torch.optim.Optimizer, seed: int, rank: int):
                   "prompt_lengths", "target_codes", "target_mask", "target_f0", "durations", "durations_lengths")
 
     def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        # Dropout, t and noise come from the global RNG, reseeded here from (seed, rank, update, batch): the core
-        # restores rank 0's RNG state on every rank at --resume, so a rank's own stream must not depend on it.
+        # Dropout, t and noise come from the global RNG, reseeded here from (seed, rank, update, batch): a rank's
+        # draws then depend on nothing a checkpoint has to carry, so --resume repeats them exactly.
         first = int(batch["index"][0]) if "index" in batch else 0
         torch.manual_seed(int(np.random.SeedSequence([seed, rank, optimizer_step(opt), first]).generate_state(1)[0]))
         out = model(**{k: batch[k] for k in model_keys if k in batch})
