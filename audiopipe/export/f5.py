@@ -97,7 +97,8 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     if len(ds) == 0:
         raise ExportError(f"{root} holds no utterances: nothing to export")
     n_mels = int(ds.spec("mel")["channels"])
-    corpus = ds.manifest.get("job", {}).get("corpus")
+    job = ds.manifest.get("job", {})
+    corpus = job.get("corpus")
     existing = [n for n in OUTPUTS if (out / n).exists()]
     if existing and not overwrite:
         raise ExportError(f"{out} already has {', '.join(existing)}; pass overwrite=True (--overwrite) to replace")
@@ -142,7 +143,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
             p.unlink(missing_ok=True)
     return {"shards": str(root), "out": str(out), "rows": len(durations), "hours": round(sum(durations) / 3600, 6),
             "n_mels": n_mels, "mel_hash": F5_MEL_HASH, "vocab_size": len(symbols),
-            "files": {n: (out / n).stat().st_size for n in OUTPUTS}, **stats}
+            "files": {n: (out / n).stat().st_size for n in OUTPUTS}, "trimmed": bool(job.get("trim")), **stats}
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
@@ -159,6 +160,9 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     if s["audio_found"] < s["rows"]:
         lines.append(f"note: {s['rows'] - s['audio_found']} audio_path entries do not exist here; raw.arrow needs "
                      f"the corpus audio (mel.arrow does not)")
+    if s["trimmed"]:
+        lines.append("note: the shards were trimmed; mel.arrow and the durations are trimmed, the audio raw.arrow "
+                     "points at is not")
     lines.append("train in F5-TTS with audio_type=\"mel\" (mel.arrow) and tokenizer char with this vocab.txt, or "
                  "the pretrained model's vocab.txt to fine-tune")
     return lines
