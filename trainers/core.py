@@ -162,11 +162,18 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, loader: Loader, consumed: int, epoch: int,
-                    extra: dict[str, Any] | None = None) -> Path:
+                    scaler: torch.amp.GradScaler, loader: Loader, consumed: int, epoch: int, d: Dist,
+                    extra: dict[str, Any] | None = None) -> Path | None:
+    """Called on every rank (it gathers each rank's RNG state); rank 0 writes."""
+    rng = [_rng_state()]
+    if d.world > 1:  # each rank draws its own dropout masks and crops: keep every rank's stream
+        rng = [None] * d.world
+        dist.all_gather_object(rng, _rng_state())
+    if not d.main:
+        return None
     raw = model.module if hasattr(model, "module") else model
     ckpt = {"step": step, "model": raw.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
-            "sampler": loader.state_dict(consumed_batches=consumed), "epoch": epoch, "rng": _rng_state(),
+            "sampler": loader.state_dict(consumed_batches=consumed), "epoch": epoch, "rng": rng,
             "extra": extra or {}}
     path = out / f"ckpt-{step:08d}.pt"
     tmp = path.with_suffix(".tmp")
@@ -215,7 +222,12 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         opt.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         loader.load_state_dict(state["sampler"])
-        _set_rng_state(state["rng"])
+        rng = state["rng"]
+        # Same world size: each rank continues its own stream; another world size: fresh per-rank streams.
+        if len(rng) == d.world:
+            _set_rng_state(rng[d.rank])
+        else:
+            seed_all(cfg.seed + 1000 * (d.rank + 1) + step)
         step, epoch = state["step"], state["epoch"]
         if d.main:
             print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
@@ -274,8 +286,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                     on_log(last)
                 window = {"wait": 0.0, "step": 0.0, "frames": 0, "pad": [], "n": 0, "loss": 0.0}
             if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-                if d.main:
-                    save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch)
+                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d)
                 if d.world > 1:
                     dist.barrier()
         else:

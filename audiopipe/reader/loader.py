@@ -124,7 +124,9 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
+    # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
+    # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(_View(ds, subset, item_transform), batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
-                                     pin_memory=pin_memory, **kw)
+                                     pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl)
