@@ -235,7 +235,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
     move = to_device or default_to_device
     log_path = out / "log.jsonl"
-    window = {"wait": 0.0, "step": 0.0, "frames": 0, "pad": [], "n": 0, "loss": 0.0}
+    fresh = lambda: {"wait": 0.0, "step": 0.0, "frames": 0, "pad": [], "n": 0, "loss": 0.0, "terms": {}, "micro": 0}
+    window = fresh()
     last: dict[str, Any] = {}
 
     while step < cfg.max_steps:
@@ -263,6 +264,9 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             window["frames"] += int(batch[f"{f0}_lengths"].sum())
             window["pad"].append(float(batch["padding_ratio"][f0]))
             window["loss"] += float(loss.detach()) / cfg.grad_accum
+            window["micro"] += 1
+            for k, v in logs.items():  # per-term numbers are averaged over the window like the loss
+                window["terms"][k] = window["terms"].get(k, 0.0) + float(v)
             if not sync:
                 continue
             for g in opt.param_groups:
@@ -281,10 +285,11 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             window["n"] += 1
             t_step, wait = now, 0.0
             if step % cfg.log_every == 0 or step == cfg.max_steps:
-                last = _log(window, step, lr_at(step - 1, cfg), float(gnorm), logs, d, log_path, log_name, epoch)
+                terms = {k: v / max(window["micro"], 1) for k, v in window["terms"].items()}
+                last = _log(window, step, lr_at(step - 1, cfg), float(gnorm), terms, d, log_path, log_name, epoch)
                 if on_log:
                     on_log(last)
-                window = {"wait": 0.0, "step": 0.0, "frames": 0, "pad": [], "n": 0, "loss": 0.0}
+                window = fresh()
             if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
                 save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d)
                 if d.world > 1:
