@@ -202,17 +202,36 @@ def round_robin_taken(quotas: np.ndarray, consumed: int) -> np.ndarray:
 class _CheckedStream:
     """A read-only file object that counts (and optionally hashes) the bytes tarfile pulls through it."""
 
+    BLOCK = 1 << 20  # tarfile asks for 10 KB at a time; one large read serves ~100 of those
+
     def __init__(self, raw: Any, hashing: bool):
         self.raw = raw
         self.bytes = 0
         self.sha = hashlib.sha256() if hashing else None
+        self._buf = memoryview(b"")
 
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
+    def _fill(self) -> bool:
+        data = self.raw.read(self.BLOCK)
+        if not data:
+            return False
         self.bytes += len(data)
         if self.sha is not None:
             self.sha.update(data)
-        return data
+        self._buf = memoryview(data)
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            parts = [bytes(self._buf)]
+            self._buf = memoryview(b"")
+            while self._fill():
+                parts.append(bytes(self._buf))
+            self._buf = memoryview(b"")
+            return b"".join(parts)
+        if not self._buf and not self._fill():
+            return b""
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return bytes(out)
 
     def drain(self) -> None:
         while self.read(1 << 20):

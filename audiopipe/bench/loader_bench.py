@@ -1,0 +1,478 @@
+"""`audiopipe bench-loader`: time the audiopipe loaders against the usual alternatives on one shard folder.
+
+    audiopipe bench-loader --shards ./shards [--batch-frames 38400] [--workers N] [--json out.json] [--plot out.png]
+
+Each loader (see audiopipe/bench/loaders.py) runs in a fresh subprocess, so its peak memory is its own, after
+its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
+construction to its first batch (`first_batch_s`: opening, worker start-up, first read), then for --seconds
+more (and at least --min-batches batches), epoch after epoch: batches/s, utterances/s, audio seconds/s and
+MB/s of real (unpadded) feature bytes delivered, padding efficiency and batches over the padded budget.
+A memcpy of the same bytes, in its own subprocess, is the physical ceiling.
+
+--cold instead drops each loader's files from the page cache (posix_fadvise DONTNEED on those files only)
+before it runs and times a single pass, so reads come from the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audiopipe.bench.loaders import DESCRIPTIONS, LOADERS, LoaderSpec, build, evict, files_of, prepare, read_all
+
+RESULT_TAG = "BENCH_LOADER_RESULT "
+TARGETS = {"mmap_vs_on_the_fly": 100.0, "mmap_vs_npy_per_utt": 10.0, "mmap_vs_memcpy": 0.5}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shards", required=True, help="shard folder written by `audiopipe shard`")
+    p.add_argument("--batch-frames", type=int, default=38400, help="padded frames per batch (default 38400)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers, the same for every loader (default 2)")
+    p.add_argument("--feature", default="mel", help="feature to load (default mel)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="seconds timed per loader after its first batch (default 10)")
+    p.add_argument("--min-batches", type=int, default=3, help="time at least this many batches (default 3)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every loader this many times, interleaved, and report the median (default 1)")
+    p.add_argument("--loaders", default=",".join(LOADERS),
+                   help=f"comma-separated subset of {','.join(LOADERS)} (default: all)")
+    p.add_argument("--corpus", default=None,
+                   help="source audio for on_the_fly (default: the corpus recorded in the manifest)")
+    p.add_argument("--cache", default=None,
+                   help="folder for the one-time npy-per-utterance and lhotse Shar copies (default: a temp folder)")
+    p.add_argument("--cold", action="store_true",
+                   help="evict each loader's files from the page cache first and time one pass (disk reads)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here")
+
+
+# ---- the child: one loader, timed ----------------------------------------------------------------------------
+
+
+class TreeMemory(threading.Thread):
+    """Samples resident memory of this process and its children (DataLoader workers) every 20 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_rss = self.peak_private = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(0.02)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+        self.sample()
+
+    def sample(self) -> None:
+        rss = private = 0
+        for pid in _tree(os.getpid()):
+            fields = _status(pid)
+            rss += fields.get("VmRSS", 0)
+            private += fields.get("RssAnon", 0)
+        self.peak_rss, self.peak_private = max(self.peak_rss, rss), max(self.peak_private, private)
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass  # the process ended between two reads
+    return out
+
+
+def _status(pid: int) -> dict[str, int]:
+    """kB fields of /proc/<pid>/status (VmRSS, RssAnon, ...)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    out[key] = int(parts[0])
+    except OSError:
+        pass
+    return out
+
+
+def _preload_imports() -> None:
+    """Import what any loader may import, so that time to first batch is opening and reading, not imports."""
+    import pyarrow as pa
+    import soundfile  # noqa: F401
+    import soxr  # noqa: F401
+    import webdataset  # noqa: F401
+
+    pa.table({"x": [0]}).column("x").to_numpy()  # pyarrow pulls in pandas lazily on first use
+    try:
+        import lhotse  # noqa: F401
+    except ImportError:
+        pass
+
+
+def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: int = 10_000) -> dict[str, Any]:
+    """Build one loader and consume it; the first batch is timed alone, the rest give the rates."""
+    import torch
+
+    _preload_imports()
+    rss_start = sum(_status(pid).get("VmRSS", 0) for pid in _tree(os.getpid()))
+    mem = TreeMemory()
+    mem.start()
+    t0 = time.perf_counter()
+    loader = build(spec)
+    first = start = None
+    n = items = 0
+    audio = nbytes = real = padded = 0.0
+    over = 0
+    epoch = 0
+    done = False
+    f = spec.feature
+    while not done and epoch < max_epochs:
+        loader.set_epoch(epoch)
+        got = 0
+        for batch in loader:
+            got += 1
+            now = time.perf_counter()
+            x: torch.Tensor = batch[f]
+            lengths = batch[f"{f}_lengths"]
+            b, t_max = x.shape[0], x.shape[-1]
+            frames = int(lengths.sum())
+            real += frames
+            padded += b * t_max
+            over += int(b * t_max > spec.max_frames)
+            if first is None:
+                first, start = now - t0, now
+                continue
+            n += 1
+            items += b
+            audio += float(sum(batch["duration"]))
+            nbytes += frames * (x.numel() // (b * t_max)) * x.element_size()
+            if now - start >= seconds and n >= min_batches:
+                done = True
+                break
+        if got == 0:
+            raise RuntimeError(f"{spec.name}: an epoch without batches (budget too small for the corpus?)")
+        epoch += 1
+    elapsed = time.perf_counter() - start if start is not None else 0.0
+    del loader
+    mem.stop()
+    rate = (lambda v: v / elapsed) if elapsed > 0 else (lambda v: 0.0)
+    return {
+        "name": spec.name, "description": DESCRIPTIONS[spec.name], "workers": spec.workers,
+        "batches_per_s": rate(n), "utterances_per_s": rate(items), "audio_s_per_s": rate(audio),
+        "mb_per_s": rate(nbytes) / 1e6, "first_batch_s": first, "timed_s": elapsed, "timed_batches": n,
+        "epochs": epoch, "rss_start_mb": rss_start / 1024, "peak_rss_mb": mem.peak_rss / 1024,
+        "peak_private_mb": mem.peak_private / 1024,
+        "padding_efficiency": real / padded if padded else 1.0, "over_budget_batches": over,
+        "loadavg": os.getloadavg()[0],
+    }
+
+
+def time_memcpy(nbytes: int, seconds: float) -> dict[str, Any]:
+    """np.copyto between two prefaulted buffers of the corpus' payload size (clipped to 64 MB..1 GB)."""
+    size = int(min(max(nbytes, 64 << 20), 1 << 30)) // 4
+    src = np.ones(size, dtype=np.float32)
+    dst = np.zeros(size, dtype=np.float32)
+    np.copyto(dst, src)
+    reps = 0
+    t0 = time.perf_counter()
+    while reps < 3 or time.perf_counter() - t0 < seconds:
+        np.copyto(dst, src)
+        reps += 1
+    dt = time.perf_counter() - t0
+    return {"name": "memcpy", "bytes": size * 4, "reps": reps, "mb_per_s": size * 4 * reps / dt / 1e6,
+            "loadavg": os.getloadavg()[0]}
+
+
+def child_main(argv: list[str]) -> int:
+    job = json.loads(argv[0])
+    if job["kind"] == "memcpy":
+        result = time_memcpy(job["bytes"], job["seconds"])
+    else:
+        result = time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
+                             max_epochs=1 if job.get("cold") else 10_000)
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    return 0
+
+
+# ---- the parent: prepare, spawn, report ------------------------------------------------------------------------
+
+
+def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "audiopipe.bench.loader_bench", json.dumps(job)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{job.get('spec', job).get('name', 'memcpy')}: no result within {timeout:.0f} s") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise RuntimeError(f"benchmark child failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
+def machine_info() -> dict[str, Any]:
+    import pyarrow
+    import soundfile
+    import torch
+    import webdataset
+
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    mem_gb = 0.0
+    try:
+        mem_gb = int(next(ln.split()[1] for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))) / 2**20
+    except (OSError, StopIteration):
+        pass
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
+                "pyarrow": pyarrow.__version__, "webdataset": getattr(webdataset, "__version__", "?"),
+                "soundfile": soundfile.__version__}
+    try:
+        import lhotse
+
+        versions["lhotse"] = lhotse.__version__
+    except ImportError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "logical_cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)), "memory_gb": round(mem_gb, 1),
+            "loadavg_start": os.getloadavg()[0], "versions": versions}
+
+
+def _corpus_info(shards: Path, feature: str) -> dict[str, Any]:
+    from audiopipe.index.lengths import LengthIndex
+    from audiopipe.shard.manifest import read_manifest
+
+    m = read_manifest(shards)
+    if feature not in m["features"]:
+        raise ValueError(f"{shards} has no feature {feature!r}; it has {sorted(m['features'])}")
+    spec = m["features"][feature]
+    idx = LengthIndex.open(shards)
+    frames = idx.frames(feature).astype(np.int64)
+    per_frame = max(1, spec["channels"]) * np.dtype(spec["dtype"]).itemsize
+    return {"utterances": int(frames.size), "hours": float(idx.duration.sum() / 3600), "shards": len(m["shards"]),
+            "payload_mb": float(frames.sum() * per_frame / 1e6), "feature": feature,
+            "feature_shape": f"[{spec['channels']}, T] {spec['dtype']}" if spec["channels"] else f"[T] {spec['dtype']}",
+            "median_s": float(np.median(idx.duration)), "job_corpus": m.get("job", {}).get("corpus")}
+
+
+def run(args: argparse.Namespace) -> int:
+    shards = Path(args.shards)
+    if not (shards / "manifest.json").exists():
+        raise FileNotFoundError(f"{shards}/manifest.json not found: point --shards at an `audiopipe shard` output")
+    if args.batch_frames <= 0 or args.workers < 0 or args.seconds <= 0 or args.rounds < 1:
+        raise ValueError("--batch-frames, --seconds and --rounds must be positive and --workers >= 0")
+    names = [n.strip() for n in args.loaders.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown:
+        raise ValueError(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    corpus = _corpus_info(shards, args.feature)
+    index_sha = json.loads((shards / "manifest.json").read_text())["index"]["sha256"]
+    cache = Path(args.cache or Path(tempfile.gettempdir()) / f"audiopipe-bench-{index_sha[:12]}")
+    audio_root = args.corpus or corpus["job_corpus"]
+    machine = machine_info()
+    print(f"corpus: {corpus['utterances']} utterances, {corpus['hours']:.2f} h, {corpus['shards']} shards, "
+          f"{corpus['payload_mb']:.0f} MB of {args.feature} {corpus['feature_shape']}; workers {args.workers}; "
+          f"{machine['usable_cpus']} CPUs, load {machine['loadavg_start']:.1f}", flush=True)
+    specs: list[LoaderSpec] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        spec = LoaderSpec(name, str(shards.resolve()), args.feature, args.batch_frames, args.workers, args.seed,
+                          str(cache), audio_root)
+        why = _unavailable(spec)
+        if why:
+            skipped[name] = why
+            print(f"  {name:<12} skipped: {why}", flush=True)
+        else:
+            prepare(spec)
+            specs.append(spec)
+    rounds: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
+    copies: list[dict[str, Any]] = []
+    # Rounds interleave the loaders, so that a load spike on a shared machine hits one round of each, not
+    # every round of one; the median round is reported.
+    for k in range(args.rounds):
+        for spec in specs:
+            if spec.name in skipped:
+                continue
+            if args.cold:
+                evict(files_of(spec))
+            else:
+                read_all(files_of(spec))
+            job = {"kind": "loader", "spec": asdict(spec), "seconds": args.seconds, "min_batches": args.min_batches,
+                   "cold": args.cold}
+            try:
+                r = _spawn(job, timeout=max(600.0, 20 * args.seconds))
+            except RuntimeError as e:
+                skipped[spec.name] = str(e).splitlines()[-1]
+                print(f"  {spec.name:<12} FAILED: {e}", flush=True)
+                continue
+            rounds[spec.name].append(r)
+            print(f"  [{k + 1}/{args.rounds}] {spec.name:<12} {r['batches_per_s']:9.2f} batches/s "
+                  f"{r['audio_s_per_s']:10.0f} audio s/s {r['mb_per_s']:9.1f} MB/s  first {r['first_batch_s']:.2f} s  "
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB  load {r['loadavg']:.1f}", flush=True)
+        copies.append(_spawn({"kind": "memcpy", "bytes": int(corpus["payload_mb"] * 1e6),
+                              "seconds": min(args.seconds, 3.0)}, timeout=300))
+        print(f"  [{k + 1}/{args.rounds}] {'memcpy':<12} {copies[-1]['mb_per_s']:.0f} MB/s", flush=True)
+    results = [_median_round(rs) for name, rs in rounds.items() if rs and name not in skipped]
+    memcpy = _median_round(copies, key="mb_per_s")
+    report = {"command": "audiopipe bench-loader " + " ".join(_argv(args)), "machine": machine, "corpus": corpus,
+              "config": {"batch_frames": args.batch_frames, "workers": args.workers, "seconds": args.seconds,
+                         "min_batches": args.min_batches, "seed": args.seed, "feature": args.feature,
+                         "rounds": args.rounds,
+                         "page_cache": "cold (one pass)" if args.cold else "warm"},
+              "loaders": results, "skipped": skipped, "memcpy": memcpy, "targets": targets(results, memcpy)}
+    report["machine"]["loadavg_end"] = os.getloadavg()[0]
+    print()
+    print(markdown_table(report))
+    for line in target_lines(report["targets"]):
+        print(line)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def _median_round(rounds: list[dict[str, Any]], key: str = "audio_s_per_s") -> dict[str, Any]:
+    """The round with the median rate, with every round's rate attached (spread on a shared machine)."""
+    ranked = sorted(rounds, key=lambda r: r[key])
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    out["rounds"] = [r[key] for r in rounds]
+    return out
+
+
+def _unavailable(spec: LoaderSpec) -> str | None:
+    if spec.name == "on_the_fly" and not (spec.corpus and Path(spec.corpus).is_dir()):
+        return f"source audio folder not found ({spec.corpus}); pass --corpus"
+    if spec.name == "wds" and not files_of(spec):
+        return "the shards have no WebDataset tars (--no-tar)"
+    if spec.name == "lhotse_shar":
+        try:
+            import lhotse  # noqa: F401
+        except ImportError:
+            return "lhotse is not installed"
+    return None
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = [f"--shards {args.shards}", f"--batch-frames {args.batch_frames}", f"--workers {args.workers}",
+           f"--seconds {args.seconds:g}", f"--rounds {args.rounds}"]
+    if args.loaders != ",".join(LOADERS):
+        out.append(f"--loaders {args.loaders}")
+    if args.cold:
+        out.append("--cold")
+    return out
+
+
+def targets(results: list[dict[str, Any]], memcpy: dict[str, Any]) -> dict[str, Any]:
+    by = {r["name"]: r for r in results}
+    out: dict[str, Any] = {}
+    if "mmap" not in by:
+        return out
+    mmap = by["mmap"]
+    for other in ("on_the_fly", "npy_per_utt"):
+        if other in by and by[other]["audio_s_per_s"] > 0:
+            ratio = mmap["audio_s_per_s"] / by[other]["audio_s_per_s"]
+            goal = TARGETS[f"mmap_vs_{other}"]
+            out[f"mmap_vs_{other}"] = {"ratio": ratio, "target": goal, "met": ratio >= goal}
+    ratio = mmap["mb_per_s"] / memcpy["mb_per_s"]
+    out["mmap_vs_memcpy"] = {"ratio": ratio, "target": TARGETS["mmap_vs_memcpy"], "met": ratio >= TARGETS["mmap_vs_memcpy"]}
+    return out
+
+
+def target_lines(t: dict[str, Any]) -> list[str]:
+    names = {"mmap_vs_on_the_fly": "mmap vs on-the-fly decode+mel (audio s/s)",
+             "mmap_vs_npy_per_utt": "mmap vs one .npy per utterance (audio s/s)",
+             "mmap_vs_memcpy": "mmap MB/s / memcpy MB/s"}
+    return [f"{names[k]}: {v['ratio']:.2f}x (target {v['target']:g}x): {'met' if v['met'] else 'NOT met'}"
+            for k, v in t.items()]
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    mc = report["memcpy"]["mb_per_s"]
+    rows = ["| loader | batches/s | utterances/s | audio s/s | MB/s | % of memcpy | first batch s | peak RSS MB "
+            "| private MB | padding eff. | over budget |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["loaders"]:
+        rows.append(f"| {r['name']} | {r['batches_per_s']:.2f} | {r['utterances_per_s']:.0f} | "
+                    f"{r['audio_s_per_s']:.0f} | {r['mb_per_s']:.1f} | {100 * r['mb_per_s'] / mc:.1f}% | "
+                    f"{r['first_batch_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['peak_private_mb']:.0f} | "
+                    f"{100 * r['padding_efficiency']:.1f}% | {r['over_budget_batches']} |")
+    rows.append(f"| memcpy | | | | {mc:.0f} | 100% | | | | | |")
+    return "\n".join(rows)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = report["loaders"]
+    names = [r["name"] for r in res]
+    y = np.arange(len(res))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    panels = [("mb_per_s", "MB/s of real feature bytes (log)", True), ("first_batch_s", "time to first batch, s", False),
+              ("peak_rss_mb", "peak RSS of the process tree, MB", False), ("padding_efficiency", "padding efficiency", False)]
+    for ax, (key, title, log) in zip(axes.ravel(), panels):
+        vals = [r[key] for r in res]
+        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "wds") else "#a0a0a0" for n in names])
+        ax.set_yticks(y, names)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
+            ax.axvline(report["memcpy"]["mb_per_s"], color="#c0392b", ls="--", lw=1)
+            ax.text(report["memcpy"]["mb_per_s"], len(res) - 0.5, " memcpy", color="#c0392b", fontsize=8, va="bottom")
+        if key == "padding_efficiency":
+            ax.set_xlim(0, 1)
+        for yi, v in zip(y, vals):
+            ax.text(v, yi, f" {v:.3g}" if key != "padding_efficiency" else f" {v:.1%}", va="center", fontsize=8)
+    c = report["corpus"]
+    fig.suptitle(f"bench-loader: {c['utterances']} utterances, {c['hours']:.1f} h, {c['feature']} "
+                 f"{c['feature_shape']}, {report['config']['batch_frames']} frames/batch, "
+                 f"{report['config']['workers']} workers, {report['machine']['usable_cpus']} CPUs", fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="audiopipe bench-loader", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if len(argv) == 1 and argv[0].startswith("{"):  # a child started by run()
+        sys.exit(child_main(argv))
+    sys.exit(main(argv))

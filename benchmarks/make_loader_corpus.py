@@ -1,0 +1,86 @@
+"""A ~2.5 h speech corpus for the loader benchmark, from Debian packages only (no network).
+
+    python benchmarks/make_loader_corpus.py /tmp/loaderbench/wavs [--speakers 24] [--per-speaker 64]
+    audiopipe shard --corpus /tmp/loaderbench/wavs --out /tmp/loaderbench/shards --preset f5tts
+
+- The Asterisk prompts (one real female speaker, 8 kHz, ~0.3 h) as in `python -m audiopipe.corpus.demo`;
+- espeak-ng speakers (22.05 kHz): base voice x variant x rate x pitch, each reading Asterisk transcripts joined
+  up to a log-normal target length (median ~75 characters, at most 280), so that durations spread from ~1 s
+  to ~25 s with a median near 5 s, like LibriTTS.
+
+Deterministic (seeded) and idempotent: existing files are kept, so a rerun only fills what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from audiopipe.corpus.demo import MissingSource, asterisk_transcripts, build_demo_corpus, speak
+
+BASE_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-us-nyc", "en-gb-x-rp")
+VARIANTS = ("", "+f2", "+m3", "+f4", "+m1", "+f3", "+m7", "+f1")
+
+
+def speakers(n: int) -> list[tuple[str, int, int]]:
+    """n distinct (voice, words per minute, pitch) triples, spread over voices, variants, rates and pitches."""
+    out = []
+    for k in range(n):
+        voice = BASE_VOICES[k % len(BASE_VOICES)] + VARIANTS[(k // len(BASE_VOICES) + k) % len(VARIANTS)]
+        out.append((voice, 125 + (k * 37) % 70, 15 + (k * 29) % 75))
+    return out
+
+
+def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int = 280) -> str:
+    target = min(float(np.exp(rng.normal(np.log(75.0), 0.7))), max_chars)
+    parts: list[str] = []
+    for i in rng.permutation(len(texts)):
+        if sum(len(p) + 1 for p in parts) >= target:
+            break
+        if sum(len(p) + 1 for p in parts) + len(texts[i]) <= max_chars:
+            parts.append(texts[i])
+    return " ".join(parts)
+
+
+def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: int = 2) -> int:
+    build_demo_corpus(root, espeak_speakers=0)  # the Asterisk prompts (real speech)
+    texts = sorted(t for t in set(asterisk_transcripts().values()) if len(t) <= 200)
+    rng = np.random.default_rng(seed)
+    work = []
+    for k, (voice, wpm, pitch) in enumerate(speakers(n_speakers)):
+        d = root / f"voice{k:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for j in range(per_speaker):
+            text = _utterance_text(texts, rng)
+            wav = d / f"u{j:04d}.wav"
+            (d / f"u{j:04d}.txt").write_text(text + "\n", encoding="utf-8")
+            if not wav.exists():
+                work.append((text, voice, wpm, pitch, wav))
+    with ThreadPoolExecutor(jobs) as pool:  # espeak-ng runs as a subprocess: threads are enough
+        list(pool.map(lambda w: speak(*w), work))
+    return sum(1 for _ in root.rglob("*.wav"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("root", help="folder to write (created if missing)")
+    p.add_argument("--speakers", type=int, default=24)
+    p.add_argument("--per-speaker", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=2, help="espeak-ng processes at once")
+    a = p.parse_args(argv)
+    try:
+        n = build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs)
+    except MissingSource as e:
+        print(f"loader corpus: {e}", file=sys.stderr)
+        return 2
+    print(f"loader corpus: {n} audio files under {a.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""`audiopipe bench-loader` on a tiny corpus: every loader delivers the corpus, the JSON and plot are sane.
+
+No timing is asserted: rates only have to be positive and consistent with what was delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audiopipe.bench import loader_bench
+from audiopipe.bench.loaders import LOADERS, LoaderSpec, build, f5_sort_plan, random_plan
+from audiopipe.sampler.plan import BatchBudget
+from test_reader import write_shards
+
+BUDGET = 1500
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Shards of known mels plus, for the on-the-fly baseline, a 24 kHz wav per row giving the same frame count."""
+    root = tmp_path_factory.mktemp("bench")
+    w = write_shards(root / "shards", (4, 5, 3), seed=3, mel_frames=(30, 300))
+    rng = np.random.default_rng(0)
+    for r in w.rows:
+        t = r["arrays"]["mel"].shape[1]
+        path = root / "audio" / r["source"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # vocos mel (center padding, hop 256): 1 + n // 256 frames
+        sf.write(path, (0.1 * rng.standard_normal((t - 1) * 256)).astype(np.float32), 24000, subtype="PCM_16")
+    return w, root
+
+
+def _spec(name: str, w, root) -> LoaderSpec:
+    return LoaderSpec(name, str(w.root), "mel", BUDGET, 0, 0, str(root / "cache"), str(root / "audio"))
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_every_loader_delivers_the_corpus_once_per_epoch(corpus, name):
+    w, root = corpus
+    loader = build(_spec(name, w, root))
+    lengths = np.array([r["arrays"]["mel"].shape[1] for r in w.rows])
+    loader.set_epoch(0)
+    seen = []
+    for batch in loader:
+        ids = [int(i) for i in (batch["index"] if "index" in batch else batch["id"])]
+        seen += ids
+        mel, got = batch["mel"], batch["mel_lengths"].numpy()
+        assert mel.shape[1] == 100 and mel.shape[0] == len(ids) == len(batch["duration"])
+        np.testing.assert_array_equal(got, lengths[ids])  # on the fly too: the audio gives the same frames
+        if name != "on_the_fly":  # the others read the stored mels, bit for bit
+            for row, i in enumerate(ids):
+                np.testing.assert_array_equal(mel[row, :, : lengths[i]].numpy(), w.rows[i]["arrays"]["mel"])
+        if name != "f5_sort":  # F5's rule packs by the SUM of frames and may pass the padded budget
+            assert mel.shape[0] * mel.shape[-1] <= BUDGET
+    assert sorted(seen) == list(range(len(w.rows)))
+
+
+def test_time_loader_reports_consistent_rates(corpus):
+    w, root = corpus
+    r = loader_bench.time_loader(_spec("mmap", w, root), seconds=0.05, min_batches=2, max_epochs=3)
+    assert r["timed_batches"] >= 2 and r["timed_s"] > 0 and r["first_batch_s"] > 0
+    assert r["batches_per_s"] == pytest.approx(r["timed_batches"] / r["timed_s"])
+    assert r["utterances_per_s"] >= r["batches_per_s"] and r["audio_s_per_s"] > 0 and r["mb_per_s"] > 0
+    assert 0 < r["padding_efficiency"] <= 1 and r["over_budget_batches"] == 0
+    assert r["peak_rss_mb"] >= r["rss_start_mb"] > 0 and r["peak_private_mb"] > 0
+
+
+def test_baseline_plans_cover_every_item(corpus):
+    w, _ = corpus
+    lengths = np.array([r["arrays"]["mel"].shape[1] for r in w.rows])
+    budget = BatchBudget(BUDGET)
+    compositions = []
+    for plan in (random_plan(lengths, BUDGET, 0), f5_sort_plan(lengths, BUDGET, 0)):
+        b0, b1 = plan(0), plan(1)
+        assert sorted(np.concatenate(b0).tolist()) == list(range(lengths.size))
+        compositions.append([sorted(sorted(b.tolist()) for b in bs) for bs in (b0, b1)])
+    assert compositions[0][0] != compositions[0][1]  # random: new batches every epoch
+    assert compositions[1][0] == compositions[1][1]  # F5: the same batches, only their order changes
+    assert all(budget.cost(b.size, lengths[b].max()) <= BUDGET for b in random_plan(lengths, BUDGET, 0)(0))
+    assert all(lengths[b].sum() <= BUDGET for b in f5_sort_plan(lengths, BUDGET, 0)(0))
+
+
+def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
+    w, root = corpus
+    p = argparse.ArgumentParser()
+    loader_bench.add_arguments(p)
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    args = p.parse_args(["--shards", str(w.root), "--batch-frames", str(BUDGET), "--workers", "0",
+                         "--seconds", "0.2", "--min-batches", "1", "--loaders", "mmap,npy_per_utt",
+                         "--cache", str(root / "cache"), "--json", str(out_json), "--plot", str(out_png)])
+    assert loader_bench.run(args) == 0
+    report = json.loads(out_json.read_text())
+    assert set(report) >= {"command", "machine", "corpus", "config", "loaders", "memcpy", "targets", "skipped"}
+    assert report["machine"]["logical_cpus"] >= 1 and "torch" in report["machine"]["versions"]
+    assert report["corpus"]["utterances"] == len(w.rows) and report["corpus"]["shards"] == 3
+    assert [r["name"] for r in report["loaders"]] == ["mmap", "npy_per_utt"]
+    for r in report["loaders"]:
+        assert r["batches_per_s"] > 0 and r["mb_per_s"] > 0 and 0 < r["padding_efficiency"] <= 1
+        assert len(r["rounds"]) == 1
+    assert report["memcpy"]["mb_per_s"] > 0
+    t = report["targets"]
+    assert set(t) == {"mmap_vs_npy_per_utt", "mmap_vs_memcpy"}
+    assert t["mmap_vs_memcpy"]["ratio"] == pytest.approx(report["loaders"][0]["mb_per_s"] / report["memcpy"]["mb_per_s"])
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "| mmap |" in table and "| memcpy |" in table and "mmap MB/s / memcpy MB/s" in table
+
+
+def test_bad_arguments_are_refused_clearly(corpus, tmp_path):
+    w, _ = corpus
+    p = argparse.ArgumentParser()
+    loader_bench.add_arguments(p)
+    with pytest.raises(ValueError, match="unknown loader"):
+        loader_bench.run(p.parse_args(["--shards", str(w.root), "--loaders", "mmap,nope"]))
+    with pytest.raises(FileNotFoundError, match="manifest.json not found"):
+        loader_bench.run(p.parse_args(["--shards", str(tmp_path)]))
+    with pytest.raises(ValueError, match="no feature 'fbank'"):
+        loader_bench.run(p.parse_args(["--shards", str(w.root), "--feature", "fbank"]))
