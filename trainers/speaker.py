@@ -347,7 +347,8 @@ class AAMSoftmax(nn.Module):
         nn.init.xavier_uniform_(self.weight)
 
     def cosine(self, emb: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.normalize(emb.float()), F.normalize(self.weight.float()))
+        with torch.autocast(emb.device.type, enabled=False):  # the margin needs cosines finer than bf16's
+            return F.linear(F.normalize(emb.float()), F.normalize(self.weight.float()))
 
     def forward(self, emb: torch.Tensor, labels: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
         cos = self.cosine(emb)
@@ -457,7 +458,7 @@ def trial_pairs(speakers: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.nda
     """Every unordered pair of utterances: (first, second, is_target)."""
     i, j = np.triu_indices(len(speakers), k=1)
     spk = np.asarray(speakers, dtype=object)
-    return i, j, spk[i] == spk[j]
+    return i, j, (spk[i] == spk[j]).astype(bool)
 
 
 def evaluate_eer(encoder: nn.Module, shards: str | Path, split: SpeakerSplit, device: torch.device,
@@ -466,7 +467,7 @@ def evaluate_eer(encoder: nn.Module, shards: str | Path, split: SpeakerSplit, de
     emb = embed_utterances(encoder, shards, split.heldout, device, max_samples).cpu().numpy()
     spk = [speakers[int(k)] for k in split.heldout]
     i, j, target = trial_pairs(spk)
-    scores = np.einsum("nd,nd->n", emb[i], emb[j])
+    scores = (emb @ emb.T)[i, j]  # an N x N matrix, not N^2 / 2 copies of the embeddings
     eer, thr = equal_error_rate(scores, target)
     return {"eer": eer, "threshold": thr, "target_trials": int(target.sum()),
             "nontarget_trials": int((~target).sum()), "utterances": len(spk),
