@@ -355,3 +355,10 @@ def test_exact_resume(name, spk_shards, tmp_path):
 def test_bad_batch_budget_is_refused(spk_shards, tmp_path):
     with pytest.raises(SystemExit, match="holds no crop"):
         train_campplus.main(_argv(spk_shards, tmp_path / "x", 1) + ["--batch-frames", "1000"])
+
+
+def test_shards_without_16k_pcm_are_refused(espeak_corpus, tmp_path):
+    out = tmp_path / "pcm8k"
+    shard(espeak_corpus.root, out, [("pcm", {"sample_rate": 8000})])
+    with pytest.raises(SystemExit, match="8000 Hz.*16000 Hz"):
+        speaker.read_speaker_index(out)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import core  # noqa: F401  (puts the repo root on sys.path for audiopipe)
+import core  # trainers/core.py (it also puts the repo root on sys.path for audiopipe)
 from audiopipe.features.fbank import kaldi_fbank_torch, mean_normalize  # noqa: E402
 from audiopipe.features.pcm import INT16_SCALE  # noqa: E402
 from audiopipe.index.lengths import LengthIndex  # noqa: E402
@@ -245,10 +245,6 @@ class SpeakerCrops:
             raise SystemExit(f"speeds must be in [0.5, 2], got {self.speeds}")
         self.augment = augment
         self._epoch: Any = multiprocessing.Value("q", 0, lock=False)
-
-    @property
-    def num_classes_per_speaker(self) -> int:
-        return len(self.speeds)
 
     @property
     def epoch(self) -> int:
