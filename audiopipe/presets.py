@@ -6,7 +6,7 @@ manifest records the exact parameters, so `--preset f5tts` today and in a year g
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 

@@ -21,9 +21,9 @@ import soundfile as sf
 
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
-from audiopipe.shard.run import JobError, run_job
+from audiopipe.shard.run import JobError
 from audiopipe.shard.verify import verify
-from shard_helpers import make_job, shard, tree_digest
+from shard_helpers import shard, tree_digest
 
 FEATS = [("vocos_mel", {}), ("f0", {"sample_rate": 16000, "hop_length": 160}), ("kaldi_fbank", {}),
          ("pcm", {"sample_rate": 16000})]

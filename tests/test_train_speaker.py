@@ -280,10 +280,10 @@ def test_epoch_reaches_dataloader_workers(spk_shards):
     crops = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
     ref = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
     ds = ShardDataset(spk_shards, ["pcm"])
-    with speaker.epochs_reach(crops):
-        loader = core.make_loader(spk_shards, ["pcm"], max_frames=8 * (SR // 2), subset=split.train,
-                                  lengths=np.full(len(split.train), SR // 2), item_transform=crops,
-                                  collate_features=["wav"], num_workers=1, rank=0, world_size=1)
+    # Loader.set_epoch forwards the epoch to the item transform, which shares it with the persistent worker.
+    loader = core.make_loader(spk_shards, ["pcm"], max_frames=8 * (SR // 2), subset=split.train,
+                              lengths=np.full(len(split.train), SR // 2), item_transform=crops,
+                              collate_features=["wav"], num_workers=1, rank=0, world_size=1)
     seen = {}
     for epoch in (0, 1):
         loader.set_epoch(epoch)

@@ -18,10 +18,9 @@ import json
 import math
 import multiprocessing
 import multiprocessing.context
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import soxr
@@ -273,34 +272,6 @@ class SpeakerCrops:
         if self.augment is not None:
             wav = self.augment(wav, rng)
         return {"wav": wav, "label": spk * len(self.speeds) + k, "index": index}
-
-
-@contextmanager
-def epochs_reach(transform: SpeakerCrops) -> Iterator[None]:
-    """Make core.train's loader.set_epoch(e) reach the crop transform as well as the sampler.
-
-    core.train builds its loader itself and tells only the sampler the epoch, so for the duration of the
-    call core's make_loader is wrapped to return a loader whose set_epoch also sets the transform's.
-    (The change that would make this unnecessary: Loader.set_epoch forwarding to item_transform.set_epoch.)
-    """
-    real = core.make_loader
-
-    def make(*args: Any, **kw: Any):
-        loader = real(*args, **kw)
-        sampler_set_epoch = loader.set_epoch
-
-        def set_epoch(epoch: int) -> None:
-            sampler_set_epoch(epoch)
-            transform.set_epoch(epoch)
-
-        loader.set_epoch = set_epoch
-        return loader
-
-    core.make_loader = make
-    try:
-        yield
-    finally:
-        core.make_loader = real
 
 
 # ----------------------------------------------------------------------------- features on the device
@@ -579,9 +550,9 @@ def build_speaker_model(encoder: nn.Module, embedding_dim: int, data: SpeakerDat
 def train_and_evaluate(name: str, model: SpeakerModel, data: SpeakerData, cfg: core.RunConfig,
                        args: argparse.Namespace, d: core.Dist) -> dict[str, Any]:
     """core.train with SGD and the crop transform, then (rank 0) the EER on the held-out speakers."""
-    with epochs_reach(data.crops):
-        last = core.train(model, loss_fn, cfg, d, features=["pcm"], loader_kw=data.loader_kw,
-                          optimizer=sgd(model, cfg.lr, cfg.weight_decay), log_name=name)
+    # core's loader.set_epoch reaches data.crops (the item_transform) through Loader.set_epoch.
+    last = core.train(model, loss_fn, cfg, d, features=["pcm"], loader_kw=data.loader_kw,
+                      optimizer=sgd(model, cfg.lr, cfg.weight_decay), log_name=name)
     if not d.main or not len(data.split.heldout):
         return last
     res = evaluate_eer(model.encoder, cfg.shards, data.split, d.device, data.speakers,

@@ -71,7 +71,16 @@ class Loader:
         return len(self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
+        """Tell the sampler, and any transform with a set_epoch (random crops drawn per epoch), the epoch.
+
+        Workers are persistent, so a transform used in workers must keep its epoch where they see it (e.g. a
+        shared-memory tensor, as trainers/speaker.py's SpeakerCrops does).
+        """
         self.sampler.set_epoch(epoch)
+        view, collate = self.dataloader.dataset, self.dataloader.collate_fn
+        for t in (view.item_transform, collate.batch_transform):
+            if hasattr(t, "set_epoch"):
+                t.set_epoch(epoch)
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         return self.sampler.state_dict(consumed_batches=consumed_batches)
