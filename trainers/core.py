@@ -49,6 +49,7 @@ class RunConfig:
     clip: float = 1.0
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or fp32 / bf16 / fp16
     num_workers: int = 0
+    reader: str = "mmap"  # or "files": one .npy per utterance and feature (the baseline layout), for comparison
     seed: int = 1234
     log_every: int = 10
     ckpt_every: int = 500
@@ -208,10 +209,20 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         out.mkdir(parents=True, exist_ok=True)
     seed_all(cfg.seed + 1000 * (d.rank + 1))  # per-rank streams for dropout, crops, masks
     model.to(d.device)
+    files_cache = None
+    if cfg.reader == "files":  # export the baseline layout once, on rank 0, next to the run
+        from audiopipe.reader.files_dataset import export_per_utterance
+
+        files_cache = out / "per_utterance"
+        if d.main:
+            export_per_utterance(cfg.shards, features, files_cache)
+        if d.world > 1:
+            dist.barrier()
     loader = make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
                          quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                          num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
-                         pin_memory=d.device.type == "cuda", **(loader_kw or {}))
+                         pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
+                         **(loader_kw or {}))
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")

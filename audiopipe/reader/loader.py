@@ -108,7 +108,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 rank: int | None = None, world_size: int | None = None, expect: dict[str, str] | None = None,
                 pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
-                collate_features: Sequence[str] | None = None) -> Loader:
+                collate_features: Sequence[str] | None = None, reader: str = "mmap",
+                files_cache: str | Path | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -118,9 +119,18 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     item_transform: per-sample function applied before collate (random crops); batch_transform: applied to the
              padded batch (a prompt/target split). Both run in the DataLoader workers and must be picklable.
     collate_features: the keys to pad, when item_transform makes new arrays (default: features).
+    reader: "mmap" (the Arrow shards) or "files" (one .npy per utterance and feature, exported to files_cache by
+             audiopipe.reader.files_dataset.export_per_utterance: a baseline to measure against).
     rank/world_size: default to torch.distributed's when it is initialised.
     """
-    ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
+    if reader == "mmap":
+        ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
+    elif reader == "files":
+        from audiopipe.reader.files_dataset import FilesDataset
+
+        ds = FilesDataset(shards_dir, features, cache=files_cache, expect=expect)
+    else:
+        raise ValueError(f"reader must be 'mmap' or 'files', got {reader!r}")
     if subset is not None:
         subset = np.asarray(subset, dtype=np.int64)
     if lengths is None:
