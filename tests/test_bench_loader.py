@@ -66,7 +66,7 @@ def test_time_loader_reports_consistent_rates(corpus):
     assert r["timed_batches"] >= 2 and r["timed_s"] > 0 and r["first_batch_s"] > 0
     assert r["batches_per_s"] == pytest.approx(r["timed_batches"] / r["timed_s"])
     assert r["utterances_per_s"] >= r["batches_per_s"] and r["audio_s_per_s"] > 0 and r["mb_per_s"] > 0
-    assert 0 < r["padding_efficiency"] <= 1 and r["over_budget_batches"] == 0
+    assert 0 < r["padding_efficiency"] <= 1 and r["over_budget_batches"] == 0 and 0 < r["worst_padded_vs_budget"] <= 1
     assert r["peak_rss_mb"] >= r["rss_start_mb"] > 0 and r["peak_private_mb"] > 0
 
 

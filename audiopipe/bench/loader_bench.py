@@ -137,6 +137,9 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
     import torch
 
     _preload_imports()
+    # One compute thread per process, as in DataLoader workers: the on-the-fly mel would otherwise use every
+    # core from the main process, and torch's thread pool degrades badly on a busy machine.
+    torch.set_num_threads(1)
     rss_start = sum(_status(pid).get("VmRSS", 0) for pid in _tree(os.getpid()))
     mem = TreeMemory()
     mem.start()
@@ -146,6 +149,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
     n = items = 0
     audio = nbytes = real = padded = 0.0
     over = 0
+    worst = 0.0
     epoch = 0
     done = False
     f = spec.feature
@@ -162,6 +166,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
             real += frames
             padded += b * t_max
             over += int(b * t_max > spec.max_frames)
+            worst = max(worst, b * t_max / spec.max_frames)
             if first is None:
                 first, start = now - t0, now
                 continue
@@ -186,6 +191,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
         "epochs": epoch, "rss_start_mb": rss_start / 1024, "peak_rss_mb": mem.peak_rss / 1024,
         "peak_private_mb": mem.peak_private / 1024,
         "padding_efficiency": real / padded if padded else 1.0, "over_budget_batches": over,
+        "worst_padded_vs_budget": worst,
         "loadavg": os.getloadavg()[0],
     }
 
@@ -439,10 +445,13 @@ def plot(report: dict[str, Any], path: str) -> None:
     y = np.arange(len(res))
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     panels = [("mb_per_s", "MB/s of real feature bytes (log)", True), ("first_batch_s", "time to first batch, s", False),
-              ("peak_rss_mb", "peak RSS of the process tree, MB", False), ("padding_efficiency", "padding efficiency", False)]
+              ("peak_rss_mb", "peak RSS of the process tree, MB (black: private)", False), ("padding_efficiency", "padding efficiency", False)]
     for ax, (key, title, log) in zip(axes.ravel(), panels):
         vals = [r[key] for r in res]
-        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "wds") else "#a0a0a0" for n in names])
+        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "mmap_ring1", "wds") else "#a0a0a0" for n in names])
+        if key == "peak_rss_mb":  # the private (anonymous) part; the rest is mapped page cache and shared
+            ax.barh(y, [r["peak_private_mb"] for r in res], height=0.35, color="#1b1b1b", label="private")
+            ax.legend(loc="lower right", fontsize=8)
         ax.set_yticks(y, names)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)

@@ -5,6 +5,7 @@ and runs in the same DataLoader (same worker count) with PadCollator, so the com
 data comes from and how batches are formed, not about collate code:
 
   mmap         audiopipe: make_loader (Arrow IPC mmap, zero-copy views, BucketBatchSampler)
+  mmap_ring1   the same with PadCollator(ring_size=1): one batch buffer, which stays in the CPU cache
   wds          audiopipe: make_wds_loader (WebDataset tars streamed, batches planned from the index)
   npy_per_utt  one .npy file per utterance, np.load per item (Amphion NS2's layout), BucketBatchSampler
   on_the_fly   decode the source audio, resample to the feature's rate, torch mel per item (F5-TTS's
@@ -37,10 +38,11 @@ from audiopipe.reader.wds_stream import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
-LOADERS = ("mmap", "wds", "npy_per_utt", "on_the_fly", "random", "f5_sort", "lhotse_shar")
+LOADERS = ("mmap", "mmap_ring1", "wds", "npy_per_utt", "on_the_fly", "random", "f5_sort", "lhotse_shar")
 
 DESCRIPTIONS = {
     "mmap": "audiopipe make_loader: Arrow IPC mmap, zero-copy views, global bucketed sampler",
+    "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
     "npy_per_utt": "one .npy per utterance (Amphion NS2 layout), np.load per item, same sampler",
     "on_the_fly": "F5-TTS default: soundfile decode + soxr resample to 24 kHz + torch float32 mel per item, same sampler",
@@ -312,8 +314,11 @@ class _LhotseLoader:
 def build(spec: LoaderSpec) -> Any:
     """A loader with set_epoch() whose iteration yields PadCollator batches (with a `duration` list)."""
     f = spec.feature
-    if spec.name == "mmap":
-        return make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed)
+    if spec.name in ("mmap", "mmap_ring1"):
+        loader = make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed)
+        if spec.name == "mmap_ring1":
+            loader.collate.ring_size = 1  # before the first batch: the ring is created on first use
+        return loader
     if spec.name == "wds":
         return make_wds_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed)
     if spec.name in ("random", "f5_sort"):
@@ -340,7 +345,7 @@ def files_of(spec: LoaderSpec) -> list[Path]:
     """The files a loader reads, so the parent can warm the page cache for every loader alike."""
     root = Path(spec.shards)
     m = json.loads((root / "manifest.json").read_text())
-    if spec.name in ("mmap", "random", "f5_sort"):
+    if spec.name in ("mmap", "mmap_ring1", "random", "f5_sort"):
         return [root / s["arrow"]["path"] for s in m["shards"]]
     if spec.name == "wds":
         return [root / s["tar"]["path"] for s in m["shards"] if "tar" in s]
