@@ -121,8 +121,9 @@ def test_every_rank_yields_the_same_count_and_drops_are_counted(shards, world, w
     assert "batches/rank" in plan.summary()
 
 
-def test_resume_mid_epoch_yields_exactly_the_rest(shards):
-    kw = dict(max_frames=1000, num_workers=2, pool_size=10, seed=7)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_yields_exactly_the_rest(shards, workers):
+    kw = dict(max_frames=1000, num_workers=workers, pool_size=10, seed=7)
     full = _epoch(make_wds_loader(shards.root, ["mel"], **kw), 3)
     assert len(full) >= 6
     first = make_wds_loader(shards.root, ["mel"], **kw)
@@ -136,11 +137,34 @@ def test_resume_mid_epoch_yields_exactly_the_rest(shards):
     again.load_state_dict(state)
     again.set_epoch(3)  # the usual loop calls it: the same epoch keeps the resume
     assert len(again) == len(full) - 5
-    assert [b["index"] for b in again] == full[5:]
+    it = iter(again)
+    assert [next(it)["index"] for _ in range(2)] == full[5:7]
+    state2 = again.state_dict(consumed_batches=2)  # counted from the resumed position
+    assert state2["consumed"] == 7
+    assert [b["index"] for b in it] == full[7:]
+    third = make_wds_loader(shards.root, ["mel"], **kw)
+    third.load_state_dict(state2)
+    assert [b["index"] for b in third] == full[7:]
     assert _epoch(again, 4) == _epoch(make_wds_loader(shards.root, ["mel"], **kw), 4)  # next epoch is whole
-    other = make_wds_loader(shards.root, ["mel"], **{**kw, "num_workers": 1})
+    other = make_wds_loader(shards.root, ["mel"], **{**kw, "num_workers": 1 - min(workers, 1)})
     with pytest.raises(ValueError, match="cannot be re-dealt"):
         other.load_state_dict(state)
+
+
+def test_subset_and_budget_lengths(shards):
+    """Training speakers only, and a budget counted on other lengths (e.g. crops), as make_loader allows."""
+    subset = np.array([i for i, r in enumerate(shards.rows) if r["speaker"] == "spk1"])
+    crops = np.full(subset.size, 100)
+    loader = make_wds_loader(shards.root, ["mel"], max_frames=450, subset=subset, lengths=crops)
+    batches = _epoch(loader)
+    assert sorted(i for b in batches for i in b) == subset.tolist()
+    assert all(len(b) <= 4 for b in batches) and max(len(b) for b in batches) == 4  # 4 x 100 <= 450
+    plan = loader.plan()
+    assert plan.dropped_unused == len(shards.rows) - subset.size and plan.kept == subset.size
+    with pytest.raises(ValueError, match="lengths has 3 entries, expected"):
+        make_wds_loader(shards.root, ["mel"], max_frames=450, subset=subset, lengths=[1, 2, 3])
+    with pytest.raises(ValueError, match="tar_url"):
+        make_wds_loader(shards.root, ["mel"], max_frames=450, tar_url="pipe:cat {bucket}/{path}")
 
 
 @pytest.mark.parametrize("quotas,consumed", [([3, 3], 4), ([5, 2, 4], 9), ([0, 2], 2), ([4, 1], 5)])
@@ -222,7 +246,8 @@ def test_sha256_catches_a_flipped_value_locally_and_over_a_pipe(shards, tmp_path
 
 def test_pipe_urls_stream_the_same_batches(shards):
     local = _epoch(make_wds_loader(shards.root, ["mel", "pcm"], max_frames=1500))
-    piped = _epoch(make_wds_loader(shards.root, ["mel", "pcm"], max_frames=1500, tar_url=f"pipe:cat {shards.root}/{{path}}"))
+    url = f"pipe:cat {shards.root}/{{path}}"
+    piped = _epoch(make_wds_loader(shards.root, ["mel", "pcm"], max_frames=1500, tar_url=url))
     assert piped == local
     with pytest.raises(ShardError, match="tar shard-0000"):
         _epoch(make_wds_loader(shards.root, ["mel"], max_frames=1500, tar_url="pipe:cat /nonexistent/{name}.tar"))

@@ -345,6 +345,12 @@ class WdsStream(torch.utils.data.IterableDataset):
         self.features = list(features)
         self.channels = meta.channels
         self.verify = verify
+        if tar_url is not None:
+            try:
+                tar_url.format(path="wds/x.tar", name="x")
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"tar_url {tar_url!r} may use only {{path}} and {{name}} "
+                                 f"({type(e).__name__}: {e})") from None
         self.tar_url = tar_url
         missing = [s["name"] for s in self.manifest["shards"] if "tar" not in s]
         if missing:
@@ -390,7 +396,8 @@ class WdsStream(torch.utils.data.IterableDataset):
         self.collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple)
         self.item_transform, self.batch_transform = item_transform, batch_transform
         self.epoch = 0
-        self._resume: int | None = None  # batches this rank consumed in the epoch being resumed
+        self._resume: int | None = None  # a pending resume: batches this rank consumed in this epoch
+        self._start = 0  # where the pass in progress (or the last one) started
         self._plans: dict[tuple[int, int], StreamPlan] = {}
         self._fingerprint = hashlib.sha256(self.lengths.tobytes() + self.used.tobytes()).hexdigest()[:16]
         self._hashed: set[int] = set()  # local tars already sha256-checked in this process
@@ -404,6 +411,7 @@ class WdsStream(torch.utils.data.IterableDataset):
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self._resume = None
+            self._start = 0
 
     def plan(self, epoch: int | None = None) -> StreamPlan:
         """The epoch's plan for every rank and worker (computed from the index only; cached per epoch)."""
@@ -413,16 +421,20 @@ class WdsStream(torch.utils.data.IterableDataset):
             self._plans = {key: self._make_plan(epoch)}  # one epoch at a time: plans of old epochs are not needed
         return self._plans[key]
 
+    def _offset_of_pass(self) -> int:
+        return self._resume if self._resume is not None else self._start
+
     def __len__(self) -> int:
-        """Batches this rank yields in the next pass (the rest of the epoch when a resume is pending)."""
-        return self.plan().batches_per_rank - (self._resume or 0)
+        """Batches this rank yields in the next pass, or in the pass in progress (the rest, when resumed)."""
+        return self.plan().batches_per_rank - self._offset_of_pass()
 
     def state_dict(self, consumed_batches: int) -> dict[str, Any]:
-        """Position in the epoch: pass the batches this rank has trained on (enumerate index + 1)."""
+        """Position in the epoch: pass the batches this rank has trained on in this pass (enumerate index + 1)."""
         total = self.plan().batches_per_rank
-        done = (self._resume or 0) + int(consumed_batches)
-        if not 0 <= done <= total:
-            raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{total - (self._resume or 0)}")
+        base = self._offset_of_pass()
+        done = base + int(consumed_batches)
+        if not base <= done <= total:
+            raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{total - base}")
         return {"format": STATE_FORMAT, "epoch": self.epoch, "consumed": done, "world_size": self.world_size,
                 "num_workers": self.num_workers, "lengths_sha256": self._fingerprint, "config": self._config()}
 
@@ -530,7 +542,9 @@ class WdsStream(torch.utils.data.IterableDataset):
                              f"{info.num_workers}; pass the same number to both (make_wds_loader does)")
         plan = self.plan()
         quotas = plan.quotas[self.rank]
-        done = self._resume or 0
+        done = self._resume or 0  # only the first pass after load_state_dict() resumes
+        if info is None:  # the main process plays the pass: it is now in progress
+            self._start, self._resume = done, None
         taken = round_robin_taken(quotas, done)
         # A new DataLoader asks worker 0 first; rotate streams over workers so that worker 0 plays the stream
         # whose turn it was, and the resumed pass continues the interrupted order batch for batch.
@@ -647,8 +661,9 @@ class WdsLoader:
     dataloader: torch.utils.data.DataLoader
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = self.stream._resume or 0
         it = iter(self.dataloader)  # workers start here and take the resume position with them
-        self.stream._resume = None
+        self.stream._start, self.stream._resume = start, None
         return it
 
     def __len__(self) -> int:
