@@ -45,7 +45,8 @@ DESCRIPTIONS = {
     "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
     "npy_per_utt": "one .npy per utterance (Amphion NS2 layout), np.load per item, same sampler",
-    "on_the_fly": "F5-TTS default: soundfile decode + soxr resample to 24 kHz + torch float32 mel per item, same sampler",
+    "on_the_fly": "F5-TTS default: soundfile decode + soxr resample to 24 kHz + torch float32 mel per item, "
+                  "same sampler",
     "random": "mmap data, random batches packed to the same padded budget",
     "f5_sort": "mmap data, F5-TTS DynamicBatchSampler: sort once, pack by SUM of frames, shuffle batch order",
     "lhotse_shar": "lhotse Shar (numpy arrays in tars) + DynamicBucketingSampler, IterableDatasetWrapper",
@@ -296,8 +297,8 @@ class _LhotseLoader:
                                                seed=spec.seed, buffer_size=10000)
         dataset = LhotseMelDataset(spec.feature)
         if spec.workers > 0:
-            self.dataloader = torch.utils.data.DataLoader(IterableDatasetWrapper(dataset, self.sampler), batch_size=None,
-                                                          num_workers=spec.workers, prefetch_factor=2)
+            self.dataloader = torch.utils.data.DataLoader(IterableDatasetWrapper(dataset, self.sampler),
+                                                          batch_size=None, num_workers=spec.workers, prefetch_factor=2)
         else:
             self.dataloader = torch.utils.data.DataLoader(dataset, sampler=self.sampler, batch_size=None)
 
