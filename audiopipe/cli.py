@@ -79,7 +79,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--codec-checkpoint", default=None, help="local EnCodec folder (save_pretrained layout)")
     s.add_argument("--codec-random-init", action="store_true",
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
-    s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch (default 8)")
+    s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     v = sub.add_parser("verify", help="re-check checksums and decode every record with semantic checks",

@@ -153,7 +153,7 @@ def _remote_defs():
             return self.seconds
 
     @ray.remote(max_retries=3, retry_exceptions=True)
-    def shard_task(unit_dict: dict, job_dict: dict, counter, codec_actors, codec_spec) -> dict:
+    def shard_task(unit_dict: dict, job_dict: dict, counter, codec_actors, codec_spec, codec_batch: int) -> dict:
         import torch
 
         torch.set_num_threads(1)
@@ -170,7 +170,7 @@ def _remote_defs():
         encode = None
         if codec_actors:
             actor = codec_actors[unit.index % len(codec_actors)]
-            bs = job.codec.batch_size
+            bs = codec_batch
 
             def encode(wavs):
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
@@ -198,7 +198,8 @@ def _codec_actors(job: Job, workers: int):
         cls = ray.remote(num_cpus=1)(CodecWorker)
         actors = [cls.remote(settings)]
     spec = ray.get(actors[0].spec.remote())
-    return actors, spec
+    # Batching pays on a GPU; on a CPU padding to the longest clip only adds work (benchmarks/bench_codec.py).
+    return actors, spec, job.codec.batch_size if gpus else 1
 
 
 # ---------------------------------------------------------------- the job
@@ -290,9 +291,10 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     _init_ray(workers, address)
     ProgressCounter, shard_task = _remote_defs()
     counter = ProgressCounter.remote()
-    codec_actors, codec_spec = _codec_actors(job, workers) if job.codec else ([], None)
+    codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
-    refs = {shard_task.remote(u.to_dict(), job_dict, counter, codec_actors, codec_spec): u for u in todo}
+    refs = {shard_task.remote(u.to_dict(), job_dict, counter, codec_actors, codec_spec, codec_batch): u
+            for u in todo}
     total_s = sum(u.duration for u in todo)
     # Progress in audio seconds; the postfix gives audio-hours per second and the real-time factor.
     bar = tqdm(total=round(total_s), unit="audio-s", desc="shard", disable=not show_progress, file=sys.stderr,
