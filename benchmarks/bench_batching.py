@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from audiopipe.bench.loaders import f5_sort_plan as f5_sort_batches  # F5-TTS DynamicBatchSampler
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
@@ -70,30 +71,6 @@ def random_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[
     def plan(epoch: int) -> Batches:
         order = keep[np.random.default_rng([seed, epoch]).permutation(keep.size)]
         return pack_greedy(order, lengths, budget)
-
-    return plan
-
-
-def f5_sort_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[[int], Batches]:
-    """Sort once, pack while the sum of frames fits (items over the budget are skipped), shuffle batch order."""
-    batches: Batches = []
-    current: list[int] = []
-    frames = 0
-    for i in np.argsort(lengths, kind="stable").tolist():
-        n = int(lengths[i])
-        if frames + n <= max_frames:
-            current.append(i)
-            frames += n
-            continue
-        if current:
-            batches.append(np.asarray(current))
-        current, frames = ([i], n) if n <= max_frames else ([], 0)
-    if current:
-        batches.append(np.asarray(current))
-
-    def plan(epoch: int) -> Batches:
-        order = np.random.default_rng([seed, epoch]).permutation(len(batches))
-        return [batches[j] for j in order]
 
     return plan
 

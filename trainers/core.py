@@ -145,6 +145,20 @@ def lr_at(step: int, cfg: RunConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def optimizer_step(opt: torch.optim.Optimizer) -> int:
+    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st and "step" in st:
+                return int(st["step"])
+    return 0
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def _rng_state() -> dict[str, Any]:

@@ -33,7 +33,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import load_model_config, parse_args, setup_dist, train  # noqa: E402  (puts the repo on sys.path)
+from core import (count_parameters, load_model_config, optimizer_step, parse_args, setup_dist,  # noqa: E402
+                  train)  # (core puts the repo on sys.path)
 from audiopipe.features.mel import VocosMel  # noqa: E402
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 
@@ -367,20 +368,7 @@ class F5TTS(nn.Module):
         return loss, logs
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 # ----------------------------------------------------------------------------- training
-
-def optimizer_step(opt: torch.optim.Optimizer) -> int:
-    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if st and "step" in st:
-                return int(st["step"])
-    return 0
 
 
 def step_seed(seed: int, rank: int, step: int, first_index: int) -> int:

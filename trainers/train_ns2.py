@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from audiopipe.features.phones import PHONES  # noqa: E402
 from audiopipe.index.lengths import LengthIndex  # noqa: E402
 from audiopipe.shard.manifest import read_manifest  # noqa: E402
-from trainers.core import load_model_config, parse_args, setup_dist, train  # noqa: E402
+from trainers.core import (count_parameters, load_model_config, optimizer_step, parse_args,  # noqa: E402
+                           setup_dist, train)
 from trainers.mas import mas_durations  # noqa: E402
 
 
@@ -529,20 +530,7 @@ def durations_to_path(durations: torch.Tensor, n_frames: int) -> torch.Tensor:
 LOSS_TERMS = ("pitch", "duration", "x0", "noise", "ce", "align")
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 # ----------------------------------------------------------------------------- training
-
-def optimizer_step(opt: torch.optim.Optimizer) -> int:
-    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if st and "step" in st:
-                return int(st["step"])
-    return 0
 
 
 def make_loss_fn(opt: torch.optim.Optimizer, seed: int, rank: int):
