@@ -69,7 +69,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
     s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
                                                        "or auto); paths must be on shared storage")
-    s.add_argument("--shard-size", type=_size, default=_size("256MB"), help="target shard size (default 256MB)")
+    s.add_argument("--shard-size", type=_size, default=0,
+                   help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
+                        "are up to 64 shards of at least 16MB)")
     s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
     s.add_argument("--max-duration", type=float, default=30.0, help="reject longer clips, seconds (default 30)")
     s.add_argument("--max-channels", type=int, default=2, help="reject files with more channels (default 2)")

@@ -265,3 +265,15 @@ def test_phones_come_from_g2p_or_from_an_mfa_textgrid_with_exact_durations(espea
     g2p_only = items[f"spk0/{wavs[2].stem}"]
     assert g2p_only["durations"].size == 0 and g2p_only["phones"].size > 5
     assert verify(out).ok
+
+
+def test_default_shard_size_gives_small_corpora_several_shards():
+    from audiopipe.shard.plan import AUTO_MAX_BYTES, AUTO_MIN_BYTES, PlannedUtt, auto_shard_bytes, plan_units
+
+    bps = 37_500.0  # vocos mel: 100 bins x 93.75 frames/s x 4 bytes
+    small = [PlannedUtt(f"u{i:05d}", "", "", "", "", 5.0) for i in range(2000)]  # 2.8 h, ~375 MB of mels
+    size = auto_shard_bytes(small, bps)
+    assert size == AUTO_MIN_BYTES and len(plan_units(small, bps, size)) >= 20
+    huge = [PlannedUtt(f"u{i:07d}", "", "", "", "", 5.0) for i in range(200_000)]  # 278 h, ~37 GB
+    assert auto_shard_bytes(huge, bps) == AUTO_MAX_BYTES
+    assert plan_units(small, bps, size) == plan_units(list(small), bps, auto_shard_bytes(small, bps))

@@ -36,7 +36,7 @@ class Job:
     phones: bool = False
     codec: CodecSettings | None = None
     align_to: str | None = None
-    shard_bytes: int = 256 << 20
+    shard_bytes: int = 0  # 0: automatic (audiopipe.shard.plan.auto_shard_bytes)
     write_tar: bool = True
 
     def to_dict(self) -> dict[str, Any]:

@@ -54,6 +54,18 @@ def bytes_per_second(specs: Iterable[Any]) -> float:
     return total
 
 
+AUTO_MAX_BYTES = 256 << 20
+AUTO_MIN_BYTES = 16 << 20
+AUTO_MIN_SHARDS = 64
+
+
+def auto_shard_bytes(utts: list[PlannedUtt], bytes_per_sec: float) -> int:
+    """Default shard size: 256 MB, but small corpora are cut into up to 64 shards of at least 16 MB so that
+    every worker gets work. It depends on the corpus alone (never on --workers), so reruns plan alike."""
+    total = sum(u.duration for u in utts) * bytes_per_sec
+    return int(min(AUTO_MAX_BYTES, max(AUTO_MIN_BYTES, total / AUTO_MIN_SHARDS)))
+
+
 def plan_units(utts: list[PlannedUtt], bytes_per_sec: float, target_bytes: int,
                max_utts_per_shard: int = 100_000) -> list[WorkUnit]:
     """Greedy fill in id order: a shard closes when its estimated payload reaches target_bytes."""

@@ -21,7 +21,7 @@ from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.build import build_shard, done_path
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, bytes_per_second, plan_units
+from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units
 
 PLAN_NAME = "plan.json"
 
@@ -78,7 +78,8 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any]) ->
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
         utts.append(PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration, dict(u.extra)))
-    units = plan_units(utts, bytes_per_second(specs) or 1.0, job.shard_bytes)
+    bps = bytes_per_second(specs) or 1.0
+    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
     return {
         "job_identity": job.identity(),
         "job": job.record(),
@@ -246,7 +247,8 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         write_json_atomic(plan_path, plan)
     _clean_temporaries(out)
 
-    units = [WorkUnit.from_dict(u) for u in plan["units"]]
+    # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
+    units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
     todo = [u for u in units if not _shard_finished(out, u.name)]
     if todo:
         _run_units(job, todo, workers, ray_address, show_progress)
