@@ -56,6 +56,24 @@ class RunConfig:
     resume: bool = False
 
 
+FLAG_HELP = {
+    "quadratic": "attention term of the batch budget: cost = n*m + quadratic*n*m^2 (0 = padded frames only)",
+    "max_items": "at most this many utterances per batch",
+    "grad_accum": "micro-batches per optimizer step",
+    "lr": "peak learning rate",
+    "weight_decay": "AdamW weight decay",
+    "warmup_steps": "linear warmup steps, then cosine decay",
+    "min_lr_ratio": "final LR as a fraction of --lr",
+    "clip": "gradient norm clipping (0 = off)",
+    "precision": "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (with a GradScaler)",
+    "num_workers": "DataLoader workers (0 is usually fastest: reading is a slice of an mmap)",
+    "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
+    "seed": "seed for model init, batch plan and per-rank randomness",
+    "log_every": "log every N steps (rank 0 prints; log.jsonl in --out)",
+    "ckpt_every": "checkpoint every N steps (model, optimizer, scaler, sampler, RNG of every rank)",
+}
+
+
 def parse_args(description: str, defaults: dict[str, Any] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None,
                argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
@@ -64,15 +82,17 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     p.add_argument("--shards", default=base.shards, help=f"shard folder (default {base.shards})")
     p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
-    p.add_argument("--max-steps", type=int, default=base.max_steps)
-    p.add_argument("--batch-frames", type=int, default=base.batch_frames, help="padded frames per batch per rank")
+    p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
+    p.add_argument("--batch-frames", type=int, default=base.batch_frames,
+                   help="padded frames per batch per rank (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume"):
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
-        p.add_argument(flag, type=typ, default=getattr(base, f.name))
+        p.add_argument(flag, type=typ, default=getattr(base, f.name),
+                       help=f"{FLAG_HELP.get(f.name, '')} (default %(default)s)".strip())
     if extra:
         extra(p)
     a = p.parse_args(argv)
