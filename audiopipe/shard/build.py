@@ -19,6 +19,7 @@ import pyarrow as pa
 from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, resample_to
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.registry import build_feature
+from audiopipe.features.trim import trim_silence
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import WorkUnit
@@ -172,8 +173,6 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
             wav, sr = load_audio(u.path, limits)
             scalars: dict[str, Any] = {}
             if job.trim:
-                from audiopipe.features.trim import trim_silence
-
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
                 scale = sr / CODEC_RATE
                 t = trim_silence(wav, top_db=job.trim.get("top_db", 35.0),

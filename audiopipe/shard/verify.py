@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
+from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY, wds_key
@@ -49,10 +50,6 @@ _FEATURES: dict[str, Any] = {}
 
 
 def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
-    from audiopipe.features.registry import build_feature
-
-    from audiopipe.features.registry import FEATURE_KINDS
-
     n = int(round(seconds * spec["sample_rate"]))
     if spec["kind"].startswith("encodec"):  # the codec is not in the feature registry: ceil(N / hop) frames
         return -(-n // spec["hop_length"])
@@ -73,8 +70,6 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
             report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
             continue
         # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
-        from audiopipe.features.registry import FEATURE_KINDS
-
         tol = 1 + (2 if aligned else 0) + (2 + frames // 50 if spec["kind"] not in FEATURE_KINDS else 0)
         want = _expected_frames(spec, row["duration"])
         if abs(want - frames) > tol:
