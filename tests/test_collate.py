@@ -146,3 +146,83 @@ def test_workers_write_each_batch_into_its_own_shared_memory():
             t = item["feat"].shape[-1]
             assert np.array_equal(batch["feat"][j, :, :t].numpy(), item["feat"])
             assert not batch["feat"][j, :, t:].any()
+
+
+# ---- the mmap reader's columnar batches (RowBatch) ----------------------------------------------------------
+
+
+def _row_batch(lengths, channels: int, dtype: str, n_shards: int, seed: int):
+    """The same items twice: as a RowBatch over flat per-'shard' buffers, and as a list of item dicts."""
+    from audiopipe.collate.rows import RowBatch, Rows
+
+    rng = np.random.default_rng(seed)
+    n = len(lengths)
+    shard_of = rng.integers(0, n_shards, n)
+    width = max(channels, 1)
+    arrays, items = [], [None] * n
+    for k in range(n_shards):
+        positions = np.flatnonzero(shard_of == k)
+        if positions.size == 0:
+            continue
+        # rows of a shard sit back to back in one flat buffer, in shard order, with a gap before each
+        order = rng.permutation(positions)
+        starts, chunks, at = [], [], 0
+        for p in order:
+            gap = int(rng.integers(0, 5))
+            data = rng.integers(1, 100, size=width * lengths[p]).astype(dtype)
+            chunks += [np.full(gap, 99, dtype=dtype), data]
+            starts.append(at + gap)
+            at += gap + data.size
+            arr = data.reshape(channels, -1) if channels else data
+            items[p] = {"id": f"u{p}", "text": f"t{p}", "feat": arr}
+        flat = np.concatenate(chunks) if chunks else np.empty(0, dtype)
+        flat.setflags(write=False)
+        arrays.append(Rows(flat, np.array(starts, np.int64), np.asarray(lengths, np.int64)[order],
+                           order.astype(np.int64)))
+    columns = {"id": [f"u{p}" for p in range(n)], "text": [f"t{p}" for p in range(n)]}
+    return RowBatch(n, {"feat": channels}, {"feat": arrays}, columns), items
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from(["float32", "int16", "int64", "float16", "uint8", "float64"]),
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.integers(0, 1000),
+)
+def test_row_batches_pad_exactly_like_item_lists(lengths, channels, dtype, multiple, n_shards, seed):
+    rows, items = _row_batch(lengths, channels, dtype, n_shards, seed)
+    pad = -11.5 if dtype.startswith("float") else 7
+    fast = PadCollator(["feat"], pad_to_multiple=multiple, pad_value=pad, ring_size=1)(rows)
+    slow = PadCollator(["feat"], pad_to_multiple=multiple, pad_value=pad, ring_size=1)(items)
+    for k in ("feat", "feat_lengths", "feat_mask"):
+        assert fast[k].dtype == slow[k].dtype and fast[k].shape == slow[k].shape
+        assert torch.equal(fast[k], slow[k]), k
+    assert fast["padding_ratio"] == pytest.approx(slow["padding_ratio"])
+    assert fast["id"] == slow["id"] and fast["text"] == slow["text"]
+    # Still a sequence of items for code written for lists of dicts.
+    assert len(rows) == len(items)
+    for got, want in zip(rows, items):
+        assert got["id"] == want["id"] and np.array_equal(got["feat"], want["feat"])
+
+
+def test_row_batches_reuse_the_ring_without_leaking_padding():
+    collate = PadCollator(["feat"], ring_size=1)
+    collate(_row_batch([40, 38, 39], 3, "float32", 2, seed=1)[0])
+    rows, items = _row_batch([5, 12, 3], 3, "float32", 2, seed=2)
+    batch = collate(rows)
+    for i, item in enumerate(items):
+        t = item["feat"].shape[-1]
+        assert np.array_equal(batch["feat"][i, :, :t].numpy(), item["feat"])
+        assert not batch["feat"][i, :, t:].any()
+    assert collate.stats.batches == 2
+
+
+def test_row_batch_errors_are_clear():
+    rows, _ = _row_batch([4, 5], 0, "float32", 1, seed=0)
+    with pytest.raises(KeyError, match="no feature 'mel'"):
+        PadCollator(["mel"])(rows)
+    with pytest.raises(IndexError):
+        rows[2]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from audiopipe.decode.audio import resampler_info
 from audiopipe.features.registry import build_feature
@@ -137,6 +138,32 @@ def test_samples_equal_what_was_written(shards):
             np.testing.assert_array_equal(item[f], want["arrays"][f])
     np.testing.assert_array_equal(ds.lengths("mel"), [r["arrays"]["mel"].shape[1] for r in shards.rows])
     np.testing.assert_array_equal(ds.lengths("pcm"), [r["arrays"]["pcm"].size for r in shards.rows])
+
+
+def test_a_batch_read_at_once_equals_its_items_read_one_by_one(shards):
+    """__getitems__ (what the DataLoader calls) answers a RowBatch; padded, it equals the per-item path."""
+    from audiopipe.collate.pad import PadCollator
+    from audiopipe.collate.rows import RowBatch
+
+    ds = ShardDataset(shards.root, ["mel", "f0", "voiced", "pcm"])
+    rng = np.random.default_rng(0)
+    for size in (1, 3, len(ds)):
+        idx = rng.choice(len(ds), size, replace=False)  # across shards, in no particular order
+        rows = ds.__getitems__(idx.tolist())
+        assert isinstance(rows, RowBatch) and len(rows) == size
+        items = [ds[int(i)] for i in idx]
+        for got, want in zip(rows, items):
+            assert got.keys() == want.keys()
+            for k, v in want.items():
+                assert np.array_equal(got[k], v) if isinstance(v, np.ndarray) else got[k] == v
+        features = ["mel", "f0", "voiced", "pcm"]
+        fast = PadCollator(features, pad_to_multiple=8, pad_value={"mel": -11.5})(rows)
+        slow = PadCollator(features, pad_to_multiple=8, pad_value={"mel": -11.5})(items)
+        assert fast.keys() == slow.keys()
+        for k, v in slow.items():
+            assert torch.equal(fast[k], v) if isinstance(v, torch.Tensor) else fast[k] == pytest.approx(v), k
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, len(ds)])
 
 
 def test_arrays_are_zero_copy_views_into_the_mapped_shard(shards):

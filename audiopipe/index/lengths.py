@@ -30,6 +30,9 @@ def build_index(out: Path, shard_paths: list[str]) -> Path:
     table = pa.concat_tables(tables) if tables else pa.table({
         "id": pa.array([], pa.string()), "speaker": pa.array([], pa.string()),
         "duration": pa.array([], pa.float32()), "shard": pa.array([], pa.int32()), "row": pa.array([], pa.int32())})
+    # One record batch: readers then see each column as one zero-copy array (the loader reads id/speaker/
+    # duration of a whole batch from here in one call per column).
+    table = table.combine_chunks()
     path = out / INDEX_NAME
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:

@@ -11,11 +11,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.collate.rows import RowBatch, Rows
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader.errors import ConfigMismatch, ShardError
 from audiopipe.shard.checksum import sha256_file
@@ -58,11 +59,35 @@ class _MappedShard:
                 raise ShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
             self.columns[f] = _Column(values, offsets, frames, ch)
         self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
+        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
+
+    def meta_values(self, column: str, rows: np.ndarray) -> list[Any]:
+        """Python values of a metadata column at `rows` (int64 array), without a pyarrow scalar per value."""
+        return self._meta_get[column](rows)
 
     def array(self, feature: str, row: int) -> np.ndarray:
         c = self.columns[feature]
         flat = c.values[c.offsets[row]:c.offsets[row + 1]]
         return flat.reshape(c.channels, -1) if c.channels else flat
+
+
+def _meta_reader(column: pa.ChunkedArray) -> Callable[[np.ndarray], list[Any]]:
+    """rows -> values. Strings are decoded from the zero-copy data buffer (~0.3 us a value against ~1 us for a
+    pyarrow scalar's as_py), numbers come from a numpy view; anything else (nulls, other types) per scalar."""
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if arr.null_count == 0 and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1]
+        data = memoryview(arr.buffers()[2] or b"")
+
+        def strings(rows: np.ndarray) -> list[str]:
+            return [str(data[a:b], "utf-8") for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+
+        return strings
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        values = arr.to_numpy(zero_copy_only=True)
+        return lambda rows: values[rows].tolist()
+    return lambda rows: [arr[int(r)].as_py() for r in rows]
 
 
 class ShardDataset:
@@ -99,6 +124,8 @@ class ShardDataset:
         self._row_of = self.index.row
         self._open: dict[int, _MappedShard] = {}
         self._pid = os.getpid()
+        self._index_meta = {c: _meta_reader(self.index.table.column(c)) for c in self.meta_columns
+                            if c in self.index.table.column_names}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -143,6 +170,36 @@ class ShardDataset:
             item[f] = sh.array(f, r)
         return item
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        # torch's DataLoader calls this with a whole batch: one Python call instead of one per sample.
-        return [self[i] for i in indices]
+    def __getitems__(self, indices: Sequence[int]) -> RowBatch:
+        """A whole batch at once (torch's DataLoader calls this), as columns: see audiopipe/collate/rows.py.
+
+        Indexing the result gives the same item dicts as ds[i]; PadCollator pads it without building them.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
+        idx %= max(len(self), 1)
+        n = int(idx.size)
+        shard_of, row_of = self._shard_of[idx], self._row_of[idx].astype(np.int64)
+        order = np.argsort(shard_of, kind="stable")
+        bounds = [0, *(np.flatnonzero(np.diff(shard_of[order])) + 1).tolist(), n] if n else [0]
+        arrays: dict[str, list[Rows]] = {f: [] for f in self.features}
+        # Metadata the index holds (id, speaker, duration) comes from there in one call per column; only the
+        # rest (text) is read shard by shard.
+        columns: dict[str, list[Any]] = {c: get(idx) for c, get in self._index_meta.items()}
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            positions = order[a:b]
+            sh = self._shard(int(shard_of[positions[0]]))
+            rows = row_of[positions]
+            for c in sh.meta:
+                if c not in self._index_meta:
+                    col = columns.setdefault(c, [None] * n)
+                    for p, v in zip(positions.tolist(), sh.meta_values(c, rows)):
+                        col[p] = v
+            for f in self.features:
+                c = sh.columns[f]
+                arrays[f].append(Rows(c.values, c.offsets[rows].astype(np.int64), c.frames[rows].astype(np.int64),
+                                      positions))
+        columns = {c: columns[c] for c in (*self.meta_columns, "index") if c in columns} if n else columns
+        columns["index"] = idx.tolist()
+        return RowBatch(int(idx.size), dict(self.channels), arrays, columns)

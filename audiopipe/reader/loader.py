@@ -42,7 +42,12 @@ class _View:
         item = self.ds[int(self.subset[i]) if self.subset is not None else i]
         return self.item_transform(item) if self.item_transform else item
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[dict[str, Any]]:
+        if self.item_transform is None and hasattr(self.ds, "__getitems__"):
+            # The whole batch in one call: ShardDataset answers with a RowBatch that collate pads without
+            # building per-item dicts.
+            idx = np.asarray(indices, dtype=np.int64)
+            return self.ds.__getitems__(self.subset[idx] if self.subset is not None else idx)
         return [self[i] for i in indices]
 
 
