@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +165,52 @@ def test_a_batch_read_at_once_equals_its_items_read_one_by_one(shards):
             assert torch.equal(fast[k], v) if isinstance(v, torch.Tensor) else fast[k] == pytest.approx(v), k
     with pytest.raises(IndexError, match="out of range"):
         ds.__getitems__([0, len(ds)])
+
+
+def _cached_fraction(path: Path, offset: int, length: int) -> float:
+    """Share of the pages of path[offset:offset+length] that are in the page cache (mincore on a fresh map)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        arr = np.frombuffer(m, dtype=np.uint8)
+        base = arr.ctypes.data
+        lo = (base + offset) - (base + offset) % mmap.PAGESIZE
+        hi = base + offset + length
+        pages = -(-(hi - lo) // mmap.PAGESIZE)
+        vec = ctypes.create_string_buffer(pages)
+        assert libc.mincore(lo, hi - lo, vec) == 0, ctypes.get_errno()
+        del arr
+        return sum(b & 1 for b in vec.raw) / pages
+
+
+def test_read_ahead_brings_an_evicted_row_into_the_page_cache(tmp_path):
+    w = write_shards(tmp_path / "s", (4, 4), mel_frames=(3000, 3001), tars=False)  # 1.2 MB mel rows
+    ds = ShardDataset(w.root, ["mel"])
+    path = w.shard_path(1)
+    sh = ds._shard(1)  # mapped, metadata read; the mel values not touched yet
+    col = sh.columns["mel"]
+    base = col.values.ctypes.data - sh._mmap.read_buffer(1).address
+    offset, length = base + int(col.offsets[2]) * 4, int(col.offsets[3] - col.offsets[2]) * 4
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _cached_fraction(path, offset, length) > 0.5:
+        pytest.skip("this file system keeps the pages cached (tmpfs or no eviction): nothing to observe")
+    i = 4 + 2  # shard 1, row 2
+    ds.read_ahead([i])  # returns at once; a background thread advises the kernel
+    deadline = time.monotonic() + 10
+    while _cached_fraction(path, offset, length) < 1.0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _cached_fraction(path, offset, length) == 1.0
+    np.testing.assert_array_equal(ds[i]["mel"], w.rows[i]["arrays"]["mel"])
+    # A row is hinted once while the corpus fits in memory; the next announcement of it is free.
+    assert ds._hinted[i] and ds._hinted.sum() == 1
 
 
 def test_arrays_are_zero_copy_views_into_the_mapped_shard(shards):

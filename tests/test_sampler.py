@@ -155,6 +155,37 @@ def test_resume_at_any_step_gives_exactly_the_remaining_batches(cfg, data):
 
 
 @FAST
+@given(configs, st.integers(0, 5), st.data())
+def test_read_ahead_announces_each_batch_once_and_early_without_changing_the_plan(cfg, ahead, data):
+    rank = data.draw(st.integers(0, cfg["world"] - 1))
+    plain = build(cfg, rank)
+    plain.set_epoch(2)
+    want = list(plain)
+    s = build(cfg, rank)
+    s.set_epoch(2)
+    # Resumed mid-epoch too: the announcements start at the resumed step.
+    k = data.draw(st.integers(0, len(want)))
+    s.load_state_dict(plain.state_dict(consumed_batches=k))
+    events: list[tuple[str, list[int]]] = []
+    s.read_ahead, s.on_upcoming = ahead, lambda b: events.append(("ahead", b.tolist()))
+    got = []
+    for b in s:
+        events.append(("yield", b))
+        got.append(b)
+    assert got == want[k:]
+    announced = [b for kind, b in events if kind == "ahead"]
+    if ahead == 0:
+        assert announced == []
+        return
+    assert announced == got  # every batch once, in order
+    for j, b in enumerate(got):
+        # batch j is announced before batch j - ahead is yielded (batches 0..ahead-1 at the start)
+        said = next(i for i, e in enumerate(events) if e == ("ahead", b))
+        yielded_before = sum(1 for kind, _ in events[:said] if kind == "yield")
+        assert yielded_before <= max(0, j - ahead)
+
+
+@FAST
 @given(configs, st.integers(1, 8), st.data())
 def test_resume_with_another_world_size_loses_and_repeats_nothing(cfg, new_world, data):
     old = epoch_batches(cfg, epoch=1)

@@ -42,6 +42,10 @@ class _View:
         item = self.ds[int(self.subset[i]) if self.subset is not None else i]
         return self.item_transform(item) if self.item_transform else item
 
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Hint the rows of a batch to come (the sampler calls this `read_ahead` batches early)."""
+        self.ds.read_ahead(self.subset[indices] if self.subset is not None else indices)
+
     def __getitems__(self, indices: Sequence[int]) -> Sequence[dict[str, Any]]:
         if self.item_transform is None and hasattr(self.ds, "__getitems__"):
             # The whole batch in one call: ShardDataset answers with a RowBatch that collate pads without
@@ -114,7 +118,7 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
-                files_cache: str | Path | None = None) -> Loader:
+                files_cache: str | Path | None = None, read_ahead: int = 2) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -127,6 +131,9 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     reader: "mmap" (the Arrow shards) or "files" (one .npy per utterance and feature, exported to files_cache by
              audiopipe.reader.files_dataset.export_per_utterance: a baseline to measure against).
     rank/world_size: default to torch.distributed's when it is initialised.
+    read_ahead: batches whose rows are announced to the kernel (madvise WILLNEED, from a background thread)
+             before they are read, so a cold shard is fetched from disk in parallel with the copy of the
+             current batch; 0 turns it off (mmap reader only).
     """
     if reader == "mmap":
         ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
@@ -144,13 +151,18 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
             lengths = lengths[subset]
     sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
                                  max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    if read_ahead < 0:
+        raise ValueError(f"read_ahead must be >= 0 batches, got {read_ahead!r}")
+    view = _View(ds, subset, item_transform)
+    if read_ahead and hasattr(ds, "read_ahead"):
+        sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
-    dl = torch.utils.data.DataLoader(_View(ds, subset, item_transform), batch_sampler=sampler,
+    dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
                                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl)

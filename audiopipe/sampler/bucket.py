@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -150,6 +150,10 @@ class BucketBatchSampler:
         self._pending: _Position | None = None  # set by load_state_dict, consumed by the next iter()
         self._active: _Position | None = None  # the pass in progress (or the last one)
         self._cache: dict[tuple, Any] = {}
+        # Told the batches `read_ahead` steps before they are yielded (make_loader: the dataset's read_ahead,
+        # so the disk fetches them while the current batch is copied). Never changes what is yielded.
+        self.read_ahead = 0
+        self.on_upcoming: Callable[[np.ndarray], None] | None = None
 
     # ---- epochs and iteration -------------------------------------------------------------------------
 
@@ -169,7 +173,13 @@ class BucketBatchSampler:
         self._pending = None
         self._active = pos
         current = self._deal(self.epoch, pos.segments)
-        for b in current.steps[pos.start :, self.rank]:
+        steps = current.steps[pos.start :, self.rank]
+        ahead = self.read_ahead if self.on_upcoming is not None else 0
+        for j in range(min(ahead, steps.size)):
+            self.on_upcoming(current.batches[steps[j]])
+        for j, b in enumerate(steps):
+            if ahead and j + ahead < steps.size:
+                self.on_upcoming(current.batches[steps[j + ahead]])
             pos.yielded += 1
             yield current.batches[b].tolist()
         pos.finished = True
