@@ -8,6 +8,8 @@ data comes from and how batches are formed, not about collate code:
   mmap_ring1   the same with PadCollator(ring_size=1): one batch buffer, which stays in the CPU cache
   wds          audiopipe: make_wds_loader (WebDataset tars streamed, batches planned from the index)
   npy_per_utt  one .npy file per utterance, np.load per item (Amphion NS2's layout), BucketBatchSampler
+  npy_amphion  the same files with Amphion's own NS2Collator rule (pad_sequence of transposed tensors into a
+               fresh zero-filled batch, float masks from torch.ones per item): Amphion's loader as it runs
   on_the_fly   decode the source audio, resample to the feature's rate, torch mel per item (F5-TTS's
                default CustomDataset), BucketBatchSampler
   random       mmap data, items shuffled and packed to the same PADDED budget (no length grouping)
@@ -38,13 +40,15 @@ from audiopipe.reader.wds_stream import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
-LOADERS = ("mmap", "mmap_ring1", "wds", "npy_per_utt", "on_the_fly", "random", "f5_sort", "lhotse_shar")
+LOADERS = ("mmap", "mmap_ring1", "wds", "npy_per_utt", "npy_amphion", "on_the_fly", "random", "f5_sort",
+           "lhotse_shar")
 
 DESCRIPTIONS = {
     "mmap": "audiopipe make_loader: Arrow IPC mmap, zero-copy views, global bucketed sampler",
     "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
     "npy_per_utt": "one .npy per utterance (Amphion NS2 layout), np.load per item, same sampler",
+    "npy_amphion": "one .npy per utterance with Amphion's NS2Collator (pad_sequence, fresh zeroed batch + masks)",
     "on_the_fly": "F5-TTS default: soundfile decode + soxr resample to 24 kHz + torch float32 mel per item, "
                   "same sampler",
     "random": "mmap data, random batches packed to the same padded budget",
@@ -173,6 +177,30 @@ class NpyPerUtterance(torch.utils.data.Dataset):
         u = self.utts[i]
         return {"id": u["Uid"], "speaker": u["speaker"], "text": u["text"], "duration": u["duration"],
                 "index": i, self.feature: np.load(self.paths[i])}
+
+
+class AmphionPad:
+    """Amphion NS2Collator's rule for a [C, T] feature: each item as a [T, C] tensor (torch.from_numpy(x).T),
+    torch's pad_sequence into a freshly allocated, zero-filled [B, T_max, C] batch handed on as its [B, C, T_max]
+    view, and a float mask padded the same way from torch.ones per item. Lengths and metadata as PadCollator."""
+
+    def __init__(self, feature: str):
+        self.feature = feature
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        from torch.nn.utils.rnn import pad_sequence
+
+        f = self.feature
+        arrays = [item[f] for item in items]
+        out = {f: pad_sequence([torch.from_numpy(a).transpose(0, 1) for a in arrays], batch_first=True,
+                               padding_value=0).transpose(1, 2),
+               f"{f}_mask": pad_sequence([torch.ones(max(a.shape[1], 1)) for a in arrays], batch_first=True,
+                                         padding_value=0),
+               f"{f}_lengths": torch.tensor([a.shape[1] for a in arrays])}
+        for k in items[0]:
+            if k != f:
+                out[k] = [item[k] for item in items]
+        return out
 
 
 # ---- baseline 4: decode + resample + mel on the fly (F5-TTS) ------------------------------------------------
@@ -328,6 +356,10 @@ def build(spec: LoaderSpec) -> Any:
         plan = (random_plan if spec.name == "random" else f5_sort_plan)(lengths, spec.max_frames, spec.seed)
         sampler = _EpochBatches(plan)
         return _Wrapped(_dataloader(ds, sampler, PadCollator([f]), spec.workers), sampler)
+    if spec.name == "npy_amphion":
+        ds = NpyPerUtterance(npy_cache(spec.shards, f, spec.cache), f)
+        sampler = BucketBatchSampler(ds.lengths(), spec.max_frames, seed=spec.seed)
+        return _Wrapped(_dataloader(ds, sampler, AmphionPad(f), spec.workers), sampler)
     if spec.name == "npy_per_utt":
         ds = NpyPerUtterance(npy_cache(spec.shards, f, spec.cache), f)
     elif spec.name == "on_the_fly":
@@ -350,7 +382,7 @@ def files_of(spec: LoaderSpec) -> list[Path]:
         return [root / s["arrow"]["path"] for s in m["shards"]]
     if spec.name == "wds":
         return [root / s["tar"]["path"] for s in m["shards"] if "tar" in s]
-    if spec.name == "npy_per_utt":
+    if spec.name in ("npy_per_utt", "npy_amphion"):
         return sorted((Path(spec.cache) / "npy" / spec.feature).rglob("*.npy"))
     if spec.name == "lhotse_shar":
         return sorted((Path(spec.cache) / "shar").glob("*"))
@@ -361,7 +393,7 @@ def files_of(spec: LoaderSpec) -> list[Path]:
 
 def prepare(spec: LoaderSpec) -> None:
     """Build the loader's one-time cache (outside the timed child)."""
-    if spec.name == "npy_per_utt":
+    if spec.name in ("npy_per_utt", "npy_amphion"):
         npy_cache(spec.shards, spec.feature, spec.cache)
     elif spec.name == "lhotse_shar":
         shar_export(spec.shards, spec.feature, spec.cache)
