@@ -185,9 +185,28 @@ class PadCollator:
                         f"{dtype}{list(first.shape)}; all items need the same dtype and non-time axes"
                     )
         lengths = np.array([s[-1] for s in shapes], dtype=np.int64)
+        tensor, mask = self._allocate(f, lengths, lead, dtype, in_worker)
+        dst = tensor.numpy()
+        n, t_max = mask.shape
+        pad = self.pad_value[f]
+        t_min = int(lengths.min())
+        # Bucketed batches have similar lengths: filling the box [t_min, t_max) of every row in one call
+        # costs less than one call per item and writes at most twice the pad area. Otherwise, per item.
+        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths.sum()))
+        if box_fill:
+            dst[..., t_min:] = pad
+        for row, a, (*_, t) in zip(dst, arrays, shapes):
+            row[..., :t] = a  # the one copy of this item
+            if t < t_max and not box_fill:
+                row[..., t:] = pad  # only the pad region; the rest was just overwritten
+        return tensor, torch.from_numpy(lengths), mask, self._finish(f, lengths, mask)
+
+    def _allocate(self, f: str, lengths: np.ndarray, lead: tuple[int, ...], dtype: np.dtype,
+                  in_worker: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The uninitialised batch [B, *lead, T_max] and mask [B, T_max]: ring slots, or fresh shared memory."""
         m = self.pad_to_multiple
+        n = lengths.size
         t_max = -(-int(lengths.max()) // m) * m
-        n = len(arrays)
         shape = (n, *lead, t_max)
         numel = int(np.prod(shape))
         tdtype = _torch_dtype(dtype, f)
@@ -196,26 +215,16 @@ class PadCollator:
         else:
             flat = self._ring(f, "data").take(numel, tdtype)
             mask_flat = self._ring(f, "mask").take(n * t_max, torch.bool)
-        tensor = flat.view(shape)
-        dst = tensor.numpy()
-        pad = self.pad_value[f]
-        real, total = int(lengths.sum()), n * t_max
-        t_min = int(lengths.min())
-        # Bucketed batches have similar lengths: filling the box [t_min, t_max) of every row in one call
-        # costs less than one call per item and writes at most twice the pad area. Otherwise, per item.
-        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (total - real)
-        if box_fill:
-            dst[..., t_min:] = pad
-        for row, a, (*_, t) in zip(dst, arrays, shapes):
-            row[..., :t] = a  # the one copy of this item
-            if t < t_max and not box_fill:
-                row[..., t:] = pad  # only the pad region; the rest was just overwritten
-        mask = mask_flat.view(n, t_max)
+        return flat.view(shape), mask_flat.view(n, t_max)
+
+    def _finish(self, f: str, lengths: np.ndarray, mask: torch.Tensor) -> float:
+        """Write the mask, count real and padded frames; returns the batch's padding ratio."""
+        n, t_max = mask.shape
         np.less(np.arange(t_max)[None, :], lengths[:, None], out=mask.numpy())
+        real, total = int(lengths.sum()), n * t_max
         self.stats.real[f] = self.stats.real.get(f, 0) + real
         self.stats.padded[f] = self.stats.padded.get(f, 0) + total
-        ratio = 1.0 - real / total if total else 0.0
-        return tensor, torch.from_numpy(lengths), mask, ratio
+        return 1.0 - real / total if total else 0.0
 
     def _collate_rows(self, batch: RowBatch) -> dict[str, Any]:
         """The mmap reader's columnar batch: one compiled copy-and-pad pass per shard, no per-item Python."""
@@ -236,27 +245,12 @@ class PadCollator:
             for rows in parts:
                 lengths[rows.positions] = rows.frames
             ch = batch.channels[f]
-            dtype = parts[0].values.dtype
-            m = self.pad_to_multiple
-            t_max = -(-int(lengths.max()) // m) * m
-            shape = (n, ch, t_max) if ch else (n, t_max)
-            numel = n * max(ch, 1) * t_max
-            tdtype = _torch_dtype(dtype, f)
-            if in_worker:
-                flat, mask_flat = _shared_empty(numel, tdtype), _shared_empty(n * t_max, torch.bool)
-            else:
-                flat = self._ring(f, "data").take(numel, tdtype)
-                mask_flat = self._ring(f, "mask").take(n * t_max, torch.bool)
-            dst = flat.numpy()
+            tensor, mask = self._allocate(f, lengths, (ch,) if ch else (), parts[0].values.dtype, in_worker)
+            dst = tensor.view(-1).numpy()
             for rows in parts:
-                pad_rows_into(dst, rows, ch, t_max, self.pad_value[f])
-            mask = mask_flat.view(n, t_max)
-            np.less(np.arange(t_max)[None, :], lengths[:, None], out=mask.numpy())
-            real, total = int(lengths.sum()), n * t_max
-            self.stats.real[f] = self.stats.real.get(f, 0) + real
-            self.stats.padded[f] = self.stats.padded.get(f, 0) + total
-            out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = flat.view(shape), torch.from_numpy(lengths), mask
-            ratios[f] = 1.0 - real / total if total else 0.0
+                pad_rows_into(dst, rows, ch, mask.shape[1], self.pad_value[f])
+            out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, torch.from_numpy(lengths), mask
+            ratios[f] = self._finish(f, lengths, mask)
         out["padding_ratio"] = ratios
         for k, col in batch.columns.items():
             out[k] = col

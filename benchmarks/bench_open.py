@@ -1,0 +1,138 @@
+"""What opening a shard folder costs as the corpus grows: time to a ready loader and first batch, and memory.
+
+    python benchmarks/bench_open.py --out /tmp/openbench --sizes 10000,100000,1000000 --json out.json
+
+For each size a shard folder is written once with the real writer, index and manifest (rows of a small uint8
+feature, lengths log-normal 50-2000 frames: the payload does not matter here, the row count does). Then, in a
+fresh process per size: ShardDataset open, make_loader (which plans the first epoch over all lengths), the
+first batch, and 200 more; wall time of each step and the process' resident memory (RSS, and its private
+part: what is not page cache of the mapped files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROWS_PER_SHARD = 10_000
+FEATURE = "voiced"
+
+
+def build(out: Path, n: int, seed: int = 0) -> Path:
+    """Write a folder of n utterances (skipped when it exists already)."""
+    from audiopipe.decode.audio import resampler_info
+    from audiopipe.features.registry import build_feature
+    from audiopipe.index.lengths import build_index
+    from audiopipe.shard.checksum import sha256_file
+    from audiopipe.shard.manifest import assemble_manifest
+    from audiopipe.shard.writer import ArrayColumn, write_arrow
+
+    root = out / f"n{n}"
+    if (root / "manifest.json").exists():
+        return root
+    spec = next(s for s in build_feature("f0", sample_rate=16000, hop_length=160).specs if s.name == FEATURE)
+    cols = [ArrayColumn(spec.name, spec.dtype, spec.channels)]
+    features = {spec.name: {**spec.to_dict(), "hash": spec.config_hash}}
+    rng = np.random.default_rng(seed)
+    records, done = [], 0
+    while done < n:
+        k = len(records)
+        m = min(ROWS_PER_SHARD, n - done)
+        frames = np.clip(np.exp(rng.normal(np.log(500), 0.6, m)), 50, 2000).astype(int)
+        rows = [{"id": f"spk{(done + j) % 997}/utt{done + j:08d}", "speaker": f"spk{(done + j) % 997}",
+                 "text": "a short transcript of the utterance", "source": f"utt{done + j:08d}.wav",
+                 "duration": float(t) / 100, "arrays": {FEATURE: np.ones(t, np.uint8)}, "scalars": {}}
+                for j, t in enumerate(frames.tolist())]
+        name = f"shard-{k:06d}"
+        path = root / "arrow" / f"{name}.arrow"
+        write_arrow(path, rows, cols, [], {"features": features, "job": "bench_open"})
+        records.append({"name": name, "rows": m, "duration": float(frames.sum()) / 100, "rejects": [],
+                        "arrow": {"path": f"arrow/{name}.arrow", "bytes": path.stat().st_size,
+                                  "sha256": sha256_file(path)}})
+        done += m
+    index = build_index(root, [r["arrow"]["path"] for r in records])
+    assemble_manifest(root, records, features, resampler_info(), {"presets": ["bench_open"]}, n, 0, index)
+    return root
+
+
+def memory_mb() -> tuple[float, float]:
+    """(RSS, private RSS) of this process in MB, from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                fields[key] = int(value.split()[0]) / 1024
+    return fields.get("VmRSS", 0.0), fields.get("RssAnon", 0.0)
+
+
+def child(root: str) -> dict:
+    import torch
+
+    from audiopipe.reader.arrow_dataset import ShardDataset
+    from audiopipe.reader.loader import make_loader
+
+    torch.set_num_threads(1)
+    out = {"rss_start_mb": memory_mb()[0]}
+    t0 = time.perf_counter()
+    ds = ShardDataset(root, [FEATURE])
+    out["open_s"] = time.perf_counter() - t0
+    out["rss_open_mb"], out["private_open_mb"] = memory_mb()
+    t0 = time.perf_counter()
+    loader = make_loader(root, [FEATURE], max_frames=38_400, seed=0)
+    it = iter(loader)
+    next(it)
+    out["loader_and_first_batch_s"] = time.perf_counter() - t0
+    out["utterances"] = len(ds)
+    out["batches_per_epoch"] = len(loader)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        next(it)
+    out["next_200_batches_s"] = time.perf_counter() - t0
+    out["rss_after_mb"], out["private_after_mb"] = memory_mb()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for the generated shard folders (reused when present)")
+    p.add_argument("--sizes", default="10000,100000,1000000", help="comma-separated utterance counts")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child)))
+        return
+    results = []
+    for n in [int(s) for s in args.sizes.split(",")]:
+        t0 = time.perf_counter()
+        root = build(Path(args.out), n)
+        built = time.perf_counter() - t0
+        proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--child", str(root)],
+                              capture_output=True, text=True, check=True)
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        r = json.loads(line[len("RESULT "):])
+        r["build_s"] = built
+        results.append(r)
+        print(f"{n:>9,} utterances: open {r['open_s']:.3f} s, loader + first batch "
+              f"{r['loader_and_first_batch_s']:.2f} s, 200 batches {r['next_200_batches_s']:.2f} s, "
+              f"RSS {r['rss_open_mb']:.0f} MB after open ({r['private_open_mb']:.0f} private), "
+              f"{r['rss_after_mb']:.0f} MB after 201 batches ({r['private_after_mb']:.0f} private)", flush=True)
+    if args.json:
+        report = {"command": "python benchmarks/bench_open.py " + " ".join(argv or sys.argv[1:]),
+                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                              "python": platform.python_version()},
+                  "results": results}
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
