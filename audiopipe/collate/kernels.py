@@ -8,6 +8,8 @@ bit for bit, and the pad value is written with the bit pattern of the feature's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba
 import numpy as np
 
@@ -28,12 +30,13 @@ def _pad_rows(src, starts, frames, positions, channels, t_max, pad, dst):  # pra
             dst[o + t:o + t_max] = pad
 
 
-def pad_rows_into(dst: np.ndarray, rows: Rows, channels: int, t_max: int, pad_value: float) -> None:
-    """Write `rows` into dst, a flat C-contiguous [B * max(channels, 1) * t_max] buffer of the rows' dtype."""
-    dtype = rows.values.dtype
-    if dst.dtype != dtype:
-        raise TypeError(f"destination is {dst.dtype}, rows are {dtype}")
-    uint = _UINT[dtype.itemsize]
-    pad = np.asarray(pad_value, dtype=dtype).view(uint)[()]
-    _pad_rows(rows.values.view(uint), rows.starts, rows.frames, rows.positions, max(channels, 1), t_max, pad,
-              dst.view(uint))
+def pad_rows_into(dst: np.ndarray, parts: Sequence[Rows], channels: int, t_max: int, pad_value: float) -> None:
+    """Write every part's rows into dst, a flat C-contiguous [B * max(channels, 1) * t_max] buffer of their dtype."""
+    uint = _UINT[dst.dtype.itemsize]
+    pad = np.asarray(pad_value, dtype=dst.dtype).view(uint)[()]
+    out = dst.view(uint)
+    width = max(channels, 1)
+    for rows in parts:
+        if rows.values.dtype != dst.dtype:
+            raise TypeError(f"destination is {dst.dtype}, rows are {rows.values.dtype}")
+        _pad_rows(rows.values.view(uint), rows.starts, rows.frames, rows.positions, width, t_max, pad, out)

@@ -247,8 +247,7 @@ class PadCollator:
             ch = batch.channels[f]
             tensor, mask = self._allocate(f, lengths, (ch,) if ch else (), parts[0].values.dtype, in_worker)
             dst = tensor.view(-1).numpy()
-            for rows in parts:
-                pad_rows_into(dst, rows, ch, mask.shape[1], self.pad_value[f])
+            pad_rows_into(dst, parts, ch, mask.shape[1], self.pad_value[f])
             out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, torch.from_numpy(lengths), mask
             ratios[f] = self._finish(f, lengths, mask)
         out["padding_ratio"] = ratios

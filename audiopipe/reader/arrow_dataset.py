@@ -312,8 +312,8 @@ class ShardDataset:
                         col[p] = v
             for f in self.features:
                 c = sh.columns[f]
-                arrays[f].append(Rows(c.values, c.offsets[rows].astype(np.int64), c.frames[rows].astype(np.int64),
-                                      positions))
+                arrays[f].append(Rows(c.values, c.offsets[rows].astype(np.int64, copy=False),
+                                      c.frames[rows].astype(np.int64, copy=False), positions))
         columns = {c: columns[c] for c in (*self.meta_columns, "index") if c in columns} if n else columns
         columns["index"] = idx.tolist()
         return RowBatch(int(idx.size), dict(self.channels), arrays, columns)
