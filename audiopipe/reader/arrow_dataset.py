@@ -3,6 +3,8 @@
 Opening reads only manifest.json and the length index; a shard is mapped the first time one of its rows is
 asked for, once per process (DataLoader workers map their own; the page cache is shared, resident memory is
 not ours). Reading a sample is slicing a view: no decode, no copy until collate pads it into the batch.
+A whole batch (`__getitems__`, what the DataLoader calls) comes back as a RowBatch, columns of rows that
+collate copies in one compiled pass; `read_ahead` lets the kernel fetch the rows of batches to come.
 """
 
 from __future__ import annotations
@@ -311,9 +313,9 @@ class ShardDataset:
                     for p, v in zip(positions.tolist(), sh.meta_values(c, rows)):
                         col[p] = v
             for f in self.features:
-                c = sh.columns[f]
-                arrays[f].append(Rows(c.values, c.offsets[rows].astype(np.int64, copy=False),
-                                      c.frames[rows].astype(np.int64, copy=False), positions))
+                column = sh.columns[f]
+                arrays[f].append(Rows(column.values, column.offsets[rows].astype(np.int64, copy=False),
+                                      column.frames[rows].astype(np.int64, copy=False), positions))
         columns = {c: columns[c] for c in (*self.meta_columns, "index") if c in columns} if n else columns
         columns["index"] = idx.tolist()
         return RowBatch(int(idx.size), dict(self.channels), arrays, columns)
