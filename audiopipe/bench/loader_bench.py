@@ -495,7 +495,9 @@ def plot(report: dict[str, Any], path: str) -> None:
     c = report["corpus"]
     fig.suptitle(f"bench-loader: {c['utterances']} utterances, {c['hours']:.1f} h, {c['feature']} "
                  f"{c['feature_shape']}, {report['config']['batch_frames']} frames/batch, "
-                 f"{report['config']['workers']} workers, {report['machine']['usable_cpus']} CPUs", fontsize=10)
+                 f"{report['config']['workers']} workers\nmachine: {report['machine'].get('cpu') or 'unknown CPU'}, "
+                 f"{report['machine']['usable_cpus']} CPUs, {report['machine'].get('memory_gb', '?')} GB, "
+                 f"page cache {report['config'].get('page_cache', 'warm')}", fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
