@@ -130,20 +130,13 @@ class PadCollator:
     def __call__(self, items: Sequence[Mapping[str, Any]] | RowBatch) -> dict[str, Any]:
         if len(items) == 0:
             raise ValueError("cannot collate an empty batch")
-        if isinstance(items, RowBatch):
-            return self._collate_rows(items)
-        for i, item in enumerate(items):
-            if not isinstance(item, Mapping):
-                raise TypeError(f"item {i} is a {type(item).__name__}, expected a dict of arrays and metadata")
-        keys = items[0].keys()
-        for i, item in enumerate(items):
-            if item.keys() != keys:  # set-like comparison, in C
-                raise ValueError(
-                    f"item {i} ({_name(item, i)}) has keys {sorted(item.keys())}, item 0 has {sorted(keys)}"
-                )
+        rows = isinstance(items, RowBatch)
+        keys = items.keys() if rows else self._common_keys(items)
         clash = self._reserved & set(keys)
         if clash:
             raise ValueError(f"items have keys that collate would overwrite: {sorted(clash)}")
+        if rows:
+            return self._collate_rows(items)
         in_worker = torch.utils.data.get_worker_info() is not None
         out: dict[str, Any] = {}
         ratios: dict[str, float] = {}
@@ -157,6 +150,19 @@ class PadCollator:
                 out[k] = [item[k] for item in items]
         self.stats.batches += 1
         return out
+
+    @staticmethod
+    def _common_keys(items: Sequence[Mapping[str, Any]]) -> Any:
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(f"item {i} is a {type(item).__name__}, expected a dict of arrays and metadata")
+        keys = items[0].keys()
+        for i, item in enumerate(items):
+            if item.keys() != keys:  # set-like comparison, in C
+                raise ValueError(
+                    f"item {i} ({_name(item, i)}) has keys {sorted(item.keys())}, item 0 has {sorted(keys)}"
+                )
+        return keys
 
     def _pad(
         self, f: str, items: Sequence[Mapping[str, Any]], in_worker: bool
@@ -228,13 +234,9 @@ class PadCollator:
 
     def _collate_rows(self, batch: RowBatch) -> dict[str, Any]:
         """The mmap reader's columnar batch: one compiled copy-and-pad pass per shard, no per-item Python."""
-        keys = batch.keys()
-        clash = self._reserved & set(keys)
-        if clash:
-            raise ValueError(f"items have keys that collate would overwrite: {sorted(clash)}")
         missing = [f for f in self.features if f not in batch.arrays]
         if missing:
-            raise KeyError(f"the batch has no feature {missing[0]!r}; it has {sorted(keys)}")
+            raise KeyError(f"the batch has no feature {missing[0]!r}; it has {sorted(batch.keys())}")
         in_worker = torch.utils.data.get_worker_info() is not None
         n = batch.size
         out: dict[str, Any] = {}

@@ -18,7 +18,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +48,6 @@ class _Column:
     offsets: np.ndarray  # int64 [rows + 1]
     frames: np.ndarray  # int32 [rows]
     channels: int
-    file_offset: int  # where values[0] sits in the shard file, in bytes
 
 
 class _MappedShard:
@@ -57,7 +56,6 @@ class _MappedShard:
         try:
             self._mmap = pa.memory_map(str(path))
             table = pa.ipc.open_file(self._mmap).read_all()
-            base = self._mmap.read_buffer(1).address if self._mmap.size() else 0
         except (pa.ArrowInvalid, OSError) as e:
             raise ShardError(f"shard {name} ({path}) is unreadable: {e}; run `audiopipe verify`") from e
         self.table = table
@@ -75,7 +73,7 @@ class _MappedShard:
             # Structural checks are O(rows) and catch truncation or corruption of the offsets.
             if offsets[-1] != len(values) or (np.diff(offsets) != np.maximum(ch, 1) * frames).any():
                 raise ShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
-            self.columns[f] = _Column(values, offsets, frames, ch, values.ctypes.data - base)
+            self.columns[f] = _Column(values, offsets, frames, ch)
         self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
         self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
 
@@ -99,10 +97,6 @@ class _MappedShard:
             for a, b in zip(starts.tolist(), ends.tolist()):
                 _madvise(a, b - a, _MADV_WILLNEED)
 
-    def array(self, feature: str, row: int) -> np.ndarray:
-        c = self.columns[feature]
-        flat = c.values[c.offsets[row]:c.offsets[row + 1]]
-        return flat.reshape(c.channels, -1) if c.channels else flat
 
 
 def _meta_reader(column: pa.ChunkedArray) -> Callable[[np.ndarray], list[Any]]:
@@ -238,10 +232,8 @@ class ShardDataset:
     def willneed(self, indices: Sequence[int]) -> None:
         """Start reading these utterances' feature bytes into the page cache; returns without waiting for
         the disk. About 2 us per row and feature when the rows are cached already."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1) % max(len(self), 1)
-        shard_of, row_of = self._shard_of[idx], self._row_of[idx].astype(np.int64)
-        for k in np.unique(shard_of).tolist():
-            self._shard(k).willneed(row_of[shard_of == k])
+        for sh, _, rows in self._by_shard(self._positions(indices)):
+            sh.willneed(rows)
 
     def read_ahead(self, indices: Sequence[int]) -> None:
         """willneed() on a background thread of this process: make_loader announces the batches after the one
@@ -277,36 +269,40 @@ class ShardDataset:
         return self._index_meta_readers
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        sh = self._shard(int(self._shard_of[i]))
-        r = int(self._row_of[i])
-        item: dict[str, Any] = {c: col[r].as_py() for c, col in sh.meta.items()}
-        item["index"] = int(i)
-        for f in self.features:
-            item[f] = sh.array(f, r)
-        return item
+        # A batch of one: a single way of locating rows and reading metadata.
+        return self.__getitems__([i])[0]
+
+    def _positions(self, indices: Sequence[int]) -> np.ndarray:
+        """Global indices as int64, negatives wrapped; an index past either end is an IndexError."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
+        return idx % max(len(self), 1)
+
+    def _by_shard(self, idx: np.ndarray) -> Iterator[tuple[_MappedShard, np.ndarray, np.ndarray]]:
+        """(shard, positions in idx, rows in that shard) for each shard idx touches, in shard order."""
+        shard_of = self._shard_of[idx]
+        order = np.argsort(shard_of, kind="stable")
+        bounds = [0, *(np.flatnonzero(np.diff(shard_of[order])) + 1).tolist(), int(idx.size)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if a < b:
+                positions = order[a:b]
+                rows = self._row_of[idx[positions]].astype(np.int64)
+                yield self._shard(int(shard_of[positions[0]])), positions, rows
 
     def __getitems__(self, indices: Sequence[int]) -> RowBatch:
         """A whole batch at once (torch's DataLoader calls this), as columns: see audiopipe/collate/rows.py.
 
         Indexing the result gives the same item dicts as ds[i]; PadCollator pads it without building them.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
-        idx %= max(len(self), 1)
+        idx = self._positions(indices)
         n = int(idx.size)
-        shard_of, row_of = self._shard_of[idx], self._row_of[idx].astype(np.int64)
-        order = np.argsort(shard_of, kind="stable")
-        bounds = [0, *(np.flatnonzero(np.diff(shard_of[order])) + 1).tolist(), n] if n else [0]
         arrays: dict[str, list[Rows]] = {f: [] for f in self.features}
         # Metadata the index holds (id, speaker, duration) comes from there in one call per column; only the
         # rest (text) is read shard by shard.
         index_meta = self._index_meta()
         columns: dict[str, list[Any]] = {c: get(idx) for c, get in index_meta.items()}
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            positions = order[a:b]
-            sh = self._shard(int(shard_of[positions[0]]))
-            rows = row_of[positions]
+        for sh, positions, rows in self._by_shard(idx):
             for c in sh.meta:
                 if c not in index_meta:
                     col = columns.setdefault(c, [None] * n)
