@@ -213,6 +213,14 @@ def test_read_ahead_brings_an_evicted_row_into_the_page_cache(tmp_path):
     assert ds._hinted[i] and ds._hinted.sum() == 1
 
 
+def test_the_index_is_one_record_batch_so_its_columns_are_zero_copy(shards):
+    from audiopipe.index.lengths import LengthIndex
+
+    table = LengthIndex.open(shards.root).table
+    assert len(ROWS_PER_SHARD) > 1  # written from several shards
+    assert {table.column(c).num_chunks for c in table.column_names} == {1}
+
+
 def test_arrays_are_zero_copy_views_into_the_mapped_shard(shards):
     ds = ShardDataset(shards.root, ["mel", "pcm"])
     for shard in (0, 1, 3):
