@@ -1,0 +1,73 @@
+"""One way to write a file so that a crash, kill -9 or full disk never leaves a half file under its final name.
+
+Every artifact audiopipe produces (shards, tars, done records, manifest, index, rejects, checkpoints, exports,
+codebooks) goes through `atomic_path`: the bytes go to a hidden temporary beside the target, the temporary is
+fsync'd, renamed over the target, and the directory is fsync'd so the rename itself survives a power loss.
+Readers therefore see either the previous complete file or the new complete one, never a prefix.
+
+Temporaries are named `.<name>.tmp-<pid>`; `is_temporary` recognises them so a rerun can sweep what a killed
+run left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+_TMP_MARK = ".tmp-"
+
+
+def temporary_for(path: Path) -> Path:
+    """The hidden temporary `atomic_path` writes before the rename (same folder, so the rename is atomic)."""
+    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+
+
+def is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and _TMP_MARK in path.name
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or create in `folder` durable (POSIX needs the directory itself synced)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; on a clean exit it becomes `path` durably, on an error it is removed.
+
+    The caller may hand the temporary to any library that wants a file name (pyarrow, torch.save, tarfile).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_for(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:  # fsync on a read-only descriptor flushes the file's dirty pages on Linux
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> Path:
+    """Keys sorted and UTF-8 kept as is, so the same object always gives the same bytes (reruns compare equal)."""
+    return write_text_atomic(path, json.dumps(obj, sort_keys=True, indent=indent, ensure_ascii=False) + "\n")
