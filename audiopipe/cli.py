@@ -176,10 +176,24 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return inspect_shards(a.shards, plot=a.plot, as_json=a.json)
 
 
+# Arguments that are addresses, not paths: the only ones where `scheme://` is expected.
+_URL_ARGUMENTS = {"ray_address"}
+
+
+def _refuse_urls(args: argparse.Namespace) -> None:
+    """Refuse `s3://...` and friends wherever a path is expected, before pathlib turns them into local folders."""
+    from audiopipe.storage.paths import require_local
+
+    for name, value in vars(args).items():
+        if name not in _URL_ARGUMENTS and isinstance(value, str):
+            require_local(value, f"--{name.replace('_', '-')}" if name != "shards" else "shard folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
     try:
+        _refuse_urls(args)
         if args.command in PLUGGED:
             import importlib
 

@@ -29,6 +29,7 @@ from audiopipe.reader.errors import ConfigMismatch, ShardError
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY
+from audiopipe.storage.paths import require_local
 
 _META_COLUMNS = ("id", "speaker", "text", "duration")
 _PAGE = mmap.PAGESIZE
@@ -149,7 +150,7 @@ class ShardDataset:
     def __init__(self, shards_dir: str | Path, features: Iterable[str] = ("mel",),
                  expect: dict[str, str] | None = None, verify: str = "size",
                  meta_columns: Sequence[str] = _META_COLUMNS):
-        self.root = Path(shards_dir)
+        self.root = Path(require_local(shards_dir, "shard folder"))  # before pathlib turns s3:// into s3:/
         self.manifest = read_manifest(self.root)
         self.features = list(features)
         self.verify = verify

@@ -9,6 +9,7 @@ from typing import Any
 
 from audiopipe import __version__
 from audiopipe.shard.checksum import sha256_file
+from audiopipe.storage.paths import require_local
 from audiopipe.shard.writer import FORMAT_VERSION
 
 MANIFEST_NAME = "manifest.json"
@@ -61,7 +62,8 @@ def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[s
 
 
 def read_manifest(shards_dir: str | Path) -> dict[str, Any]:
-    path = Path(shards_dir) / MANIFEST_NAME
+    # Every reader (loader, verify, inspect, bench, export, trainers) opens a shard set here first.
+    path = Path(require_local(shards_dir, "shard folder")) / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out folder")
     try:

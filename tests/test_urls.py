@@ -1,0 +1,57 @@
+"""A `scheme://` argument is refused in one line, never taken for a local folder called `s3:`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from audiopipe.cli import main
+from audiopipe.storage.paths import UnsupportedURL, require_local, url_scheme
+
+CASES = [
+    ["shard", "--corpus", "s3://bucket/wavs", "--out", "out"],
+    ["shard", "--corpus", ".", "--out", "s3://bucket/shards"],
+    ["verify", "s3://bucket/shards"],
+    ["inspect", "gs://bucket/shards"],
+    ["bench-loader", "--shards", "s3://bucket/shards"],
+    ["export-f5", "--shards", "shards", "--out", "hf://x/y"],
+    ["tokens", "--shards", "az://c/shards", "--out", "tok", "--kmeans", "8"],
+]
+
+
+@pytest.mark.parametrize("argv", CASES, ids=[" ".join(a[:1] + a[-1:]) for a in CASES])
+def test_cli_refuses_urls_in_one_line(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("audiopipe: error:") and ":// is not supported" in err[0], err
+    assert list(tmp_path.iterdir()) == []  # no local folder named after the URL, nothing written
+
+
+def test_shard_out_url_writes_nothing_locally(tmp_path):
+    # The original bug: `--out s3://b/o` became the local folder `s3:/b/o` and the job ran. Through the real CLI.
+    (tmp_path / "wavs").mkdir()
+    r = subprocess.run([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", "wavs", "--out", "s3://b/o"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "s3:// is not supported" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wavs"]
+
+
+def test_library_refuses_urls_before_pathlib_mangles_them():
+    from pathlib import Path
+
+    from audiopipe.reader.loader import make_loader
+
+    with pytest.raises(UnsupportedURL, match=r"s3://bucket/x: s3:// is not supported"):
+        make_loader("s3://bucket/x", ["mel"], max_frames=1000, rank=0, world_size=1)
+    with pytest.raises(UnsupportedURL):  # already through pathlib: one slash left, still a URL
+        require_local(Path("s3://bucket/x"), "shard folder")
+
+
+def test_local_paths_pass():
+    for p in ["shards", "./s3/x", "/data/s3:backup", "C:/data", os.path.join("a", "b:c")]:
+        assert url_scheme(p) is None and require_local(p, "x") == p
+    assert url_scheme("S3://b") == "s3" and url_scheme("file:///tmp") == "file"
