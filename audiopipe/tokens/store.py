@@ -1,8 +1,6 @@
 """Writing a token set: the sidecar shard folder `audiopipe tokens` makes for GPT-SoVITS stage 1.
 
-Two sources, both written the same way:
-    audiopipe tokens --shards ./shards --out ./tokens --name2semantic 6-name2semantic.tsv   # real SoVITS tokens
-    audiopipe tokens --shards ./shards --out ./tokens --kmeans 512 --feature fbank          # k-means units
+Every source (semantic.py: a GPT-SoVITS tsv; kmeans.py: k-means units) hands a TokenSet to write_token_set.
 
 Storage: `--out` is an ordinary shard folder (docs/format.md), Arrow only (no tars):
     manifest.json  features = {"semantic": spec}; spec["kind"] says what the tokens ARE
