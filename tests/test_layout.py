@@ -1,7 +1,9 @@
 """Import rules of the package that an upgrade or a refactor could silently break.
 
 - webdataset is used through its public names only (its submodules are internal and move between releases);
-- the library's commands import their heavy baselines (lhotse, datasets) only when they run.
+- the library's commands import their heavy baselines (lhotse, datasets) only when they run;
+- the folders form layers (README.md's flow): no import cycle between them, features know nothing of Ray or
+  storage, and the library never imports the trainers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 import subprocess
 import sys
 import types
+from collections import defaultdict
 from pathlib import Path
 
 import webdataset
@@ -95,3 +98,70 @@ print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & {"lhotse", "data
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "LOADED []"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function (a lazy import is still a dependency)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _folder(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "audiopipe" and len(parts) > 1 and parts[1] != _folder(path):
+                graph[_folder(path)].add(parts[1])
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [node])):
+                return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [])):
+            return found
+    return None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_folders_import_each_other_without_cycles():
+    assert _cycle(_package_graph()) is None, _package_graph()
+
+
+def test_features_know_nothing_of_ray_storage_or_readers_and_nobody_imports_trainers():
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        names = _imports(path)
+        where = path.relative_to(PACKAGE.parent)
+        bad += [f"{where} imports {n}" for n in names if n.split(".")[0] == "trainers"]
+        if _folder(path) == "features":
+            bad += [f"{where} imports {n}" for n in names
+                    if n.split(".")[0] == "ray" or n.split(".")[:2] in (["audiopipe", "shard"], ["audiopipe", "storage"],
+                                                                        ["audiopipe", "reader"], ["audiopipe", "index"])]
+    assert bad == []
