@@ -42,7 +42,7 @@ def _presets_help() -> str:
 PLUGGED = {
     "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
     "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
-    "tokens": ("audiopipe.tokens", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
+    "tokens": ("audiopipe.tokens.cli", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
 }
 
 

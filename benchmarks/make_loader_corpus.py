@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audiopipe.corpus.demo import MissingSource, asterisk_transcripts, build_demo_corpus, speak
+from audiopipe.corpus.demo import asterisk_transcripts, build_demo_corpus, run_builder, speak
 
 BASE_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-us-nyc", "en-gb-x-rp")
 VARIANTS = ("", "+f2", "+m3", "+f4", "+m1", "+f3", "+m7", "+f1")
@@ -73,13 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="espeak-ng processes at once")
     a = p.parse_args(argv)
-    try:
-        n = build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs)
-    except MissingSource as e:
-        print(f"loader corpus: {e}", file=sys.stderr)
-        return 2
-    print(f"loader corpus: {n} audio files under {a.root}")
-    return 0
+    return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs))
 
 
 if __name__ == "__main__":

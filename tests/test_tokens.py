@@ -15,7 +15,8 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.loader import make_loader
 from audiopipe.shard.manifest import read_manifest
-from audiopipe.tokens import add_arguments, read_report, run
+from audiopipe.tokens.cli import add_arguments, run
+from audiopipe.tokens.store import read_report
 from audiopipe.tokens.kmeans import Codebook, inertia, kmeans_fit, resolve_feature, stack_frames
 from audiopipe.tokens.semantic import join_names, read_name2semantic, utterance_name
 

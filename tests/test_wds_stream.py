@@ -11,7 +11,7 @@ import pytest
 
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch, ShardError
-from audiopipe.reader.wds_stream import WdsStream, make_wds_loader, round_robin_taken, water_fill
+from audiopipe.reader.wds import WdsStream, make_wds_loader, round_robin_taken, water_fill
 from audiopipe.sampler.plan import BatchBudget
 from test_reader import copy_shards, run_torchrun, set_manifest_entry, write_shards
 
@@ -256,7 +256,7 @@ def test_pipe_urls_stream_the_same_batches(shards):
 _DDP_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch.distributed as dist
-    from audiopipe.reader.wds_stream import make_wds_loader
+    from audiopipe.reader.wds import make_wds_loader
 
     dist.init_process_group("gloo")
     loader = make_wds_loader(sys.argv[1], ["mel"], max_frames=1200, pool_size=8, seed=3)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import soundfile as sf
 
@@ -130,12 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--espeak-per-speaker", type=int, default=12)
     p.add_argument("--copy", action="store_true", help="copy the Asterisk files instead of symlinking them")
     a = p.parse_args(argv)
+    return run_builder("demo corpus", a.root, lambda: build_demo_corpus(a.root, a.espeak_speakers,
+                                                                        a.espeak_per_speaker, a.copy))
+
+
+def run_builder(label: str, root: str | Path, build: Callable[[], int]) -> int:
+    """A corpus builder as a command: print how many files it wrote, or one line naming the missing package."""
     try:
-        n = build_demo_corpus(a.root, a.espeak_speakers, a.espeak_per_speaker, a.copy)
+        n = build()
     except MissingSource as e:
-        print(f"demo corpus: {e}", file=sys.stderr)
+        print(f"{label}: {e}", file=sys.stderr)
         return 2
-    print(f"demo corpus: {n} files under {a.root}")
+    print(f"{label}: {n} files under {root}")
     return 0
 
 

@@ -27,6 +27,7 @@ from audiopipe.collate.rows import RowBatch, Rows
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader.errors import ConfigMismatch, ShardError
 from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY
 from audiopipe.storage.paths import require_local
@@ -64,11 +65,8 @@ class _MappedShard:
         for f in features:
             if f not in table.column_names:
                 raise ShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
-            col = table.column(f)
-            # combine_chunks() copies even a lone chunk into fresh memory; a shard is one record batch.
-            chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            offsets = chunk.offsets.to_numpy()
-            values = chunk.values.to_numpy(zero_copy_only=True)
+            column = ListColumn(table.column(f))
+            offsets, values = column.offsets, column.values
             frames = table.column(f"{f}_frames").to_numpy()
             ch = channels.get(f, 0)
             # Structural checks are O(rows) and catch truncation or corruption of the offsets.

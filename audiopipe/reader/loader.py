@@ -23,6 +23,7 @@ import torch
 
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.sampler.bucket import BucketBatchSampler
 
 
@@ -99,15 +100,9 @@ class Loader:
 
     def shm_bytes_per_worker(self) -> int:
         """Upper bound of shared memory one worker holds: prefetch_factor padded batches at the frame budget."""
-        if self.dataloader.num_workers == 0:
-            return 0
-        per_frame = 0
-        for f in self.collate.features:
-            ch = max(1, self.dataset.channels.get(f, 0))
-            dtype = np.dtype(self.dataset.spec(f)["dtype"]) if f in self.dataset.manifest["features"] else np.dtype("int64")
-            per_frame += ch * dtype.itemsize + 1  # + the bool mask
-        budget = self.sampler.budget.max_frames
-        return int(self.dataloader.prefetch_factor * budget * per_frame)
+        per_frame = bytes_per_frame(self.collate.features, self.dataset.manifest["features"], self.dataset.channels)
+        return shm_bytes_per_worker(self.dataloader.num_workers, self.dataloader.prefetch_factor,
+                                    self.sampler.budget.max_frames, per_frame)
 
 
 def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: int,

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from audiopipe.sampler.deal import Deal, Uneven, deal
+from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import BatchBudget, estimate_boundaries, plan_epoch, validate_lengths
 
 STATE_FORMAT = "audiopipe.BucketBatchSampler/1"
@@ -135,7 +136,7 @@ class BucketBatchSampler:
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.uneven: Uneven = uneven
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
 
         self._empty = np.flatnonzero(self.lengths == 0)
         fits = self.budget.fits_alone(self.lengths)
@@ -352,20 +353,3 @@ class BucketBatchSampler:
         }
         return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back
 
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values win; otherwise torch.distributed when initialized; otherwise a single process."""
-    if rank is None or world_size is None:
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                rank = dist.get_rank() if rank is None else rank
-                world_size = dist.get_world_size() if world_size is None else world_size
-        except ImportError:
-            pass
-    rank = 0 if rank is None else int(rank)
-    world_size = 1 if world_size is None else int(world_size)
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return rank, world_size

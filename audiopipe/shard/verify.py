@@ -20,6 +20,7 @@ import soundfile as sf
 
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY, wds_key
 
@@ -129,12 +130,13 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
             report.fail(f"{name}: {table.num_rows} rows, manifest says {sh['rows']}")
         array_names = [f.name for f in table.schema if pa.types.is_large_list(f.type)]
         channels = {n: specs[n]["channels"] if n in specs else 0 for n in array_names}
+        lists = {n: ListColumn(table.column(n), zero_copy_only=False) for n in array_names}
         arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
         for i in range(table.num_rows):
             row = {c: table.column(c)[i].as_py() for c in table.column_names if c not in array_names}
             arrays = {}
             for n in array_names:
-                flat = table.column(n)[i].values.to_numpy(zero_copy_only=False)
+                flat = lists[n][i]
                 frames = row[f"{n}_frames"]
                 ch = channels[n]
                 if flat.size != max(ch, 1) * frames:

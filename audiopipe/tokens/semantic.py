@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from audiopipe.features.base import FeatureSpec
-from audiopipe.tokens import TokenSet, parent_ids, phones_note, prepare_out, write_token_set
+from audiopipe.tokens.store import TokenSet, parent_ids, phones_note, prepare_out, write_token_set
 
 HEADER = ("item_name", "semantic_audio")
 AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wma", ".webm", ".aiff", ".aif")
@@ -209,7 +209,7 @@ def import_name2semantic(shards: str | Path, tsv: str | Path, out: str | Path, *
         write_token_set(shards, out, TokenSet(spec, tokens, rejects, job, report))
     else:
         from audiopipe.shard.manifest import write_json_atomic
-        from audiopipe.tokens import REPORT_NAME
+        from audiopipe.tokens.store import REPORT_NAME
 
         write_json_atomic(out / REPORT_NAME, report)
         if out_of_range:

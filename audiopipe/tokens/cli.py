@@ -1,0 +1,53 @@
+"""`audiopipe tokens`: its flags and the run that picks the token source (name2semantic tsv or k-means)."""
+
+from __future__ import annotations
+
+import argparse
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `audiopipe tokens`."""
+    p.add_argument("--shards", required=True, help="shard folder with phones (and the k-means feature)")
+    p.add_argument("--out", required=True, help="new folder for the token shards (a sidecar shard set)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--name2semantic", metavar="FILE",
+                     help="GPT-SoVITS 6-name2semantic.tsv (item_name<TAB>space-separated ints), joined by "
+                          "utterance name (basename of the id)")
+    src.add_argument("--kmeans", type=int, metavar="K",
+                     help="fit K k-means units on --feature and tokenise every utterance (NOT SoVITS tokens)")
+    src.add_argument("--codebook", metavar="NPZ", help="tokenise with a codebook saved by an earlier --kmeans run")
+    p.add_argument("--codebook-size", type=int, default=1024,
+                   help="name2semantic: token ids must be below this (SoVITS: 1024)")
+    p.add_argument("--token-rate", type=float, default=25.0,
+                   help="name2semantic: tokens per second (SoVITS v1/v2: 25); used for the length check")
+    p.add_argument("--require-all", action="store_true",
+                   help="name2semantic: exit 1 when any row or tsv name is left unmatched")
+    p.add_argument("--feature", default="fbank", help="kmeans: shard column (or kind) to cluster (default fbank)")
+    p.add_argument("--stack", type=int, default=0,
+                   help="kmeans: frames stacked per token (default 0 = auto, to about 25 tokens/s)")
+    p.add_argument("--seed", type=int, default=0, help="kmeans: seed of sampling, init and mini-batches")
+    p.add_argument("--fit-vectors", type=int, default=200_000, help="kmeans: at most this many vectors to fit on")
+    p.add_argument("--steps", type=int, default=200, help="kmeans: mini-batch steps (default 200)")
+    p.add_argument("--batch-size", type=int, default=4096, help="kmeans: vectors per mini-batch (default 4096)")
+    p.add_argument("--force", action="store_true", help="replace an existing token folder at --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`audiopipe tokens`: returns the exit code; user errors raise ValueError/OSError with one-line messages."""
+    if args.name2semantic:
+        from audiopipe.tokens.semantic import import_name2semantic
+
+        summary = import_name2semantic(args.shards, args.name2semantic, args.out, codebook_size=args.codebook_size,
+                                       token_rate=args.token_rate, force=args.force)
+        for line in summary.lines():
+            print(line)
+        return 1 if args.require_all and not summary.complete else 0
+    from audiopipe.tokens.kmeans import kmeans_tokens
+
+    if args.kmeans is not None and args.kmeans < 2:
+        raise ValueError(f"--kmeans needs at least 2 clusters, got {args.kmeans}")
+    summary = kmeans_tokens(args.shards, args.out, k=args.kmeans, feature=args.feature, stack=args.stack,
+                            seed=args.seed, fit_vectors=args.fit_vectors, steps=args.steps,
+                            batch_size=args.batch_size, codebook=args.codebook, force=args.force)
+    for line in summary:
+        print(line)
+    return 0
