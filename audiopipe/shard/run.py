@@ -21,7 +21,7 @@ from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.build import build_shard, done_path
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units
+from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
 
 PLAN_NAME = "plan.json"
 
@@ -78,6 +78,8 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any]) ->
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
         utts.append(PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration, dict(u.extra)))
+    utts, key_rejects = unique_keys(utts)  # every written sample gets a key no other sample shares
+    rejects += key_rejects
     bps = bytes_per_second(specs) or 1.0
     units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
     return {
