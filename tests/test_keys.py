@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
 import unicodedata
 from dataclasses import asdict
@@ -180,3 +181,32 @@ def test_walked_case_twins_keep_one_key_and_reject_the_other(tmp_path):
     plan = make_plan(job, None, "auto", [])
     assert sorted(r["reason"] for r in plan["discovery_rejects"]) == ["duplicate_key", "duplicate_key"]
     assert plan["discovered"] == 5
+
+
+def test_verify_names_unsafe_and_repeated_tar_members(adversarial, tmp_path):
+    # A tar from elsewhere (or an older audiopipe) with an absolute member and a key written twice; the manifest
+    # is updated to the new bytes so that the member checks, not the checksum, must catch it.
+    from audiopipe.shard.checksum import sha256_file
+
+    _, _, src = adversarial
+    out = tmp_path / "s"
+    shutil.copytree(src, out)
+    m = json.loads((out / "manifest.json").read_text())
+    entry = m["shards"][0]["tar"]
+    path = out / entry["path"]
+    with tarfile.open(path) as tar:
+        first = tar.getmembers()[0]
+        blob = tar.extractfile(first).read()
+    with tarfile.open(path, "a") as tar:
+        for name in (first.name, "/etc/evil.json"):
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert main(["verify", str(out)]) == 1
+    from audiopipe.shard.verify import verify
+
+    failures = verify(out).failures
+    assert any(f"{first.name}: appears twice" in f for f in failures), failures
+    assert any("'/etc/evil.json': unsafe member (is absolute)" in f for f in failures), failures
