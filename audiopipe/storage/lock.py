@@ -58,6 +58,10 @@ class FolderLock:
                 os.close(fd)
                 raise LockHeld(f"{Path(folder)} is in use by {_describe(holder)}; wait for it to finish or use "
                                f"another folder") from None
+            except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without flock
+                os.close(fd)
+                raise OSError(e.errno, f"cannot lock {self.path} ({e.strerror}); the file system may not "
+                                       f"support flock") from None
             except BaseException:
                 os.close(fd)
                 raise
