@@ -206,6 +206,7 @@ def test_second_job_on_the_same_out_fails_at_once_and_a_deleted_source_is_a_miss
     same = {k: v for k, v in want.items() if last not in k and "/" in k}
     assert same and all(got[k] == v for k, v in same.items())
     assert not (out / ".audiopipe.lock").exists()  # released by the first job when it finished
+    assert main(_cmd(mine, out)) == 0 and tree_digest(out) == got  # the rerun: up to date, nothing rewritten
 
 
 def test_a_rerun_sweeps_temporaries_but_keeps_the_lock_and_finished_files(tmp_path):
