@@ -210,3 +210,18 @@ def test_verify_names_unsafe_and_repeated_tar_members(adversarial, tmp_path):
     failures = verify(out).failures
     assert any(f"{first.name}: appears twice" in f for f in failures), failures
     assert any("'/etc/evil.json': unsafe member (is absolute)" in f for f in failures), failures
+
+
+def test_verify_refuses_to_compare_tars_of_the_old_key_rule(adversarial, tmp_path):
+    _, _, src = adversarial
+    out = tmp_path / "s"
+    shutil.copytree(src, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["format_version"] = 1
+    (out / "manifest.json").write_text(json.dumps(m))
+    from audiopipe.shard.verify import verify
+
+    assert [f for f in verify(out).failures] == [
+        "manifest.json: format_version 1, this audiopipe writes 2 (sample keys changed in version 2); reshard, "
+        "or verify the Arrow shards alone with --no-tar"]
+    assert verify(out, tars=False).ok

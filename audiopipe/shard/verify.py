@@ -23,7 +23,7 @@ from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
-from audiopipe.shard.writer import METADATA_KEY
+from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY
 
 
 @dataclass
@@ -100,6 +100,12 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
     idx = root / m["index"]["path"]
     if not idx.exists() or sha256_file(idx) != m["index"]["sha256"]:
         report.fail(f"{m['index']['path']}: missing or checksum mismatch")
+    version = m.get("format_version")
+    if tars and version != FORMAT_VERSION:
+        # Version 1 tars used another key rule: comparing them member by member would only list every dotted id.
+        report.fail(f"manifest.json: format_version {version}, this audiopipe writes {FORMAT_VERSION} (sample keys "
+                    f"changed in version 2); reshard, or verify the Arrow shards alone with --no-tar")
+        tars = False
     owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
     for sh in m["shards"]:
         report.shards += 1
@@ -148,7 +154,7 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
             folded = fold(sample_key(row["id"]))
             if folded in owner:
                 first_shard, first_id = owner[folded]
-                same = "the same id" if first_id == row["id"] else "a key differing only in case"
+                same = "the same id" if first_id == row["id"] else "a key differing only in case or normalisation"
                 report.fail(f"{name} {row['id']}: {same} as {first_id!r} in {first_shard}: a WebDataset reader or "
                             f"a case-insensitive disk would merge the two samples")
             else:
