@@ -322,6 +322,22 @@ def test_manifest_csv_and_tsv(tmp_path):
         assert sorted(reasons(d).values()) == ["missing", "outside_root"]
 
 
+@pytest.mark.parametrize("uid, why", [
+    ("../x", "'.' or '..' path segment"), ("a/../../x", "'.' or '..' path segment"), ("./x", "'.' or '..'"),
+    ("/x", "is absolute"), ("/etc/passwd", "is absolute"), ("a\\b", "backslash"), ("a//b", "empty path segment"),
+    ("a/", "empty path segment"), ("nul\x00", "U+0000"), ("tab\there", "U+0009"), ("del\x7f", "U+007F"),
+])
+def test_unsafe_manifest_ids_are_rejected_bad_id_with_the_line(uid, why, tmp_path):
+    root = _manifest_corpus(tmp_path)
+    m = tmp_path / "ids.jsonl"
+    m.write_text(json.dumps({"path": "corpus/spk1/a.wav", "id": "fine/v1.2"}) + "\n"
+                 + json.dumps({"path": "corpus/spk1/b.wav", "id": uid}) + "\n")
+    d = discover(root, manifest=m)
+    assert [u.id for u in d.utterances] == ["fine/v1.2"]  # dots are fine: the sample key escapes them
+    assert reasons(d) == {"spk1/b.wav": "bad_id"}
+    assert f"ids.jsonl:2: id {uid!r}" in d.rejects[0].detail and why in d.rejects[0].detail
+
+
 def test_manifest_duplicates_and_errors(tmp_path):
     root = _manifest_corpus(tmp_path)
     m = tmp_path / "dup.jsonl"

@@ -18,6 +18,7 @@ from audiopipe.corpus.transcripts import (
     ManifestRow,
     TranscriptError,
     find_sidecar,
+    id_problem,
     read_manifest,
     read_text_file,
 )
@@ -149,6 +150,10 @@ def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Rej
             if real.startswith(real_root + os.sep):
                 inside, source = True, _rel(real, real_root)
         uid = row.id
+        problem = id_problem(uid) if uid is not None else None
+        if problem:
+            rejects.append(Reject(row.path, source, "bad_id", f"{manifest}:{row.line}: id {uid!r} {problem}"))
+            continue
         if uid is None:
             if not inside:
                 rejects.append(Reject(row.path, source, "outside_root",

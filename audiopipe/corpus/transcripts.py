@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,26 @@ class MetadataIndex:
                     if k in table:
                         return table[k]
         return None
+
+
+def id_problem(uid: str) -> str | None:
+    """Why a manifest `id` cannot name an utterance, or None. Ids become tar member names and file names in
+    exports, so they must be relative '/'-separated paths that stay inside their folder."""
+    if not uid.strip():
+        return "is empty"
+    if uid.startswith("/"):
+        return "is absolute (ids are relative, '/'-separated)"
+    if "\\" in uid:
+        return "contains a backslash (separate folders with '/')"
+    ctrl = next((c for c in uid if unicodedata.category(c) == "Cc"), None)
+    if ctrl is not None:
+        return f"contains the control character U+{ord(ctrl):04X}"
+    parts = uid.split("/")
+    if "" in parts:
+        return "has an empty path segment ('//' or a trailing '/')"
+    if any(p in (".", "..") for p in parts):
+        return "has a '.' or '..' path segment"
+    return None
 
 
 @dataclass

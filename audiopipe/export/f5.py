@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from audiopipe.features.mel import VocosMel
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.storage.atomic import atomic_path
 
 F5_MEL_HASH = VocosMel().specs[0].config_hash
 F5_DURATION_RANGE = (0.3, 30.0)  # F5's CustomDataset silently swaps rows outside this for the next row
@@ -40,10 +42,6 @@ _MAX_LIST_VALUES = 2**31 - 1  # list<> offsets are int32: the floats of one reco
 
 class ExportError(ValueError):
     """A shard folder that cannot be exported, or an output that would be overwritten."""
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def _clean_text(text: str) -> tuple[str, bool]:
@@ -84,7 +82,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
               batch_rows: int = 100) -> dict[str, Any]:
     """Write mel.arrow, raw.arrow, duration.json and vocab.txt for F5-TTS into out_dir; returns a summary.
 
-    Rows keep the shard index order. Each file is written to a temporary name and renamed when complete.
+    Rows keep the shard index order. Each file is written to a temporary and renamed durably when all are complete.
     """
     root, out = Path(shards_dir), Path(out_dir)
     try:
@@ -107,8 +105,10 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     durations: list[float] = []
     vocab: set[str] = set()
     stats = {"empty_text": 0, "newlines_replaced": 0, "outside_f5_duration_range": 0, "audio_found": 0}
-    tmp = {n: _tmp(out / n) for n in OUTPUTS}
-    try:
+    # Each file is written to a temporary and renamed durably (audiopipe.storage.atomic) only once all four are
+    # complete; an error removes the temporaries and leaves any earlier export untouched.
+    with ExitStack() as stack:
+        tmp = {n: stack.enter_context(atomic_path(out / n)) for n in OUTPUTS}
         with pa.OSFile(str(tmp["mel.arrow"]), "wb") as mel_sink, pa.OSFile(str(tmp["raw.arrow"]), "wb") as raw_sink, \
                 pa.ipc.new_stream(mel_sink, MEL_SCHEMA) as mel_w, pa.ipc.new_stream(raw_sink, RAW_SCHEMA) as raw_w:
             for batch in _batches(ds, n_mels, batch_rows):
@@ -136,11 +136,6 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
         symbols = [" "] + sorted(vocab - {" "})
         with open(tmp["vocab.txt"], "w", encoding="utf-8", newline="\n") as f:
             f.writelines(s + "\n" for s in symbols)
-        for n in OUTPUTS:
-            os.replace(tmp[n], out / n)
-    finally:
-        for p in tmp.values():
-            p.unlink(missing_ok=True)
     return {"shards": str(root), "out": str(out), "rows": len(durations), "hours": round(sum(durations) / 3600, 6),
             "n_mels": n_mels, "mel_hash": F5_MEL_HASH, "vocab_size": len(symbols),
             "files": {n: (out / n).stat().st_size for n in OUTPUTS}, "trimmed": bool(job.get("trim")), **stats}

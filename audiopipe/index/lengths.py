@@ -5,12 +5,13 @@ Built from the shards' scalar columns only (the mmap reads touch those buffers a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from audiopipe.storage.atomic import atomic_path
 
 INDEX_NAME = "index.arrow"
 _KEEP = ("id", "speaker", "duration")
@@ -34,10 +35,8 @@ def build_index(out: Path, shard_paths: list[str]) -> Path:
     # duration of a whole batch from here in one call per column).
     table = table.combine_chunks()
     path = out / INDEX_NAME
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
         w.write_table(table)
-    os.replace(tmp, path)
     return path
 
 

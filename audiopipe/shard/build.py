@@ -6,7 +6,6 @@ reject with a reason: nothing is dropped silently, and one bad file never fails 
 
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import WorkUnit
 from audiopipe.shard.writer import ArrayColumn, ScalarColumn, write_arrow, write_tar
+from audiopipe.storage.atomic import write_json_atomic
 
 # A codec encoder takes waveforms at its rate and returns int16 [16, T] codes for each (batched inside).
 EncodeFn = Callable[[list[np.ndarray]], list[np.ndarray]]
@@ -273,9 +273,5 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     if job.write_tar:
         record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_path.stat().st_size,
                          "sha256": sha256_file(tar_path)}
-    dp = done_path(out, unit.name)
-    dp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dp.with_name(f".{dp.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, sort_keys=True, indent=1))
-    os.replace(tmp, dp)  # the shard counts as finished only once this record exists
+    write_json_atomic(done_path(out, unit.name), record)  # the shard counts as finished only once this exists
     return record

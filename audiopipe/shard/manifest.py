@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +10,17 @@ from audiopipe import __version__
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.storage.paths import require_local
 from audiopipe.shard.writer import FORMAT_VERSION
+# write_json_atomic is re-exported here for the runner (plan.json); its bytes are stable (sorted keys, indent 1).
+from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
 
 MANIFEST_NAME = "manifest.json"
 REJECTS_NAME = "rejects.jsonl"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def write_rejects(out: Path, rejects: list[dict[str, Any]]) -> Path:
-    path = out / REJECTS_NAME
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        for r in sorted(rejects, key=lambda r: (r.get("source") or r.get("path") or "", r["reason"])):
-            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    lines = [json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n"
+             for r in sorted(rejects, key=lambda r: (r.get("source") or r.get("path") or "", r["reason"]))]
+    return write_text_atomic(out / REJECTS_NAME, "".join(lines))
 
 
 def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[str, Any],

@@ -11,6 +11,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from audiopipe.shard.keys import fold, sample_key
+
 
 @dataclass
 class PlannedUtt:
@@ -39,6 +41,30 @@ class WorkUnit:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "WorkUnit":
         return WorkUnit(d["name"], d["index"], [PlannedUtt(**u) for u in d["utterances"]])
+
+
+def unique_keys(utts: list[PlannedUtt]) -> tuple[list[PlannedUtt], list[dict[str, Any]]]:
+    """Keep the utterances whose sample keys stay distinct on a case-insensitive disk; reject the others.
+
+    Keys are an injective escape of the ids, and discovery already refuses equal ids, so only keys that differ
+    in letter case or Unicode normalisation alone can meet here. In id order, the first keeps its key and every
+    later one is rejected `duplicate_key`, naming the first: the same utterances win on every rerun.
+    """
+    kept: list[PlannedUtt] = []
+    rejects: list[dict[str, Any]] = []
+    first: dict[str, PlannedUtt] = {}
+    for u in sorted(utts, key=lambda u: u.id):
+        folded = fold(sample_key(u.id))
+        if folded in first:
+            f = first[folded]
+            rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": "duplicate_key",
+                            "detail": f"id {u.id!r} differs from {f.id!r} ({f.source}) only in letter case or "
+                                      f"Unicode normalisation; they would overwrite each other on a "
+                                      f"case-insensitive disk"})
+            continue
+        first[folded] = u
+        kept.append(u)
+    return kept, rejects
 
 
 def shard_name(index: int) -> str:

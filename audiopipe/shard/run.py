@@ -21,7 +21,9 @@ from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.build import build_shard, done_path
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units
+from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
+from audiopipe.storage.atomic import is_temporary
+from audiopipe.storage.lock import FolderLock, LockHeld
 
 PLAN_NAME = "plan.json"
 
@@ -78,6 +80,8 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any]) ->
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
         utts.append(PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration, dict(u.extra)))
+    utts, key_rejects = unique_keys(utts)  # every written sample gets a key no other sample shares
+    rejects += key_rejects
     bps = bytes_per_second(specs) or 1.0
     units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
     return {
@@ -108,11 +112,12 @@ def _shard_finished(out: Path, unit_name: str) -> bool:
 
 def _clean_temporaries(out: Path) -> None:
     """Remove half-written files a killed run left behind (they never carry a final name)."""
-    for sub in ("arrow", "wds", "done"):
+    for sub in ("", "arrow", "wds", "done"):
         d = out / sub
         if d.is_dir():
-            for p in d.glob(".*.tmp-*"):
-                p.unlink(missing_ok=True)
+            for p in d.iterdir():
+                if is_temporary(p):
+                    p.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- Ray
@@ -207,6 +212,22 @@ def _codec_actors(job: Job, workers: int):
 
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
             manifest: str | None = None, speaker: str = "auto", show_progress: bool = True) -> Summary:
+    """Run the job while holding the lock of its --out: a second job on the same folder fails at once."""
+    out = Path(job.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(out, "audiopipe shard")
+    except LockHeld as e:
+        raise JobError(str(e)) from None
+    except OSError as e:
+        raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
+    with lock:
+        return _run_job(job, workers=workers, ray_address=ray_address, manifest=manifest, speaker=speaker,
+                        show_progress=show_progress)
+
+
+def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest: str | None, speaker: str,
+             show_progress: bool) -> Summary:
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
@@ -322,6 +343,6 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     bar.close()
     for a in codec_actors:
         ray.kill(a)
-    if failures:
-        raise JobError("some shards failed after retries (rerun the same command to retry them):\n  "
-                       + "\n  ".join(failures))
+    if failures:  # one line, the first cause in full (a full or read-only disk fails every shard alike)
+        raise JobError(f"{len(failures)} of {len(todo)} shards failed after retries, first {failures[0]}; "
+                       f"the finished shards are kept, rerun the same command to build the rest")

@@ -2,7 +2,8 @@
 
 Checks, in order of cost: sha256 of every file against the manifest; the Arrow schema's feature hashes against
 the manifest; every record decoded with semantic checks (array sizes match frame counts, frame counts match the
-duration, no NaN/inf, F0 inside its range); every tar member decoded and compared with its Arrow twin.
+duration, no NaN/inf, F0 inside its range); ids and sample keys unique over the whole set, also ignoring case;
+every tar member name safe (relative, no '..'), its key the id's key, decoded and compared with its Arrow twin.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
-from audiopipe.shard.writer import METADATA_KEY, wds_key
+from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
+from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY
 
 
 @dataclass
@@ -99,6 +101,13 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
     idx = root / m["index"]["path"]
     if not idx.exists() or sha256_file(idx) != m["index"]["sha256"]:
         report.fail(f"{m['index']['path']}: missing or checksum mismatch")
+    version = m.get("format_version")
+    if tars and version != FORMAT_VERSION:
+        # Version 1 tars used another key rule: comparing them member by member would only list every dotted id.
+        report.fail(f"manifest.json: format_version {version}, this audiopipe writes {FORMAT_VERSION} (sample keys "
+                    f"changed in version 2); reshard, or verify the Arrow shards alone with --no-tar")
+        tars = False
+    owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
     for sh in m["shards"]:
         report.shards += 1
         name = sh["name"]
@@ -144,6 +153,14 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
                     continue
                 arrays[n] = flat.reshape(ch, frames) if ch else flat
             report.records += 1
+            folded = fold(sample_key(row["id"]))
+            if folded in owner:
+                first_shard, first_id = owner[folded]
+                same = "the same id" if first_id == row["id"] else "a key differing only in case or normalisation"
+                report.fail(f"{name} {row['id']}: {same} as {first_id!r} in {first_shard}: a WebDataset reader or "
+                            f"a case-insensitive disk would merge the two samples")
+            else:
+                owner[folded] = (name, row["id"])
             durs = arrays.get("durations")
             if durs is not None and durs.size:
                 ref = next((n for n in ("codes", "f0", "mel") if n in arrays), None)
@@ -154,7 +171,7 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
                                 f"{arrays[ref].shape[-1]}")
             _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
             if tars and "tar" in sh:
-                arrow_arrays[wds_key(row["id"])] = arrays
+                arrow_arrays[sample_key(row["id"])] = arrays
         if tars and "tar" in sh:
             _verify_tar(name, root / sh["tar"]["path"], arrow_arrays, specs, report)
     return report
@@ -163,9 +180,21 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
 def _verify_tar(name: str, path: Path, arrow_arrays: dict[str, dict[str, np.ndarray]], specs: dict[str, Any],
                 report: VerifyReport) -> None:
     seen: set[str] = set()
+    names: set[str] = set()
     with tarfile.open(path) as tar:
         for member in tar:
-            key, _, ext = member.name.partition(".")
+            problem = member_name_problem(member.name)
+            if problem or not member.isfile():
+                report.fail(f"{name} tar {member.name!r}: unsafe member ({problem or 'not a regular file'})")
+                continue
+            if member.name in names:
+                report.fail(f"{name} tar {member.name}: appears twice (two samples share a key)")
+                continue
+            names.add(member.name)
+            # WebDataset's rule: the key ends at the first dot of the basename.
+            folder, _, base = member.name.rpartition("/")
+            stem, _, ext = base.partition(".")
+            key = f"{folder}/{stem}" if folder else stem
             data = tar.extractfile(member).read()
             seen.add(key)
             if key not in arrow_arrays:
@@ -173,7 +202,10 @@ def _verify_tar(name: str, path: Path, arrow_arrays: dict[str, dict[str, np.ndar
                 continue
             try:
                 if ext == "json":
-                    json.loads(data)
+                    sample_id = json.loads(data).get("id")
+                    if sample_id != key_to_id(key):
+                        report.fail(f"{name} tar {member.name}: holds id {sample_id!r}, its key names "
+                                    f"{key_to_id(key)!r}")
                     continue
                 if ext == "flac":
                     feat, arr = "pcm", sf.read(io.BytesIO(data), dtype="int16")[0]

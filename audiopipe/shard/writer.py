@@ -1,7 +1,7 @@
 """Write one shard as an Arrow IPC file and a WebDataset tar, atomically.
 
-Both files are first written under a temporary name in the same folder and renamed only when complete and
-fsync'd, so a crash or kill -9 leaves either a finished shard or nothing that a reader would trust.
+Both files go through `audiopipe.storage.atomic.atomic_path` (temporary beside the target, fsync, rename, fsync
+of the folder), so a crash, kill -9 or full disk leaves either a finished shard or nothing a reader would trust.
 Bytes are deterministic: same rows in, same bytes out (no timestamps, sorted JSON, fixed tar metadata).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,11 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
-FORMAT_VERSION = 1
+from audiopipe.shard.keys import member_name_problem, sample_key
+from audiopipe.storage.atomic import atomic_path
+
+# 2: tar keys are an injective escape of the id (1 replaced "." by "_", so two ids could share a key).
+FORMAT_VERSION = 2
 METADATA_KEY = b"audiopipe"
 
 # Columns every shard has, in this order; feature columns follow.
@@ -70,17 +73,6 @@ def shard_schema(array_cols: list[ArrayColumn], scalar_cols: list[ScalarColumn],
     return pa.schema(fields, metadata={METADATA_KEY: meta.encode()})
 
 
-def _atomic_target(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
                 scalar_cols: list[ScalarColumn], metadata: dict[str, Any]) -> None:
     schema = shard_schema(array_cols, scalar_cols, metadata)
@@ -98,16 +90,13 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
     for c in scalar_cols:
         data.append(pa.array([r["scalars"][c.name] for r in rows], c.type))
     batch = pa.RecordBatch.from_arrays(data, schema=schema)
-    tmp = _atomic_target(path)
     # IPC *file* format, no compression: readers memory-map it and take zero-copy views.
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
-    _commit(tmp, path)
 
 
-def wds_key(utt_id: str) -> str:
-    # webdataset splits a member name at the first dot of its basename; ids may contain dots.
-    return utt_id.replace(".", "_")
+# The WebDataset key of an id (an injective escape, see audiopipe.shard.keys); kept under this name for readers.
+wds_key = sample_key
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -134,10 +123,13 @@ def sample_json(row: dict[str, Any], array_cols: list[ArrayColumn], scalar_cols:
 
 def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
               scalar_cols: list[ScalarColumn], pcm_rate: int | None) -> None:
-    tmp = _atomic_target(path)
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for row in rows:
-            key = wds_key(row["id"])
+            key = sample_key(row["id"])
+            # Plan-time checks refuse such ids; this is the last line of defence, whatever the input.
+            problem = member_name_problem(key)
+            if problem:
+                raise ValueError(f"utterance id {row['id']!r} cannot be a tar member name: it {problem}")
             members: list[tuple[str, bytes]] = [
                 ("json", json.dumps(sample_json(row, array_cols, scalar_cols), sort_keys=True,
                                     ensure_ascii=False).encode())
@@ -156,4 +148,3 @@ def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColu
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(blob))
-    _commit(tmp, path)

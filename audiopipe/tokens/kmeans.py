@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from audiopipe.features.base import FeatureSpec
+from audiopipe.storage.atomic import write_bytes_atomic
 from audiopipe.tokens import TokenSet, phones_note, prepare_out, write_token_set
 
 CODEBOOK_NAME = "kmeans.npz"
@@ -160,11 +161,9 @@ class Codebook:
         return lab.numpy().astype(np.int16)
 
     def save(self, path: str | Path) -> None:
-        buf = io.BytesIO()  # written whole, then renamed: a half codebook never carries the final name
+        buf = io.BytesIO()  # written whole and durably renamed: a half codebook never carries the final name
         np.savez(buf, centers=self.centers, mean=self.mean, std=self.std, meta=np.array(json.dumps(self.meta())))
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(path)
+        write_bytes_atomic(path, buf.getvalue())
 
     @staticmethod
     def load(path: str | Path) -> "Codebook":

@@ -1,0 +1,223 @@
+"""Faults during `audiopipe shard`, injected into real CLI subprocesses: kill -9 at 25/50/75 % of the shards,
+a read-only --out, a full output disk, a source file deleted after discovery, a second job on the same --out.
+
+Each fault ends in a one-line `audiopipe: error: ...` (exit 2) or a reject, and the rerun (the same command)
+gives the bytes of an uninterrupted run: every file of the output folder is compared (the manifest holds no
+timestamps, so nothing is left out). Reruns run in-process on the test session's Ray to keep Ray starts few.
+Mount-based faults need root (tmpfs and read-only bind mounts); they are skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audiopipe.cli import main
+from shard_helpers import tree_digest
+
+N_FILES = 16  # 1 s tones, two per shard at this --shard-size: 8 shards
+ARGS = ["--features", "pcm,kaldi_fbank", "--shard-size", "160000", "--no-progress"]
+N_SHARDS = 8
+
+
+def _make_corpus(root: Path) -> Path:
+    sr = 16000
+    t = np.arange(sr) / sr
+    for i in range(N_FILES):
+        p = root / f"spk{i % 2}" / f"u{i:02d}.wav"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(p, (0.4 * np.sin(2 * np.pi * (120 + 10 * i) * t)).astype(np.float32), sr, subtype="PCM_16")
+    return root
+
+
+def _cmd(corpus: Path, out: Path, workers: int = 2) -> list[str]:
+    # Worker count never changes the bytes (the plan depends on the corpus alone): subprocesses use one worker,
+    # in-process runs the session Ray's two.
+    return ["shard", "--corpus", str(corpus), "--out", str(out), "--workers", str(workers), *ARGS]
+
+
+def _spawn(corpus: Path, out: Path) -> subprocess.Popen:
+    # Its own session, so that kill -9 of the group takes the driver and every Ray process it started.
+    return subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *_cmd(corpus, out, 1)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def _one_line_error(err: str, *needles: str) -> None:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("audiopipe: error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def _done(out: Path) -> int:
+    d = out / "done"
+    return len([p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]) if d.is_dir() else 0
+
+
+def _kill_when(proc: subprocess.Popen, out: Path, shards_done: int, timeout: float = 300) -> int:
+    deadline = time.monotonic() + timeout
+    while _done(out) < shards_done:
+        assert proc.poll() is None, f"the run ended before {shards_done} shards: {proc.communicate()[1]}"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    return _done(out)
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def _can_mount(tmp: Path) -> str | None:
+    """None when this test process can mount (root in a namespace that allows it), else why not."""
+    if os.geteuid() != 0:
+        return "mount-based faults need root"
+    probe = tmp / "mount-probe"
+    probe.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        return f"cannot mount a tmpfs here: {r.stderr.strip()}"
+    subprocess.run(["umount", str(probe)], check=True)
+    return None
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The corpus and its uninterrupted output (the CLI in-process, on the session's Ray)."""
+    corpus = _make_corpus(tmp_path_factory.mktemp("fault_corpus"))
+    out = tmp_path_factory.mktemp("fault_clean") / "out"
+    assert main(_cmd(corpus, out)) == 0
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == N_SHARDS
+    return corpus, out, tree_digest(out)
+
+
+def test_kill_9_at_25_50_75_percent_then_rerun_is_byte_identical(clean, tmp_path):
+    corpus, _, want = clean
+    out = tmp_path / "out"
+    seen = []
+    for frac in (0.25, 0.50, 0.75):
+        proc = _spawn(corpus, out)
+        done = _kill_when(proc, out, int(frac * N_SHARDS))
+        seen.append(done)
+        assert done < N_SHARDS and not (out / "manifest.json").exists(), "the kill must land mid-job"
+        # The killed job's lock file stays behind, naming a dead process: it must not block the next run.
+        holder = json.loads((out / ".audiopipe.lock").read_text())
+        assert holder["pid"] == proc.pid and holder["command"] == "audiopipe shard"
+    assert seen == sorted(seen) and seen[0] >= 2 and seen[-1] >= 6
+    assert main(_cmd(corpus, out)) == 0
+    assert tree_digest(out) == want  # every file, byte for byte; no temporary or lock file left over
+
+
+def test_read_only_out_is_one_line_and_the_rerun_completes(clean, tmp_path):
+    why = _can_mount(tmp_path)
+    if why:
+        pytest.skip(why)
+    corpus, _, want = clean
+    out = tmp_path / "out"
+    out.mkdir()
+    _mount("--bind", str(out), str(out))
+    try:
+        _mount("-o", "remount,bind,ro", str(out))
+        rc, err = _finish(_spawn(corpus, out), timeout=120)
+        assert rc == 2
+        _one_line_error(err, f"cannot write to output folder {out}", "Read-only file system")
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
+    assert list(out.iterdir()) == []  # nothing written, nothing half-written
+    assert main(_cmd(corpus, out)) == 0
+    assert tree_digest(out) == want
+
+
+def test_full_output_disk_is_one_line_and_the_rerun_completes(clean, tmp_path):
+    why = _can_mount(tmp_path)
+    if why:
+        pytest.skip(why)
+    corpus, clean_out, want = clean
+    total = sum(p.stat().st_size for p in clean_out.rglob("*") if p.is_file())
+    out = tmp_path / "small"
+    out.mkdir()
+    # Room for about half of the output: some shards are written, then the disk is full.
+    _mount("-t", "tmpfs", "-o", f"size={total // 2 // 4096 * 4096}", "tmpfs", str(out))
+    try:
+        rc, err = _finish(_spawn(corpus, out))
+        assert rc == 2
+        _one_line_error(err, "shards failed after retries", "No space left on device", "rerun the same command")
+        kept = _done(out)
+        assert 0 < kept < N_SHARDS
+        for sub in ("arrow", "wds", "done"):  # every file that carries a final name is complete
+            for p in (out / sub).iterdir():
+                assert not p.name.startswith("."), f"temporary left behind: {p}"
+                assert p.read_bytes() == (clean_out / sub / p.name).read_bytes(), p
+        _mount("-o", "remount,size=64m", str(out))  # space freed: the same command finishes the job
+        assert main(_cmd(corpus, out)) == 0
+        assert tree_digest(out) == want
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
+
+
+def test_second_job_on_the_same_out_fails_at_once_and_a_deleted_source_is_a_missing_reject(clean, tmp_path, capsys):
+    corpus, clean_out, want = clean
+    mine = tmp_path / "corpus"
+    shutil.copytree(corpus, mine)
+    out = tmp_path / "out"
+    proc = _spawn(mine, out)
+    deadline = time.monotonic() + 120
+    while not (out / "plan.json").exists():  # discovery is over, decoding has not started (Ray starts next)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        time.sleep(0.01)
+    victim = mine / "spk1" / "u15.wav"  # in the last shard
+    victim.unlink()
+
+    t0 = time.monotonic()
+    assert main(_cmd(mine, out)) == 2  # the same job again, while the first runs
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    _one_line_error(err, f"is in use by audiopipe shard (pid {proc.pid} on ", "since ")
+    assert elapsed < 1.0, f"the second job waited {elapsed:.2f} s instead of failing at once"
+
+    rc, err = _finish(proc)
+    assert rc == 0, err
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["source"], r["reason"]) for r in rejects] == [("spk1/u15.wav", "missing")]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["totals"]["discovered"] == N_FILES and m["totals"]["written"] == N_FILES - 1
+    # Nothing else lost or changed: every other shard is byte-identical to the uninterrupted run's.
+    got = tree_digest(out)
+    last = f"shard-{N_SHARDS - 1:06d}"
+    same = {k: v for k, v in want.items() if last not in k and "/" in k}
+    assert same and all(got[k] == v for k, v in same.items())
+    assert not (out / ".audiopipe.lock").exists()  # released by the first job when it finished
+    assert main(_cmd(mine, out)) == 0 and tree_digest(out) == got  # the rerun: up to date, nothing rewritten
+
+
+def test_a_rerun_sweeps_temporaries_but_keeps_the_lock_and_finished_files(tmp_path):
+    from audiopipe.shard.run import _clean_temporaries
+    from audiopipe.storage.atomic import temporary_for
+
+    keep = [tmp_path / "arrow" / "shard-000000.arrow", tmp_path / ".audiopipe.lock", tmp_path / "plan.json"]
+    gone = [temporary_for(tmp_path / "arrow" / "shard-000001.arrow"), temporary_for(tmp_path / "manifest.json"),
+            tmp_path / "done" / ".shard-000003.json.tmp-77", tmp_path / "wds" / ".shard-000002.tar.tmp-12345"]
+    for p in keep + gone:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    _clean_temporaries(tmp_path)
+    assert all(p.exists() for p in keep) and not any(p.exists() for p in gone)
