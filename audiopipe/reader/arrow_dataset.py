@@ -66,7 +66,7 @@ class _MappedShard:
         except (pa.lib.ArrowException, OSError) as e:
             raise CorruptShardError(f"shard {name} ({path}) is unreadable: {integrity.first_line(e)}; "
                                     f"run `audiopipe verify`") from e
-        self.size = self._mmap.size()
+        self.size, self._fd = self._mmap.size(), self._mmap.fileno()
         self.table = table
         self.columns: dict[str, _Column] = {}
         for f in features:
@@ -90,11 +90,11 @@ class _MappedShard:
         """Refuse to touch rows of a file whose size changed since it was mapped.
 
         Reading a page past a truncated file's new end is a SIGBUS that kills the process with no message; one
-        fstat (under a microsecond) before each batch's rows are touched turns it into a named error. A file
+        fstat (a few microseconds) before each batch's rows are touched turns it into a named error. A file
         replaced by rename (how audiopipe writes) keeps its old inode mapped and is not affected.
         """
         try:
-            now = os.fstat(self._mmap.fileno()).st_size
+            now = os.fstat(self._fd).st_size
         except OSError as e:
             raise CorruptShardError(f"shard {self.name} ({self.path}) cannot be checked: {e.strerror}") from e
         if now != self.size:
