@@ -4,7 +4,8 @@ Opening reads manifest.json and the length index, and checks every shard's size,
 without touching its rows (audiopipe/reader/integrity.py): a corrupt shard fails the open or, with
 on_corrupt="skip", leaves the plan. A shard is mapped the first time one of its rows is asked for, once per
 process (DataLoader workers map their own; the page cache is shared, resident memory is not ours), and at most
-`max_open` stay mapped: the least recently used is closed and mapped again when needed. Reading a sample is slicing a view: no decode, no copy until collate pads it into the batch.
+`max_open` stay mapped: the least recently used is closed and mapped again when needed. Reading a sample is
+slicing a view: no decode, no copy until collate pads it into the batch.
 A whole batch (`__getitems__`, what the DataLoader calls) comes back as a RowBatch, columns of rows that
 collate copies in one compiled pass; `read_ahead` lets the kernel fetch the rows of batches to come.
 """
