@@ -26,7 +26,7 @@ from audiopipe.decode.audio import resampler_info
 from audiopipe.features.registry import build_feature
 from audiopipe.index.lengths import build_index
 from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.reader.errors import ConfigMismatch, ShardError
+from audiopipe.reader.errors import ConfigMismatch, CorruptShardError, ShardError
 from audiopipe.reader.loader import make_loader
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.manifest import assemble_manifest
@@ -285,9 +285,11 @@ def test_a_shard_whose_schema_hash_differs_from_the_manifest_is_refused(shards, 
     with pa.OSFile(str(p), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     set_manifest_entry(w.root, 2)
-    ds = ShardDataset(w.root, ["mel"])
+    with pytest.raises(CorruptShardError, match="shard shard-000002 .*feature mel hash differs"):
+        ShardDataset(w.root, ["mel"])  # refused at open, before anything is planned
+    ds = ShardDataset(w.root, ["mel"], check_shards=False)  # and again when mapped, had it changed since
     ds[0]  # other shards are fine
-    with pytest.raises(ShardError, match="shard-000002: feature mel hash differs"):
+    with pytest.raises(CorruptShardError, match="shard-000002: feature mel hash differs"):
         ds[_global_of(2, 0)]
 
 
@@ -296,13 +298,17 @@ def test_truncated_shard_is_named_never_garbage(shards, tmp_path):
     p = w.shard_path(1)
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 2])
-    ds = ShardDataset(w.root, ["mel"])
+    with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*bytes, manifest says .*truncated"):
+        ShardDataset(w.root, ["mel"])
+    ds = ShardDataset(w.root, ["mel"], check_shards=False)  # the same check again when the shard is mapped
     np.testing.assert_array_equal(ds[0]["mel"], w.rows[0]["arrays"]["mel"])
-    with pytest.raises(ShardError, match=r"shard-000001 .*bytes, manifest says .*truncated"):
+    with pytest.raises(CorruptShardError, match=r"shard-000001 .*bytes, manifest says .*truncated"):
         ds[_global_of(1, 2)]
     set_manifest_entry(w.root, 1)  # sizes agree now: the Arrow reader itself must refuse the file
-    with pytest.raises(ShardError, match=r"shard-000001 .*unreadable"):
-        ShardDataset(w.root, ["mel"])[_global_of(1, 2)]
+    with pytest.raises(CorruptShardError, match=r"shard-000001 .*unreadable"):
+        ShardDataset(w.root, ["mel"])
+    with pytest.raises(CorruptShardError, match=r"shard-000001 .*unreadable"):
+        ShardDataset(w.root, ["mel"], check_shards=False)[_global_of(1, 2)]
 
 
 def _offsets_position(path: Path, column: str, row: int) -> int:
@@ -334,16 +340,23 @@ def test_sha256_verify_catches_any_flip(shards, tmp_path):
     data[len(data) // 2] ^= 0x40  # somewhere in the mel values: structure stays valid
     p.write_bytes(bytes(data))
     i = _global_of(4, 0)
-    with pytest.raises(ShardError, match="shard-000004 .*sha256"):
-        ShardDataset(w.root, ["mel"], verify="sha256")[i]
-    ShardDataset(w.root, ["mel"], verify="sha256")[0]  # intact shards pass the check
+    ShardDataset(w.root, ["mel"])[i]  # structure intact: only the hash can tell
+    with pytest.raises(CorruptShardError, match="shard shard-000004 .*sha256"):
+        ShardDataset(w.root, ["mel"], verify="sha256")
+    with pytest.raises(CorruptShardError, match="shard-000004 .*sha256"):
+        ShardDataset(w.root, ["mel"], verify="sha256", check_shards=False)[i]
+    ds = ShardDataset(w.root, ["mel"], verify="sha256", on_corrupt="skip")
+    np.testing.assert_array_equal(ds[0]["mel"], w.rows[0]["arrays"]["mel"])  # intact shards pass the check
+    assert [b["name"] for b in ds.diagnostics()["skipped_shards"]] == ["shard-000004"]
 
 
 def test_missing_shard_is_named(shards, tmp_path):
     w = copy_shards(shards, tmp_path / "s")
     w.shard_path(0).unlink()
-    with pytest.raises(ShardError, match="shard shard-000000 is missing"):
-        ShardDataset(w.root, ["mel"])[0]
+    with pytest.raises(CorruptShardError, match=r"shard shard-000000 \(.*\): missing"):
+        ShardDataset(w.root, ["mel"])
+    with pytest.raises(CorruptShardError, match="shard shard-000000 is missing"):
+        ShardDataset(w.root, ["mel"], check_shards=False)[0]
 
 
 # ---- make_loader -------------------------------------------------------------------------------------------------

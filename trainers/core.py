@@ -50,6 +50,7 @@ class RunConfig:
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or fp32 / bf16 / fp16
     num_workers: int = 0
     reader: str = "mmap"  # or "files": one .npy per utterance and feature (the baseline layout), for comparison
+    on_corrupt: str = "fail"  # or "skip": train without the rows of shards found corrupt at open
     seed: int = 1234
     log_every: int = 10
     ckpt_every: int = 500
@@ -68,6 +69,7 @@ FLAG_HELP = {
     "precision": "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (with a GradScaler)",
     "num_workers": "DataLoader workers (0 is usually fastest: reading is a slice of an mmap)",
     "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
+    "on_corrupt": "fail (stop at open, naming the corrupt shard) or skip (train without its rows, logged)",
     "seed": "seed for model init, batch plan and per-rank randomness",
     "log_every": "log every N steps (rank 0 prints; log.jsonl in --out)",
     "ckpt_every": "checkpoint every N steps (model, optimizer, scaler, sampler, RNG of every rank)",
@@ -256,6 +258,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                          quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                          num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
                          pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
+                         on_corrupt=cfg.on_corrupt,
                          **(loader_kw or {}))
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)

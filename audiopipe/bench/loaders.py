@@ -35,6 +35,7 @@ import torch
 
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.wds_stream import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
@@ -47,7 +48,8 @@ DESCRIPTIONS = {
     "mmap": "audiopipe make_loader: Arrow IPC mmap, zero-copy views, global bucketed sampler",
     "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
-    "npy_per_utt": "one .npy per utterance (Amphion NS2 layout), np.load per item, same sampler",
+    "npy_per_utt": "one .npy per utterance (Amphion NS2 layout, audiopipe FilesDataset), np.load per item, "
+                   "same sampler",
     "npy_amphion": "one .npy per utterance with Amphion's NS2Collator (pad_sequence, fresh zeroed batch + masks)",
     "on_the_fly": "F5-TTS default: soundfile decode + soxr resample to 24 kHz + torch float32 mel per item, "
                   "same sampler",
@@ -139,44 +141,15 @@ def _dataloader(dataset: Any, batch_sampler: Any, collate: Callable, workers: in
 
 
 def npy_cache(shards: str, feature: str, cache: str) -> Path:
-    """Write every utterance's feature once as <cache>/npy/<feature>/<id>.npy plus metadata.json (Amphion-like)."""
-    root = Path(cache) / "npy"
-    stamp = root / "metadata.json"
-    key = json.loads((Path(shards) / "manifest.json").read_text())["index"]["sha256"] + feature
-    if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
-        return root
-    ds = ShardDataset(shards, [feature])
-    meta = []
-    for i in range(len(ds)):
-        item = ds[i]
-        path = root / feature / f"{item['id']}.npy"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, item[feature], allow_pickle=False)
-        meta.append({"Uid": item["id"], "speaker": item["speaker"], "text": item["text"],
-                     "duration": item["duration"], "num_frames": int(item[feature].shape[-1])})
-    stamp.write_text(json.dumps({"key": key, "feature": feature, "utterances": meta}))
-    return root
+    """The per-utterance export (audiopipe/reader/files_dataset.py, the one exporter of that layout), written
+    once under <cache>/npy: <feature>/<row>.npy plus metadata.json, as Amphion keeps a file per utterance."""
+    return export_per_utterance(shards, [feature], Path(cache) / "npy")
 
 
-class NpyPerUtterance(torch.utils.data.Dataset):
-    """Amphion's NS2Dataset pattern: a metadata list in memory, np.load of one file per feature per item."""
-
-    def __init__(self, root: Path, feature: str):
-        meta = json.loads((root / "metadata.json").read_text())
-        self.utts = meta["utterances"]
-        self.paths = [str(root / feature / f"{u['Uid']}.npy") for u in self.utts]
-        self.feature = feature
-
-    def __len__(self) -> int:
-        return len(self.utts)
-
-    def lengths(self) -> np.ndarray:
-        return np.array([u["num_frames"] for u in self.utts], dtype=np.int64)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        u = self.utts[i]
-        return {"id": u["Uid"], "speaker": u["speaker"], "text": u["text"], "duration": u["duration"],
-                "index": i, self.feature: np.load(self.paths[i])}
+def npy_dataset(shards: str, feature: str, cache: str) -> FilesDataset:
+    """Amphion's NS2Dataset pattern: a metadata list in memory, np.load of one file per feature per item, on
+    every path (FilesDataset never reads a shard's rows)."""
+    return FilesDataset(shards, [feature], cache=npy_cache(shards, feature, cache))
 
 
 class AmphionPad:
@@ -357,11 +330,11 @@ def build(spec: LoaderSpec) -> Any:
         sampler = _EpochBatches(plan)
         return _Wrapped(_dataloader(ds, sampler, PadCollator([f]), spec.workers), sampler)
     if spec.name == "npy_amphion":
-        ds = NpyPerUtterance(npy_cache(spec.shards, f, spec.cache), f)
+        ds = npy_dataset(spec.shards, f, spec.cache)
         sampler = BucketBatchSampler(ds.lengths(), spec.max_frames, seed=spec.seed)
         return _Wrapped(_dataloader(ds, sampler, AmphionPad(f), spec.workers), sampler)
     if spec.name == "npy_per_utt":
-        ds = NpyPerUtterance(npy_cache(spec.shards, f, spec.cache), f)
+        ds = npy_dataset(spec.shards, f, spec.cache)
     elif spec.name == "on_the_fly":
         if not spec.corpus or not Path(spec.corpus).is_dir():
             raise FileNotFoundError(f"on_the_fly needs the source audio; corpus folder not found: {spec.corpus}")

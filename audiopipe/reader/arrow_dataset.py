@@ -1,8 +1,11 @@
 """Map-style dataset over Arrow shards through pyarrow.memory_map: samples are zero-copy numpy views.
 
-Opening reads only manifest.json and the length index; a shard is mapped the first time one of its rows is
-asked for, once per process (DataLoader workers map their own; the page cache is shared, resident memory is
-not ours). Reading a sample is slicing a view: no decode, no copy until collate pads it into the batch.
+Opening reads manifest.json and the length index, and checks every shard's size, Arrow footer and headers
+without touching its rows (audiopipe/reader/integrity.py): a corrupt shard fails the open or, with
+on_corrupt="skip", leaves the plan. A shard is mapped the first time one of its rows is asked for, once per
+process (DataLoader workers map their own; the page cache is shared, resident memory is not ours), and at most
+`max_open` stay mapped: the least recently used is closed and mapped again when needed. Reading a sample is
+slicing a view: no decode, no copy until collate pads it into the batch.
 A whole batch (`__getitems__`, what the DataLoader calls) comes back as a RowBatch, columns of rows that
 collate copies in one compiled pass; `read_ahead` lets the kernel fetch the rows of batches to come.
 """
@@ -11,11 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import mmap
 import os
 import queue
 import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -25,7 +30,8 @@ import pyarrow as pa
 
 from audiopipe.collate.rows import RowBatch, Rows
 from audiopipe.index.lengths import LengthIndex
-from audiopipe.reader.errors import ConfigMismatch, ShardError
+from audiopipe.reader import integrity
+from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
@@ -33,6 +39,7 @@ from audiopipe.shard.writer import METADATA_KEY
 from audiopipe.storage.paths import require_local
 
 _META_COLUMNS = ("id", "speaker", "text", "duration")
+_log = logging.getLogger(__name__)
 _PAGE = mmap.PAGESIZE
 _MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
 try:
@@ -55,26 +62,50 @@ class _Column:
 class _MappedShard:
     def __init__(self, path: Path, name: str, features: Sequence[str], channels: dict[str, int],
                  meta_columns: Sequence[str]):
+        self.name, self.path = name, path
         try:
             self._mmap = pa.memory_map(str(path))
             table = pa.ipc.open_file(self._mmap).read_all()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise ShardError(f"shard {name} ({path}) is unreadable: {e}; run `audiopipe verify`") from e
+        except (pa.lib.ArrowException, OSError) as e:
+            raise CorruptShardError(f"shard {name} ({path}) is unreadable: {integrity.first_line(e)}; "
+                                    f"run `audiopipe verify`") from e
+        self.size, self._fd = self._mmap.size(), self._mmap.fileno()
         self.table = table
         self.columns: dict[str, _Column] = {}
         for f in features:
             if f not in table.column_names:
-                raise ShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
+                raise CorruptShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
             column = ListColumn(table.column(f))
             offsets, values = column.offsets, column.values
             frames = table.column(f"{f}_frames").to_numpy()
             ch = channels.get(f, 0)
             # Structural checks are O(rows) and catch truncation or corruption of the offsets.
             if offsets[-1] != len(values) or (np.diff(offsets) != np.maximum(ch, 1) * frames).any():
-                raise ShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
+                raise CorruptShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
             self.columns[f] = _Column(values, offsets, frames, ch)
         self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
         self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
+
+    def check(self) -> None:
+        """Refuse to touch rows of a file whose size changed since it was mapped.
+
+        Reading a page past a truncated file's new end is a SIGBUS that kills the process with no message; one
+        fstat (a few microseconds) before each batch's rows are touched turns it into a named error. A file
+        replaced by rename (how audiopipe writes) keeps its old inode mapped and is not affected.
+        """
+        try:
+            now = os.fstat(self._fd).st_size
+        except OSError as e:
+            raise CorruptShardError(f"shard {self.name} ({self.path}) cannot be checked: {e.strerror}") from e
+        if now != self.size:
+            raise CorruptShardError(
+                f"shard {self.name} ({self.path}) changed size after it was mapped ({self.size} -> {now} bytes): "
+                f"rewritten in place while training; its rows can no longer be read safely")
+
+    def close(self) -> None:
+        """Give back the file descriptor. Views already handed out stay valid: the mapping lives until the
+        last of them is gone (pyarrow's buffers hold it), so closing never pulls memory from under a batch."""
+        self._mmap.close()
 
     def meta_values(self, column: str, rows: np.ndarray) -> list[Any]:
         """Python values of a metadata column at `rows` (int64 array), without a pyarrow scalar per value."""
@@ -141,17 +172,31 @@ class ShardDataset:
 
     features: the columns a trainer needs (others are never touched).
     expect: {feature: config hash} (or a FeatureSpec's hash) the trainer was built for; a mismatch is refused.
-    verify: "size" (default: file size as in the manifest, plus structural checks) or "sha256" (hash each shard
-            once per process before first use: catches any corruption, costs one read of the file).
+    verify: "size" (default: file size as in the manifest, Arrow footer and headers, row counts, and the column
+            structure when mapped) or "sha256" (also hash every shard once at open: catches any corruption,
+            costs one read of the corpus).
+    on_corrupt: "fail" (default: a corrupt shard is a CorruptShardError at open, naming it) or "skip" (its
+            rows leave the dataset's plannable rows, see without_skipped; a warning names each shard and the
+            rows dropped once, and diagnostics() lists them).
+    max_open: shards kept mapped (and holding a file descriptor) per process; the least recently used is
+            closed beyond that and mapped again when one of its rows is asked for.
+    check_shards: False skips the open-time scan (the files baseline, which never reads a shard's rows).
     """
 
     def __init__(self, shards_dir: str | Path, features: Iterable[str] = ("mel",),
                  expect: dict[str, str] | None = None, verify: str = "size",
-                 meta_columns: Sequence[str] = _META_COLUMNS):
+                 meta_columns: Sequence[str] = _META_COLUMNS, on_corrupt: str = "fail", max_open: int = 128,
+                 check_shards: bool = True):
+        if verify not in integrity.VERIFY:
+            raise ValueError(f"verify must be one of {integrity.VERIFY}, got {verify!r}")
+        if on_corrupt not in integrity.ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
+        if not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be a positive number of shards, got {max_open!r}")
         self.root = Path(require_local(shards_dir, "shard folder"))  # before pathlib turns s3:// into s3:/
         self.manifest = read_manifest(self.root)
         self.features = list(features)
-        self.verify = verify
+        self.verify, self.on_corrupt, self.max_open = verify, on_corrupt, max_open
         self.meta_columns = tuple(meta_columns)
         specs = self.manifest["features"]
         extra_arrays = {"phones": 0, "durations": 0}  # front-end columns without a FeatureSpec
@@ -168,7 +213,8 @@ class ShardDataset:
         self.index = LengthIndex.open(self.root)
         self._shard_of = self.index.shard
         self._row_of = self.index.row
-        self._open: dict[int, _MappedShard] = {}
+        self._open: OrderedDict[int, _MappedShard] = OrderedDict()  # least recently used first
+        self._maps = 0  # shards mapped in this process, remaps after eviction included
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the read-ahead thread opens shards too
         self._ahead_pid: int | None = None
@@ -177,11 +223,73 @@ class ShardDataset:
         shard_bytes = sum(int(e["arrow"]["bytes"]) for e in self.manifest["shards"])
         self._hint_always = shard_bytes > _physical_memory() // 2
         self._index_meta_readers: dict[str, Callable[[np.ndarray], list[Any]]] | None = None
+        self.skipped: tuple[integrity.CorruptShard, ...] = ()
+        self._skipped_shard = np.zeros(len(self.manifest["shards"]), dtype=bool)
+        self._hashed = False  # sha256 done by the open-time scan (workers inherit it and do not hash again)
+        if check_shards:
+            self._scan()
+
+    # ---- corrupt shards ------------------------------------------------------------------------------
+
+    def _scan(self) -> None:
+        bad = integrity.scan(self.root, self.manifest, self.features, self.verify)
+        self._hashed = self.verify == "sha256"
+        if bad and self.on_corrupt == "fail":
+            raise CorruptShardError(
+                f"{self.root}: {integrity.summary(bad, len(self.manifest['shards']))}; rebuild them "
+                f"(`audiopipe verify` lists every problem) or pass on_corrupt='skip' (--on-corrupt skip) to "
+                f"train without their rows")
+        self._skip(bad)
+
+    def _skip(self, bad: Sequence[integrity.CorruptShard]) -> None:
+        new = [b for b in bad if not self._skipped_shard[b.shard]]
+        if not new:
+            return
+        for b in new:
+            self._skipped_shard[b.shard] = True
+        self.skipped = tuple(sorted((*self.skipped, *new), key=lambda b: b.shard))
+        rows = sum(b.rows for b in new)
+        _log.warning("skipping %d rows of %s: %s", rows, self.root,
+                     integrity.summary(new, len(self.manifest["shards"]), limit=len(new)))
+
+    def skip_what_other_ranks_skip(self) -> None:
+        """With torch.distributed initialised, also skip every shard another rank found corrupt, so all ranks
+        plan over the same rows (and get the same batch count). A collective: every rank must call it."""
+        if self.on_corrupt != "skip":
+            return
+        agreed = integrity.union_across_ranks([b.shard for b in self.skipped], len(self.manifest["shards"]))
+        shards = self.manifest["shards"]
+        self._skip([integrity.CorruptShard(k, shards[k]["name"], str(self.root / shards[k]["arrow"]["path"]),
+                                           int(shards[k]["rows"]), "found corrupt by another rank")
+                    for k in agreed if not self._skipped_shard[k]])
+
+    def without_skipped(self, subset: np.ndarray | None, lengths: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """(subset, lengths) less the rows of skipped shards, before a sampler plans over them.
+
+        subset: global rows or None (all); lengths: indexed like subset (or like the dataset when it is None).
+        Dropping rows here, not in the batches, is what keeps every rank's batch count equal.
+        """
+        lengths = np.asarray(lengths)
+        if not self.skipped:
+            return subset, lengths
+        ok = ~self._skipped_shard[self._shard_of]
+        if subset is None:
+            keep = np.flatnonzero(ok)
+            return keep, lengths[keep]
+        keep = ok[subset]
+        return subset[keep], lengths[keep]
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Skipped shards and rows (decided at open), and this process's mappings: open now, the cap, and how
+        many times a shard was mapped (more than the shards read means the cap is evicting)."""
+        return {"skipped_shards": [b.__dict__.copy() for b in self.skipped],
+                "skipped_rows": int(sum(b.rows for b in self.skipped)),
+                "open_mappings": len(self._open), "max_open": self.max_open, "mappings_made": self._maps}
 
     def __getstate__(self) -> dict[str, Any]:
         # For spawned workers: mappings, the lock and the read-ahead thread are per process.
         state = self.__dict__.copy()
-        state.update(_open={}, _lock=None, _pid=None, _ahead_pid=None, _ahead_queue=None)
+        state.update(_open=OrderedDict(), _maps=0, _lock=None, _pid=None, _ahead_pid=None, _ahead_queue=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -199,33 +307,46 @@ class ShardDataset:
         return self.manifest["features"][feature]
 
     def _shard(self, k: int) -> _MappedShard:
+        """Shard k, mapped and checked unchanged since mapping; its rows may be touched until the next call.
+
+        Under the lock: the read-ahead thread maps and evicts too, and a shard's check must not race its close.
+        """
         if os.getpid() != self._pid:  # forked into a DataLoader worker: map afresh in this process
-            self._open, self._pid, self._lock = {}, os.getpid(), threading.Lock()
-        sh = self._open.get(k)
-        if sh is None:
-            with self._lock:
-                sh = self._open.get(k)
-                if sh is None:
-                    sh = self._open[k] = self._map(k)
+            self._open, self._pid, self._lock, self._maps = OrderedDict(), os.getpid(), threading.Lock(), 0
+        with self._lock:
+            sh = self._open.get(k)
+            if sh is None:
+                if self._skipped_shard[k]:
+                    raise CorruptShardError(f"shard {self.manifest['shards'][k]['name']} was skipped as corrupt "
+                                            f"when the dataset was opened; its rows cannot be read")
+                sh = self._open[k] = self._map(k)
+                self._maps += 1
+                while len(self._open) > self.max_open:
+                    self._open.popitem(last=False)[1].close()
+            else:
+                self._open.move_to_end(k)
+            sh.check()
         return sh
 
     def _map(self, k: int) -> _MappedShard:
         entry = self.manifest["shards"][k]
         path = self.root / entry["arrow"]["path"]
         name = entry["name"]
+        # The open-time scan checked all this; a shard can still change between then and now.
         if not path.exists():
-            raise ShardError(f"shard {name} is missing: {path}")
+            raise CorruptShardError(f"shard {name} is missing: {path}")
         size = path.stat().st_size
         if size != entry["arrow"]["bytes"]:
-            raise ShardError(f"shard {name} ({path}) is {size} bytes, manifest says {entry['arrow']['bytes']}: "
-                             f"truncated or replaced; run `audiopipe verify`")
-        if self.verify == "sha256" and sha256_file(path) != entry["arrow"]["sha256"]:
-            raise ShardError(f"shard {name} ({path}) fails its sha256 check: corrupted; rebuild it")
+            raise CorruptShardError(f"shard {name} ({path}) is {size} bytes, manifest says "
+                                    f"{entry['arrow']['bytes']}: truncated or replaced; run `audiopipe verify`")
+        if self.verify == "sha256" and not self._hashed and sha256_file(path) != entry["arrow"]["sha256"]:
+            raise CorruptShardError(f"shard {name} ({path}) fails its sha256 check: corrupted; rebuild it")
         sh = _MappedShard(path, name, self.features, self.channels, self.meta_columns)
         meta = json.loads(sh.table.schema.metadata[METADATA_KEY])["features"]
         for f in self.features:
             if f in self.manifest["features"] and meta[f]["hash"] != self.manifest["features"][f]["hash"]:
-                raise ShardError(f"shard {name}: feature {f} hash differs from the manifest")
+                sh.close()
+                raise CorruptShardError(f"shard {name}: feature {f} hash differs from the manifest")
         return sh
 
     def willneed(self, indices: Sequence[int]) -> None:

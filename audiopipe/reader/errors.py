@@ -5,5 +5,11 @@ class ShardError(RuntimeError):
     pass
 
 
+class CorruptShardError(ShardError):
+    """A shard that cannot be trusted: missing, wrong size, unreadable Arrow footer or schema, wrong row count,
+    failed checksum, broken column structure, or changed on disk after it was mapped. The message is one line
+    naming the shard and what to do (see docs/loader.md, "Corrupt shards")."""
+
+
 class ConfigMismatch(ValueError):
     pass

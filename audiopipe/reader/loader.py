@@ -113,7 +113,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
-                files_cache: str | Path | None = None, read_ahead: int = 2) -> Loader:
+                files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
+                max_open: int = 128) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -129,9 +130,14 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     read_ahead: batches whose rows are announced to the kernel (madvise WILLNEED, from a background thread)
              before they are read, so a cold shard is fetched from disk in parallel with the copy of the
              current batch; 0 turns it off (mmap reader only).
+    on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its rows
+             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()).
+    max_open: shards kept mapped per process (least recently used closed beyond it; mmap reader only).
     """
     if reader == "mmap":
-        ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
+        ds = ShardDataset(shards_dir, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
+                          max_open=max_open)
+        ds.skip_what_other_ranks_skip()  # a collective under torch.distributed: all ranks plan the same rows
     elif reader == "files":
         from audiopipe.reader.files_dataset import FilesDataset
 
@@ -144,6 +150,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
         lengths = ds.lengths(length_feature or features[0]).astype(np.int64)
         if subset is not None:
             lengths = lengths[subset]
+    if reader == "mmap":
+        subset, lengths = ds.without_skipped(subset, lengths)
     sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
                                  max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
     if read_ahead < 0:

@@ -64,8 +64,8 @@ class WdsStream(torch.utils.data.IterableDataset):
         if int(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed!r}")
         # ShardDataset's constructor reads only manifest.json and index.arrow and refuses unknown features and
-        # config-hash mismatches; reuse those checks (it never maps an Arrow shard unless indexed).
-        meta = ShardDataset(shards_dir, features, expect=expect)
+        # config-hash mismatches; reuse those checks (check_shards=False: the Arrow shards may not be here at all).
+        meta = ShardDataset(shards_dir, features, expect=expect, check_shards=False)
         self.root = meta.root
         self.manifest = meta.manifest
         self.features = list(features)
