@@ -261,7 +261,7 @@ def test_the_trainer_flag_reaches_the_loader(shards, tmp_path):
 def test_the_webdataset_reader_does_not_scan_the_arrow_shards(tmp_path):
     """make_wds_loader reads tars and only the manifest and index beside them (a job streaming from object
     storage copies just those): the open-time Arrow scan must not refuse a folder without arrow/."""
-    from audiopipe.reader.wds_stream import make_wds_loader
+    from audiopipe.reader.wds import make_wds_loader
 
     w = write_shards(tmp_path / "s", rows_per_shard=(4, 3), mel_frames=(5, 30))
     for k in range(2):

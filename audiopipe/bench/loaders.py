@@ -37,7 +37,7 @@ from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
-from audiopipe.reader.wds_stream import make_wds_loader
+from audiopipe.reader.wds import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
