@@ -197,16 +197,6 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def optimizer_step(opt: torch.optim.Optimizer) -> int:
-    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if st and "step" in st:
-                return int(st["step"])
-    return 0
-
-
 # ----------------------------------------------------------------------------- checkpoints
 
 def _rng_state() -> dict[str, Any]:
