@@ -81,7 +81,7 @@ FLAG_HELP = {
     "num_workers": "DataLoader workers (0 is usually fastest: reading is a slice of an mmap)",
     "prefetch": "padded batches the loader builds ahead in a background thread while the step runs (0 = off)",
     "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
-    "seed": "seed for model init, batch plan and per-rank randomness (reseeded from seed, rank, step every step)",
+    "seed": "seed for model init, batch plan and per-rank randomness",
     "log_every": "log every N steps (rank 0 prints; log.jsonl in --out)",
     "ckpt_every": "checkpoint every N steps (model, optimizer, scaler, sampler, RNG of every rank)",
 }

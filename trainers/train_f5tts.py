@@ -377,7 +377,6 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
 # ----------------------------------------------------------------------------- training
 
 def main(argv: list[str] | None = None) -> int:
-    # config and data: the text tokenizer (the mel comes from the shards as it is)
     cfg, args = parse_args(
         "Train F5-TTS (DiT + conditional flow matching) on audiopipe f5tts shards.", defaults=RUN_DEFAULTS,
         extra=lambda p: p.add_argument("--vocab", default=None,

@@ -234,9 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
                            argv=argv)
     d = setup_dist(cfg.seed)
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
-    # data: the reference's filters, read from the length index
     subset, lengths, summary = select_utterances(cfg.shards, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio)
-    # model
     model = Text2Semantic(c)
     if d.main:
         n = sum(p.numel() for p in model.parameters())
