@@ -284,7 +284,7 @@ def fbank_batch(wav: torch.Tensor) -> torch.Tensor:
         return mean_normalize(feats, time_axis=1)
 
 
-# ----------------------------------------------------------------------------- make_loader's arguments for core.train
+# ----------------------------------------------------------------------------- make_loader arguments
 
 @dataclass
 class SpeakerData:

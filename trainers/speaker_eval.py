@@ -20,6 +20,7 @@ from audiopipe.features.pcm import INT16_SCALE
 from audiopipe.reader.arrow_dataset import ShardDataset
 from speaker_data import SpeakerSplit, fbank_batch
 
+
 # ----------------------------------------------------------------------------- AAM-softmax
 
 def aam_logits(cosine: torch.Tensor, labels: torch.Tensor, margin: float, scale: float) -> torch.Tensor:

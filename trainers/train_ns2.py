@@ -103,7 +103,7 @@ RUN_DEFAULTS = dict(batch_frames=7500, lr=7.5e-5, warmup_steps=5000, clip=0.5)
 FEATURES = ["codes", "f0", "phones"]
 
 
-# ----------------------------------------------------------------------------- data: usable utterances, prompt / target split
+# ----------------------------------------------------------------------------- data: usable utterances, prompt split
 
 class PromptSplit:
     """Loader batch_transform: a random prefix of each utterance is the prompt, the rest the target.
