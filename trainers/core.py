@@ -302,6 +302,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         opt.zero_grad(set_to_none=True)  # a partial accumulation at the end of an epoch is not carried over
         clock.start_pass()
         micro, steps_at_start = 0, step  # micro: batches of this pass, what the sampler's state_dict counts
+        pending = _Window()  # this step's micro-batches: they join the log window only if the step is taken
         while step < cfg.max_steps:
             if micro % cfg.grad_accum == 0:  # a step begins: its draws depend on (seed, rank, step) alone
                 seed_all(step_seed(cfg.seed, d.rank, step))
@@ -318,9 +319,11 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                 with autocast:
                     loss, logs = loss_fn(ddp, batch)
                 scaler.scale(loss / cfg.grad_accum).backward()
-            window.add(loss, logs, batch[f"{f0}_lengths"], batch["padding_ratio"][f0], cfg.grad_accum)
+            pending.add(loss, logs, batch[f"{f0}_lengths"], batch["padding_ratio"][f0], cfg.grad_accum)
             if not sync:
                 continue
+            window.merge(pending)
+            pending = _Window()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, cfg)
             scaler.unscale_(opt)
@@ -407,7 +410,10 @@ def _no_step_message(loader: Loader, cfg: RunConfig, epoch: int, batches: int, n
 
 
 class _Window:
-    """What a log window sums. Loss, frames and tensor log terms stay on the device until the log line."""
+    """What a log window sums. Loss, frames and tensor log terms stay on the device until the log line.
+
+    Only micro-batches of steps taken count: a partial accumulation dropped at the end of an epoch is neither
+    trained on nor logged (nor timed, see _Clock.start_pass)."""
 
     def __init__(self) -> None:
         self.loss: Any = 0.0
@@ -416,6 +422,14 @@ class _Window:
         self.pad: list[Any] = []
         self.micro = 0
         self.steps = 0
+
+    def merge(self, other: "_Window") -> None:
+        self.loss = self.loss + other.loss
+        self.frames = self.frames + other.frames
+        self.pad += other.pad
+        self.micro += other.micro
+        for k, v in other.terms.items():
+            self.terms[k] = self.terms.get(k, 0.0) + v
 
     def add(self, loss: torch.Tensor, logs: dict[str, Any], lengths: torch.Tensor, pad: Any, accum: int) -> None:
         self.loss = self.loss + loss.detach().float() / accum
