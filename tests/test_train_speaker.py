@@ -19,6 +19,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 
 import core
+import speaker
 import speaker_data
 import speaker_eval
 import train_campplus
@@ -223,6 +224,29 @@ def test_margin_schedule():
     vals = [ms(k) for k in range(0, 120)]
     assert all(b >= a for a, b in zip(vals, vals[1:]))
     assert speaker_eval.MarginSchedule(0.3)(0) == 0.3  # no ramp: the final margin at once
+
+
+class _NoReadBack(torch.Tensor):
+    def __int__(self):
+        raise AssertionError("the micro-batch count was read back from the device")
+
+    item = __index__ = __int__
+
+
+def test_margin_step_is_counted_on_the_host():
+    """The margin's step count lives in a buffer (checkpointed), but forward reads it back once, not on every
+    micro-batch (which on a GPU is a host sync per step); a loaded state is read again."""
+    enc = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(8))
+    model = speaker.SpeakerModel(enc, 8, 3, speaker_eval.MarginSchedule(0.3, start=0, ramp=4), grad_accum=2)
+    wav, labels = torch.randn(2, SR // 10), torch.tensor([0, 2])
+    margins = [model(wav, labels)[1]["margin"]]
+    model.micro_batches = model.micro_batches.as_subclass(_NoReadBack)
+    margins += [model(wav, labels)[1]["margin"] for _ in range(5)]
+    model.micro_batches = model.micro_batches.as_subclass(torch.Tensor)
+    assert int(model.micro_batches) == 6
+    assert margins == [speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(k // 2) for k in range(6)]
+    model.load_state_dict({**model.state_dict(), "micro_batches": torch.tensor(2)})
+    assert model(wav, labels)[1]["margin"] == speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(1)
 
 
 # ----------------------------------------------------------------------------- EER

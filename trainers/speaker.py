@@ -38,11 +38,21 @@ class SpeakerModel(nn.Module):
         self.margin = margin
         self.grad_accum = max(1, int(grad_accum))
         self.register_buffer("micro_batches", torch.zeros((), dtype=torch.int64))
+        # A host copy of the buffer, read from it once after construction or a load: reading the buffer on
+        # every call would make the CPU wait for the GPU on every micro-batch.
+        self._micro: int | None = None
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._micro = None
 
     def forward(self, wav: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        m = self.margin(int(self.micro_batches) // self.grad_accum)
+        if self._micro is None:
+            self._micro = int(self.micro_batches)
+        m = self.margin(self._micro // self.grad_accum)
         if self.training:
             self.micro_batches += 1
+            self._micro += 1
         emb = self.encoder(fbank_batch(wav))
         loss, cos = self.head(emb, labels, m)
         acc = (cos.detach().argmax(dim=1) == labels).float().mean()
