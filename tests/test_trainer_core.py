@@ -141,6 +141,21 @@ def test_a_failed_checkpoint_write_leaves_nothing(mel_shards, tmp_path):
     assert torch.load(path, weights_only=True)["step"] == 2
 
 
+def _recording_mse(seen: list[float], wrap=lambda t: t):
+    """A 1x1-conv mel autoencoder and its loss, which records every micro-batch's loss in `seen` and returns
+    the loss and a term `half` (loss / 2) dressed by `wrap`."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv1d(100, 100, 1)
+
+    def loss_fn(m, b):
+        x, mask = b["mel"], b["mel_mask"][:, None].float()
+        loss = (((m(x) - x) ** 2) * mask).sum() / mask.sum()
+        seen.append(float(loss.detach()))
+        return wrap(loss), {"half": wrap(loss.detach() / 2)}
+
+    return model, loss_fn
+
+
 class _Counted(torch.Tensor):
     """A loss that counts how often the loop reads it back to the host."""
 
@@ -160,18 +175,9 @@ def test_loss_and_terms_are_read_back_only_at_log_lines(mel_shards, tmp_path):
     log line), where the old loop read both after every micro-batch (8 times each)."""
     cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--max-steps", "4", "--log-every", "2",
                                                "--grad-accum", "2", "--batch-frames", "600", "--ckpt-every", "100"))
-    torch.manual_seed(0)
-    model = torch.nn.Conv1d(100, 100, 1)
     seen = []
-
-    def loss_fn(m, b):
-        x, mask = b["mel"], b["mel_mask"][:, None].float()
-        loss = (((m(x) - x) ** 2) * mask).sum() / mask.sum()
-        seen.append(float(loss.detach()))
-        return loss.as_subclass(_Counted), {"half": (loss.detach() / 2).as_subclass(_Counted)}
-
     _Counted.reads = 0
-    last = core.train(model, loss_fn, cfg, core.Dist(), features=["mel"])
+    last = core.train(*_recording_mse(seen, lambda t: t.as_subclass(_Counted)), cfg, core.Dist(), features=["mel"])
     assert len(seen) == 8 and _Counted.reads == 2 * 2
     logs = _log(tmp_path)
     assert [r["step"] for r in logs] == [2, 4]
@@ -217,17 +223,8 @@ def test_a_dropped_partial_accumulation_is_not_logged(mel_shards, tmp_path):
     cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--max-steps", str(steps), "--log-every", "100",
                                                "--grad-accum", "2", "--batch-frames", str(frames),
                                                "--ckpt-every", "100"))
-    torch.manual_seed(0)
-    model = torch.nn.Conv1d(100, 100, 1)
     seen = []
-
-    def loss_fn(m, b):
-        x, mask = b["mel"], b["mel_mask"][:, None].float()
-        loss = (((m(x) - x) ** 2) * mask).sum() / mask.sum()
-        seen.append(float(loss.detach()))
-        return loss, {}
-
-    last = core.train(model, loss_fn, cfg, core.Dist(), features=["mel"])
+    last = core.train(*_recording_mse(seen), cfg, core.Dist(), features=["mel"])
     assert len(seen) == n + 2 and last["step"] == steps and last["epoch"] == 1
     trained = seen[:n - 1] + seen[n:]  # micro-batch n - 1 (0-based) of epoch 0 was dropped
     assert last["loss"] == pytest.approx(sum(trained) / 2 / steps, rel=1e-6)
