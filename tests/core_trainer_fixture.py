@@ -1,13 +1,12 @@
-"""A minimal trainer on trainers/core.py with dropout, for testing the core itself under torchrun."""
+"""A minimal trainer on trainers/core.py with dropout, for testing the core itself under torchrun.
 
-import sys
-from pathlib import Path
+It logs `u`, the first number rank 0 draws from torch's global RNG in each step, so a test can see which
+random stream a step used. Run with trainers/ on PYTHONPATH (the tests set it), as every trainer imports core.
+"""
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainers"))
+import torch
 
-import torch  # noqa: E402
-
-from core import parse_args, setup_dist, train  # noqa: E402
+from core import parse_args, setup_dist, train
 
 cfg, _ = parse_args("core test trainer")
 d = setup_dist(cfg.seed)
@@ -15,8 +14,9 @@ model = torch.nn.Sequential(torch.nn.Conv1d(100, 32, 3, padding=1), torch.nn.Dro
 
 
 def loss_fn(m, b):
+    u = torch.rand(())
     x, mask = b["mel"], b["mel_mask"][:, None].float()
-    return (((m(x) - x) ** 2) * mask).sum() / mask.sum() / 100, {}
+    return (((m(x) - x) ** 2) * mask).sum() / mask.sum() / 100, {"u": u}
 
 
 train(model, loss_fn, cfg, d, features=["mel"])

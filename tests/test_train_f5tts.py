@@ -17,10 +17,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "trainers"))
 
-import train_f5tts as f5  # noqa: E402
-from shard_helpers import shard  # noqa: E402
+import train_f5tts as f5
+from shard_helpers import shard
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

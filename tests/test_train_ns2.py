@@ -17,13 +17,12 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from audiopipe.presets import PRESETS  # noqa: E402
-from audiopipe.shard.job import CodecSettings  # noqa: E402
-from shard_helpers import shard  # noqa: E402
-from trainers.mas import mas_durations, maximum_path  # noqa: E402
-from trainers.train_ns2 import (  # noqa: E402
+from audiopipe.presets import PRESETS
+from audiopipe.shard.job import CodecSettings
+from mas import mas_durations, maximum_path
+from shard_helpers import shard
+from train_ns2 import (
     CONFIGS,
     LOSS_TERMS,
     NaturalSpeech2,

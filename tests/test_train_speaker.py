@@ -1,5 +1,5 @@
-"""The 3D-Speaker trainers (trainers/train_eres2net.py, train_campplus.py, speaker.py): crops, speed
-perturbation, labels, fbank on the device, AAM-softmax, EER, model shapes, DDP under torchrun, exact resume."""
+"""The 3D-Speaker trainers (trainers/train_eres2net.py, train_campplus.py, speaker*.py): crops, speed perturbation,
+labels, fbank on the device, AAM-softmax, EER, model shapes, DDP under torchrun, exact resume."""
 
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "trainers"))
 
-import core  # noqa: E402
-import speaker  # noqa: E402
-import train_campplus  # noqa: E402
-import train_eres2net  # noqa: E402
-from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch, mean_normalize  # noqa: E402
-from audiopipe.reader.arrow_dataset import ShardDataset  # noqa: E402
-from shard_helpers import shard  # noqa: E402
+import core
+import speaker
+import speaker_data
+import speaker_eval
+import train_campplus
+import train_eres2net
+from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch, mean_normalize
+from audiopipe.reader.arrow_dataset import ShardDataset
+from shard_helpers import shard
 
 TRAINERS = {"campplus": train_campplus, "eres2net": train_eres2net}
-SR = speaker.SAMPLE_RATE
+SR = speaker_data.SAMPLE_RATE
 
 
 @pytest.fixture(autouse=True)
@@ -61,17 +62,17 @@ def _dominant_hz(x: np.ndarray) -> float:
 
 def test_crops_depend_on_seed_epoch_and_index_only():
     pcm = _noise_pcm(3 * SR)
-    crops = speaker.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)
+    crops = speaker_data.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)
     item = {"pcm": pcm, "index": 1, "id": "spk/u1"}
     a = crops(item)
     np.random.seed(123), torch.rand(5)  # global RNG use in between changes nothing
-    b = speaker.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)(item)
+    b = speaker_data.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)(item)
     assert a["wav"].dtype == np.float32 and a["wav"].shape == (SR,)
     assert np.array_equal(a["wav"], b["wav"]) and a["label"] == b["label"] and a["index"] == 1
     assert a["label"] in (3, 4, 5)  # speaker 1 * 3 + speed index
     crops.set_epoch(1)
     assert not np.array_equal(crops(item)["wav"], a["wav"]), "a new epoch must draw a new crop"
-    assert not np.array_equal(speaker.SpeakerCrops(np.array([0, 1, -1]), seed=8, crop_samples=SR)(item)["wav"],
+    assert not np.array_equal(speaker_data.SpeakerCrops(np.array([0, 1, -1]), seed=8, crop_samples=SR)(item)["wav"],
                               a["wav"])
     with pytest.raises(ValueError, match="not a training utterance"):
         crops({"pcm": pcm, "index": 2, "id": "held/out"})
@@ -80,7 +81,7 @@ def test_crops_depend_on_seed_epoch_and_index_only():
 def test_unperturbed_crop_is_a_slice_and_speeds_are_uniform():
     pcm = (np.arange(2 * SR) - SR).astype(np.int16)  # every sample value unique: a crop reveals its start
     n = 300
-    crops = speaker.SpeakerCrops(np.zeros(n, dtype=np.int64), seed=3, crop_samples=SR // 2)
+    crops = speaker_data.SpeakerCrops(np.zeros(n, dtype=np.int64), seed=3, crop_samples=SR // 2)
     counts = np.zeros(3, dtype=int)
     for i in range(n):
         out = crops({"pcm": pcm, "index": i})
@@ -95,7 +96,7 @@ def test_unperturbed_crop_is_a_slice_and_speeds_are_uniform():
 
 def test_short_utterance_is_repeat_padded():
     pcm = _noise_pcm(5000, seed=2)
-    out = speaker.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,))({"pcm": pcm, "index": 0})
+    out = speaker_data.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,))({"pcm": pcm, "index": 0})
     assert np.array_equal(np.round(out["wav"] * 32768).astype(np.int16), np.resize(pcm, SR))
 
 
@@ -103,7 +104,7 @@ def test_short_utterance_is_repeat_padded():
 def test_speed_perturbation_scales_pitch_and_keeps_level(speed):
     t = np.arange(3 * SR) / SR
     pcm = np.round(0.5 * 32767 * np.sin(2 * np.pi * 1000 * t)).astype(np.int16)
-    crops = speaker.SpeakerCrops(np.array([2]), seed=0, crop_samples=SR, speeds=(speed,))
+    crops = speaker_data.SpeakerCrops(np.array([2]), seed=0, crop_samples=SR, speeds=(speed,))
     out = crops({"pcm": pcm, "index": 0})
     assert out["label"] == 2 * 1 + 0 and out["wav"].shape == (SR,)
     assert abs(_dominant_hz(out["wav"]) - 1000 * speed) <= 2  # sox `speed`: faster is higher
@@ -122,31 +123,31 @@ def test_noise_and_reverb_from_folders(tmp_path):
     rir = np.zeros(1600)
     rir[0], rir[800] = 1.0, 0.5
     sf.write(tmp_path / "rir" / "room.flac", rir, SR)
-    noise = speaker.AudioFolder(tmp_path / "noise", "--noise-dir")
-    rirs = speaker.AudioFolder(tmp_path / "rir", "--rir-dir")
+    noise = speaker_data.AudioFolder(tmp_path / "noise", "--noise-dir")
+    rirs = speaker_data.AudioFolder(tmp_path / "rir", "--rir-dir")
     wav = (0.3 * np.sin(2 * np.pi * 200 * np.arange(SR) / SR)).astype(np.float32)
-    noisy = speaker.add_noise(wav, noise.load(0), 5.0, np.random.default_rng(0))
+    noisy = speaker_data.add_noise(wav, noise.load(0), 5.0, np.random.default_rng(0))
     snr = 10 * np.log10(np.mean(wav ** 2) / np.mean((noisy - wav) ** 2))
     assert abs(snr - 5.0) < 0.05 and _dominant_hz(noisy - wav) == pytest.approx(1500, abs=2)  # read at 16 kHz
-    rev = speaker.add_reverb(wav, rirs.load(0))
+    rev = speaker_data.add_reverb(wav, rirs.load(0))
     assert np.allclose(rev[800:], (wav[800:] + 0.5 * wav[:-800]) / math.sqrt(1.25), atol=1e-4)
-    always = speaker.Augment(noise, rirs, prob=1.0, snr_db=(5.0, 5.0))
-    never = speaker.Augment(noise, rirs, prob=0.0)
+    always = speaker_data.Augment(noise, rirs, prob=1.0, snr_db=(5.0, 5.0))
+    never = speaker_data.Augment(noise, rirs, prob=0.0)
     for seed in range(6):
         out = always(wav, np.random.default_rng(seed))
         assert out.shape == wav.shape and out.dtype == np.float32 and not np.allclose(out, wav)
         assert never(wav, np.random.default_rng(seed)) is wav
     with pytest.raises(SystemExit, match="holds no"):
-        speaker.AudioFolder(tmp_path / "empty", "--noise-dir")
+        speaker_data.AudioFolder(tmp_path / "empty", "--noise-dir")
     with pytest.raises(SystemExit, match="does not exist"):
-        speaker.AudioFolder(tmp_path / "missing", "--rir-dir")
+        speaker_data.AudioFolder(tmp_path / "missing", "--rir-dir")
 
 
 def test_speaker_split_and_labels():
     speakers = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 2 + [""]
     n = np.full(len(speakers), SR)
     n[1] = 100  # too short
-    s = speaker.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
+    s = speaker_data.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
     assert len(s.heldout_speakers) == 2 and not set(s.heldout_speakers) & set(s.train_speakers)
     assert sorted(s.heldout_speakers + s.train_speakers) == ["a", "b", "c", "d"]
     assert s.skipped_short == 1 and s.skipped_unlabelled == 1
@@ -156,17 +157,17 @@ def test_speaker_split_and_labels():
         else:
             assert s.label_of[i] == -1 and i not in s.train
         assert (i in s.heldout) == (spk in s.heldout_speakers and i != 1)
-    again = speaker.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
+    again = speaker_data.split_speakers(speakers, n, heldout=2, seed=1, min_samples=400)
     assert again.heldout_speakers == s.heldout_speakers and np.array_equal(again.label_of, s.label_of)
     with pytest.raises(ValueError, match="at least 2"):
-        speaker.split_speakers(speakers, n, heldout=1, seed=1, min_samples=400)
+        speaker_data.split_speakers(speakers, n, heldout=1, seed=1, min_samples=400)
     with pytest.raises(ValueError, match="leaves no speaker"):
-        speaker.split_speakers(speakers, n, heldout=4, seed=1, min_samples=400)
+        speaker_data.split_speakers(speakers, n, heldout=4, seed=1, min_samples=400)
     with pytest.raises(ValueError, match="no usable"):
-        speaker.split_speakers([""] * 3, n[:3], heldout=0, seed=1, min_samples=400)
-    full, extra = speaker.fill_last_batch(np.arange(13), 4, seed=0)
+        speaker_data.split_speakers([""] * 3, n[:3], heldout=0, seed=1, min_samples=400)
+    full, extra = speaker_data.fill_last_batch(np.arange(13), 4, seed=0)
     assert extra == 3 and len(full) == 16 and set(full[13:]) <= set(range(13))
-    assert speaker.fill_last_batch(np.arange(13), 64, seed=0)[1] == 0  # one batch of all 13
+    assert speaker_data.fill_last_batch(np.arange(13), 64, seed=0)[1] == 0  # one batch of all 13
 
 
 # ----------------------------------------------------------------------------- fbank on the device
@@ -176,7 +177,7 @@ def test_batched_fbank_equals_audiopipe_fbank_per_crop():
     t = np.arange(SR) / SR
     wav = np.stack([0.1 * rng.standard_normal(SR) + 0.3 * np.sin(2 * np.pi * (200 + 150 * k) * t)
                     for k in range(3)]).astype(np.float32)
-    batch = speaker.fbank_batch(torch.from_numpy(wav))
+    batch = speaker_data.fbank_batch(torch.from_numpy(wav))
     assert batch.shape == (3, 98, 80) and batch.dtype == torch.float32
     for k in range(3):
         one = mean_normalize(kaldi_fbank_torch(torch.from_numpy(wav[k:k + 1])), time_axis=1)[0]
@@ -192,24 +193,24 @@ def test_aam_logits_follow_the_margin_formula():
     m, s = 0.3, 32.0
     cos = torch.tensor([[0.5, 0.2, -0.3], [0.1, -0.99, 0.4], [0.7, 0.6, 0.0]])
     labels = torch.tensor([0, 1, 2])
-    got = speaker.aam_logits(cos, labels, m, s)
+    got = speaker_eval.aam_logits(cos, labels, m, s)
     want = s * cos.clone()
     want[0, 0] = s * math.cos(math.acos(0.5) + m)
     want[1, 1] = s * (-0.99 - (1 - math.cos(m)))  # theta > pi - m: the continued branch
     want[2, 2] = s * math.cos(math.acos(0.0) + m)
     assert torch.allclose(got, want, atol=1e-4)
-    assert torch.allclose(speaker.aam_logits(cos, labels, 0.0, s), s * cos, atol=1e-4)
+    assert torch.allclose(speaker_eval.aam_logits(cos, labels, 0.0, s), s * cos, atol=1e-4)
     # the true-class logit is continuous and decreasing in the angle, through theta = pi - m
     theta = torch.linspace(0, math.pi, 2001)
-    curve = speaker.aam_logits(torch.cos(theta)[:, None], torch.zeros(2001, dtype=torch.long), m, 1.0)[:, 0]
+    curve = speaker_eval.aam_logits(torch.cos(theta)[:, None], torch.zeros(2001, dtype=torch.long), m, 1.0)[:, 0]
     assert (curve.diff() <= 1e-6).all() and curve.diff().abs().max() < 0.01
 
-    head = speaker.AAMSoftmax(4, 3, scale=s)
+    head = speaker_eval.AAMSoftmax(4, 3, scale=s)
     emb = torch.randn(5, 4)
     y = torch.tensor([0, 1, 2, 0, 1])
     loss, c = head(emb, y, m)
     assert torch.allclose(c, F.normalize(emb) @ F.normalize(head.weight).T, atol=1e-6)
-    assert torch.allclose(loss, F.cross_entropy(speaker.aam_logits(c, y, m, s), y))
+    assert torch.allclose(loss, F.cross_entropy(speaker_eval.aam_logits(c, y, m, s), y))
     # an embedding exactly on its class weight (cos = 1) still has a finite gradient
     emb = head.weight.detach()[[0]].clone().requires_grad_(True)
     head(emb, torch.tensor([0]), m)[0].backward()
@@ -217,31 +218,54 @@ def test_aam_logits_follow_the_margin_formula():
 
 
 def test_margin_schedule():
-    ms = speaker.MarginSchedule(0.2, start=10, ramp=100)
+    ms = speaker_eval.MarginSchedule(0.2, start=10, ramp=100)
     assert ms(0) == ms(10) == 0.0 and ms(110) == ms(10_000) == 0.2
     assert ms(60) == pytest.approx(0.2 * (1 - 1e-3 ** 0.5))
     vals = [ms(k) for k in range(0, 120)]
     assert all(b >= a for a, b in zip(vals, vals[1:]))
-    assert speaker.MarginSchedule(0.3)(0) == 0.3  # no ramp: the final margin at once
+    assert speaker_eval.MarginSchedule(0.3)(0) == 0.3  # no ramp: the final margin at once
+
+
+class _NoReadBack(torch.Tensor):
+    def __int__(self):
+        raise AssertionError("the micro-batch count was read back from the device")
+
+    item = __index__ = __int__
+
+
+def test_margin_step_is_counted_on_the_host():
+    """The margin's step count lives in a buffer (checkpointed), but forward reads it back once, not on every
+    micro-batch (which on a GPU is a host sync per step); a loaded state is read again."""
+    enc = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(8))
+    model = speaker.SpeakerModel(enc, 8, 3, speaker_eval.MarginSchedule(0.3, start=0, ramp=4), grad_accum=2)
+    wav, labels = torch.randn(2, SR // 10), torch.tensor([0, 2])
+    margins = [model(wav, labels)[1]["margin"]]
+    model.micro_batches = model.micro_batches.as_subclass(_NoReadBack)
+    margins += [model(wav, labels)[1]["margin"] for _ in range(5)]
+    model.micro_batches = model.micro_batches.as_subclass(torch.Tensor)
+    assert int(model.micro_batches) == 6
+    assert margins == [speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(k // 2) for k in range(6)]
+    model.load_state_dict({**model.state_dict(), "micro_batches": torch.tensor(2)})
+    assert model(wav, labels)[1]["margin"] == speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(1)
 
 
 # ----------------------------------------------------------------------------- EER
 
 def test_eer_known_answers():
-    eer, thr = speaker.equal_error_rate([0.9, 0.6, 0.4, 0.7, 0.3, 0.1], [1, 1, 1, 0, 0, 0])
+    eer, thr = speaker_eval.equal_error_rate([0.9, 0.6, 0.4, 0.7, 0.3, 0.1], [1, 1, 1, 0, 0, 0])
     assert eer == pytest.approx(1 / 3) and 0.4 < thr <= 0.7
-    assert speaker.equal_error_rate([3, 2, 1, 0], [1, 1, 0, 0])[0] == 0.0
-    assert speaker.equal_error_rate([0, 1, 2, 3], [1, 1, 0, 0])[0] == 1.0
-    assert speaker.equal_error_rate([1, 1, 1, 1], [1, 0, 1, 0])[0] == pytest.approx(0.5)
+    assert speaker_eval.equal_error_rate([3, 2, 1, 0], [1, 1, 0, 0])[0] == 0.0
+    assert speaker_eval.equal_error_rate([0, 1, 2, 3], [1, 1, 0, 0])[0] == 1.0
+    assert speaker_eval.equal_error_rate([1, 1, 1, 1], [1, 0, 1, 0])[0] == pytest.approx(0.5)
     rng = np.random.default_rng(0)
     n = 200_000
     scores = np.r_[rng.normal(1, 1, n), rng.normal(-1, 1, n)]
-    eer, thr = speaker.equal_error_rate(scores, np.r_[np.ones(n), np.zeros(n)])
+    eer, thr = speaker_eval.equal_error_rate(scores, np.r_[np.ones(n), np.zeros(n)])
     assert eer == pytest.approx(0.5 * math.erfc(1 / math.sqrt(2)), abs=3e-3)  # Phi(-1) = 0.1587
     assert abs(thr) < 0.02
     with pytest.raises(ValueError, match="non-target"):
-        speaker.equal_error_rate([0.1, 0.2], [1, 1])
-    i, j, target = speaker.trial_pairs(["a", "a", "b", "b"])
+        speaker_eval.equal_error_rate([0.1, 0.2], [1, 1])
+    i, j, target = speaker_eval.trial_pairs(["a", "a", "b", "b"])
     assert len(i) == 6 and int(target.sum()) == 2 and set(zip(i[target], j[target])) == {(0, 1), (2, 3)}
 
 
@@ -275,10 +299,10 @@ def test_default_configs_have_the_reference_sizes():
 # ----------------------------------------------------------------------------- the loader and the trainers
 
 def test_epoch_reaches_dataloader_workers(spk_shards):
-    speakers, n = speaker.read_speaker_index(spk_shards)
-    split = speaker.split_speakers(speakers, n, heldout=0, seed=0, min_samples=400)
-    crops = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
-    ref = speaker.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
+    speakers, n = speaker_data.read_speaker_index(spk_shards)
+    split = speaker_data.split_speakers(speakers, n, heldout=0, seed=0, min_samples=400)
+    crops = speaker_data.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
+    ref = speaker_data.SpeakerCrops(split.label_of, seed=5, crop_samples=SR // 2)
     ds = ShardDataset(spk_shards, ["pcm"])
     # Loader.set_epoch forwards the epoch to the item transform, which shares it with the persistent worker.
     loader = core.make_loader(spk_shards, ["pcm"], max_frames=8 * (SR // 2), subset=split.train,
@@ -361,4 +385,4 @@ def test_shards_without_16k_pcm_are_refused(espeak_corpus, tmp_path):
     out = tmp_path / "pcm8k"
     shard(espeak_corpus.root, out, [("pcm", {"sample_rate": 8000})])
     with pytest.raises(SystemExit, match="8000 Hz.*16000 Hz"):
-        speaker.read_speaker_index(out)
+        speaker_data.read_speaker_index(out)

@@ -1,13 +1,18 @@
 """The trainer core every trainers/train_*.py stands on: DDP, autocast, accumulation, clipping, LR schedule,
 exact checkpoints, and the one number this project exists for, the share of each step spent waiting on data.
 
-A trainer file defines a config, a model and `loss_fn(model, batch) -> (loss, {name: float})`, then calls
+A trainer file defines a config, a model and `loss_fn(model, batch) -> (loss, {name: number})`, then calls
 `train(...)`. Run under torchrun; a plain `python trainers/train_x.py` is a world of one.
+
+Imports: trainers/ is a folder of scripts, not a package. `torchrun trainers/train_x.py` puts trainers/ first on
+sys.path, so a trainer imports its siblings by name (`import core`, `from core import train`) and imports `core`
+before anything from audiopipe; this file is the one place that puts the repository root on sys.path.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -23,9 +28,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+# The one sanctioned sys.path edit of trainers/: a checkout run without `pip install -e .` (as the README shows,
+# `torchrun trainers/train_ns2.py`) has only trainers/ on the path, so audiopipe would not import. With the root
+# first, a checkout's trainer always runs against that same checkout's library, installed or not.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
+from audiopipe.storage.atomic import atomic_path  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- config and command line
@@ -49,6 +60,7 @@ class RunConfig:
     clip: float = 1.0
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or fp32 / bf16 / fp16
     num_workers: int = 0
+    prefetch: int = 2  # padded batches built ahead of the step (when the loader supports it)
     reader: str = "mmap"  # or "files": one .npy per utterance and feature (the baseline layout), for comparison
     on_corrupt: str = "fail"  # or "skip": train without the rows of shards found corrupt at open
     seed: int = 1234
@@ -60,7 +72,7 @@ class RunConfig:
 FLAG_HELP = {
     "quadratic": "attention term of the batch budget: cost = n*m + quadratic*n*m^2 (0 = padded frames only)",
     "max_items": "at most this many utterances per batch",
-    "grad_accum": "micro-batches per optimizer step",
+    "grad_accum": "micro-batches per optimizer step (each rank needs at least this many batches per epoch)",
     "lr": "peak learning rate",
     "weight_decay": "AdamW weight decay",
     "warmup_steps": "linear warmup steps, then cosine decay",
@@ -68,6 +80,7 @@ FLAG_HELP = {
     "clip": "gradient norm clipping (0 = off)",
     "precision": "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (with a GradScaler)",
     "num_workers": "DataLoader workers (0 is usually fastest: reading is a slice of an mmap)",
+    "prefetch": "padded batches the loader builds ahead in a background thread while the step runs (0 = off)",
     "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
     "on_corrupt": "fail (stop at open, naming the corrupt shard) or skip (train without its rows, logged)",
     "seed": "seed for model init, batch plan and per-rank randomness",
@@ -98,6 +111,11 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     if extra:
         extra(p)
     a = p.parse_args(argv)
+    for name in ("grad_accum", "log_every", "ckpt_every", "max_steps", "batch_frames"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if a.prefetch < 0:
+        p.error(f"--prefetch must be 0 (off) or more batches, got {a.prefetch}")
     cfg = RunConfig(**{f.name: getattr(a, f.name) for f in fields(RunConfig)})
     return cfg, a
 
@@ -127,9 +145,19 @@ class Dist:
 
 
 def seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # also every CUDA device's generator
     np.random.seed(seed)
     random.seed(seed)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of one rank's draws during one optimizer step (dropout, noise, masks, crops from the global RNG).
+
+    train() reseeds every rank with it at the start of each step, so a rank's draws depend only on where the run
+    is: a run resumed from a checkpoint, under the same or another world size, draws at step s exactly what an
+    uninterrupted run's rank draws at step s, and no trainer needs a reseeding workaround of its own.
+    """
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
 def setup_dist(seed: int = 1234) -> Dist:
@@ -171,16 +199,6 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def optimizer_step(opt: torch.optim.Optimizer) -> int:
-    """Updates taken so far, read from the optimizer state (restored by --resume with everything else)."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if st and "step" in st:
-                return int(st["step"])
-    return 0
-
-
 # ----------------------------------------------------------------------------- checkpoints
 
 def _rng_state() -> dict[str, Any]:
@@ -213,9 +231,8 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.opt
             "sampler": loader.state_dict(consumed_batches=consumed), "epoch": epoch, "rng": rng,
             "extra": extra or {}}
     path = out / f"ckpt-{step:08d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)  # a crash while saving never leaves a half checkpoint as the latest
+    with atomic_path(path) as tmp:  # a crash or full disk while saving never leaves a half checkpoint as latest
+        torch.save(ckpt, tmp)
     return path
 
 
@@ -226,7 +243,7 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 # ----------------------------------------------------------------------------- the loop
 
-LossFn = Callable[[torch.nn.Module, dict[str, Any]], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[torch.nn.Module, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
 
 
 def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, features: list[str],
@@ -238,13 +255,109 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     """Train until cfg.max_steps optimizer steps; returns the last logged record.
 
     loader_kw: passed to make_loader (item_transform, batch_transform, subset, lengths, collate_features, ...).
-    loss_fn(model, batch) gets the batch on the device; it returns the loss and extra numbers to log.
+    loss_fn(model, batch) gets the batch on the device; it returns the loss and extra numbers to log. Return
+    those as detached 0-d tensors (or plain Python numbers): they are summed on the device and read back only
+    when a log line is due, so no step waits for the GPU.
+    Randomness: every rank's global RNGs are reseeded at the start of each optimizer step from
+    (seed, rank, step) (`step_seed`), so loss_fn may draw freely and --resume repeats the draws exactly.
     """
     out = Path(cfg.out)
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
-    seed_all(cfg.seed + 1000 * (d.rank + 1))  # per-rank streams for dropout, crops, masks
     model.to(d.device)
+    loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
+    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    precision, autocast = autocast_for(cfg.precision, d.device)
+    scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
+    step, epoch, resumed = 0, 0, False
+    if cfg.resume and (ck := latest_checkpoint(out)) is not None:
+        state = torch.load(ck, map_location=d.device, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        loader.load_state_dict(state["sampler"])
+        step, epoch, resumed = state["step"], state["epoch"], True
+        # Same world size: each rank continues its own stream. Another world size: fresh per-rank streams from
+        # the restored step (the steps reseed anyway; this covers draws made between steps).
+        rng = state["rng"]
+        if len(rng) == d.world:
+            _set_rng_state(rng[d.rank])
+        else:
+            seed_all(step_seed(cfg.seed, d.rank, step))
+        if d.main:
+            print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
+                  f"with the next unseen batch", flush=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    move = to_device or default_to_device
+    f0 = loader.collate.features[0]  # the feature whose frames and padding are logged
+    log_path = out / "log.jsonl"
+    clock, window = _Clock(d.device), _Window()
+    last: dict[str, Any] = {}
+
+    while step < cfg.max_steps:
+        loader.set_epoch(epoch)
+        # Every rank gets the same number of batches, so every rank stops here together, never one alone.
+        batches = len(loader)
+        if batches < cfg.grad_accum and not resumed:  # a resumed pass may legitimately hold only a tail
+            _fail(_no_step_message(loader, cfg, epoch, batches, log_name), d)
+        it = iter(loader)
+        opt.zero_grad(set_to_none=True)  # a partial accumulation at the end of an epoch is not carried over
+        clock.start_pass()
+        micro, steps_at_start = 0, step  # micro: batches of this pass, what the sampler's state_dict counts
+        pending = _Window()  # this step's micro-batches: they join the log window only if the step is taken
+        while step < cfg.max_steps:
+            if micro % cfg.grad_accum == 0:  # a step begins: its draws depend on (seed, rank, step) alone
+                seed_all(step_seed(cfg.seed, d.rank, step))
+            clock.wait_begin()  # everything until the batch is in hand (and on the device) is data wait
+            batch = next(it, None)
+            if batch is None:
+                break
+            batch = move(batch, d.device)
+            clock.wait_end()
+            micro += 1
+            sync = micro % cfg.grad_accum == 0
+            ctx = ddp.no_sync() if (d.world > 1 and not sync) else nullcontext()
+            with ctx:
+                with autocast:
+                    loss, logs = loss_fn(ddp, batch)
+                scaler.scale(loss / cfg.grad_accum).backward()
+            pending.add(loss, logs, batch[f"{f0}_lengths"], batch["padding_ratio"][f0], cfg.grad_accum)
+            if not sync:
+                continue
+            window.merge(pending)
+            pending = _Window()
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            scaler.unscale_(opt)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip) if cfg.clip > 0 else None
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            clock.step_end()
+            window.steps += 1
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                last = _log(window, clock, step, lr_at(step - 1, cfg), gnorm, d, log_path, log_name, epoch)
+                if on_log:
+                    on_log(last)
+                window = _Window()
+            if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d)
+                if d.world > 1:
+                    dist.barrier()
+        # len(loader) promised a step; a loader that yields fewer batches than it announced must not spin forever.
+        if step == steps_at_start and step < cfg.max_steps and not resumed:
+            _fail(_no_step_message(loader, cfg, epoch, micro, log_name), d)
+        resumed = False
+        if step < cfg.max_steps:
+            epoch += 1
+    if d.world > 1:
+        dist.destroy_process_group()
+    return last
+
+
+def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
+                 expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
     files_cache = None
     if cfg.reader == "files":  # export the baseline layout once, on rank 0, next to the run
         from audiopipe.reader.files_dataset import export_per_utterance
@@ -254,119 +367,156 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             export_per_utterance(cfg.shards, features, files_cache)
         if d.world > 1:
             dist.barrier()
-    loader = make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
-                         quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
-                         num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
-                         pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
-                         on_corrupt=cfg.on_corrupt,
-                         **(loader_kw or {}))
-    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    precision, autocast = autocast_for(cfg.precision, d.device)
-    scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
-    step, epoch = 0, 0
-    if cfg.resume and (ck := latest_checkpoint(out)) is not None:
-        state = torch.load(ck, map_location=d.device, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        loader.load_state_dict(state["sampler"])
-        rng = state["rng"]
-        # Same world size: each rank continues its own stream; another world size: fresh per-rank streams.
-        if len(rng) == d.world:
-            _set_rng_state(rng[d.rank])
+    kw: dict[str, Any] = {}
+    # A loader that builds batches ahead in a background thread (and moves them to the device itself) takes
+    # `prefetch`; an older one does not, and then the batches are built on this thread as before.
+    accepted = inspect.signature(make_loader).parameters
+    if "prefetch" in accepted:
+        kw["prefetch"] = cfg.prefetch
+        if "device" in accepted:
+            kw["device"] = d.device
+    return make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
+                       quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
+                       num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
+                       pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
+                       on_corrupt=cfg.on_corrupt, **kw, **loader_kw)
+
+
+def _fail(message: str, d: Dist) -> None:
+    """End every rank with one line: rank 0 prints it, and no rank exits before it is printed (torchrun stops
+    the others as soon as one rank dies)."""
+    if d.world == 1:
+        raise SystemExit(message)
+    if d.main:
+        print(message, file=sys.stderr, flush=True)
+    dist.barrier()
+    raise SystemExit(1)
+
+
+def _no_step_message(loader: Loader, cfg: RunConfig, epoch: int, batches: int, name: str) -> str:
+    """Why an epoch cannot give a single optimizer step, and what to change."""
+    if batches == 0:
+        lengths = np.asarray(loader.sampler.lengths)
+        real = lengths[lengths > 0]
+        if real.size == 0:
+            return (f"{name}: error: epoch {epoch} has no batch: all {lengths.size} utterances are empty "
+                    f"(0 frames); check the shards with `audiopipe inspect`")
+        m = int(real.min())
+        need = int(math.ceil(m + cfg.quadratic * m * m))
+        return (f"{name}: error: epoch {epoch} has no batch: every one of the {real.size} utterances is longer "
+                f"than the --batch-frames budget of {cfg.batch_frames} (the shortest alone costs {need}); "
+                f"raise --batch-frames to at least {need}")
+    return (f"{name}: error: each rank gets only {batches} batch(es) in epoch {epoch} but --grad-accum is "
+            f"{cfg.grad_accum}, so no optimizer step is ever taken (an accumulation left partial at the end of "
+            f"an epoch is dropped); use --grad-accum {batches} or less, a smaller --batch-frames, or fewer ranks")
+
+
+class _Window:
+    """What a log window sums. Loss, frames and tensor log terms stay on the device until the log line.
+
+    Only micro-batches of steps taken count: a partial accumulation dropped at the end of an epoch is neither
+    trained on nor logged (nor timed, see _Clock.start_pass)."""
+
+    def __init__(self) -> None:
+        self.loss: Any = 0.0
+        self.frames: Any = 0
+        self.terms: dict[str, Any] = {}
+        self.pad: list[Any] = []
+        self.micro = 0
+        self.steps = 0
+
+    def merge(self, other: "_Window") -> None:
+        self.loss = self.loss + other.loss
+        self.frames = self.frames + other.frames
+        self.pad += other.pad
+        self.micro += other.micro
+        for k, v in other.terms.items():
+            self.terms[k] = self.terms.get(k, 0.0) + v
+
+    def add(self, loss: torch.Tensor, logs: dict[str, Any], lengths: torch.Tensor, pad: Any, accum: int) -> None:
+        self.loss = self.loss + loss.detach().float() / accum
+        self.frames = self.frames + lengths.sum()
+        self.pad.append(pad)
+        self.micro += 1
+        for k, v in logs.items():  # per-term numbers are averaged over the window's micro-batches
+            self.terms[k] = self.terms.get(k, 0.0) + (v.detach().float() if torch.is_tensor(v) else float(v))
+
+
+class _Clock:
+    """Step time and data wait of a log window.
+
+    On CPU: the wall clock. On CUDA: events on the GPU's own timeline, read only when a log line is due (reading
+    them waits for the GPU, so no other step synchronises). There, the wait of a batch is the time between the
+    GPU reaching an event recorded before the batch was asked for and one recorded once it was on the device:
+    nearly 0 when the GPU still had queued work to run while the batch was built, the whole gap when the GPU
+    sat idle waiting for it. That is the honest data wait: time the step waited for a batch that was not ready.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[tuple[Any, Any]] = []
+        self.waits: list[tuple[Any, Any]] = []
+        self._step_waits: list[tuple[Any, Any]] = []
+        self._start: Any = None
+        self._w0: Any = None
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start_pass(self) -> None:
+        # A pass's first wait and step count from here; a partial accumulation left by the last pass is not timed.
+        self._start, self._step_waits = self._mark(), []
+
+    def wait_begin(self) -> None:
+        self._w0 = self._mark()
+
+    def wait_end(self) -> None:
+        self._step_waits.append((self._w0, self._mark()))
+
+    def step_end(self) -> None:
+        end = self._mark()
+        self.steps.append((self._start, end))
+        self.waits += self._step_waits
+        self._start, self._step_waits = end, []
+
+    def read(self) -> tuple[float, float]:
+        """(step seconds, wait seconds) summed over the steps since the last read."""
+        if self.cuda:
+            if self.steps:
+                self.steps[-1][1].synchronize()
+            span = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731
         else:
-            seed_all(cfg.seed + 1000 * (d.rank + 1) + step)
-        step, epoch = state["step"], state["epoch"]
-        if d.main:
-            print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
-                  f"with the next unseen batch", flush=True)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
-    move = to_device or default_to_device
-    log_path = out / "log.jsonl"
-    fresh = lambda: {"wait": 0.0, "step": 0.0, "frames": 0, "pad": [], "n": 0, "loss": 0.0, "terms": {}, "micro": 0}
-    window = fresh()
-    last: dict[str, Any] = {}
-
-    while step < cfg.max_steps:
-        loader.set_epoch(epoch)
-        it = iter(loader)
-        opt.zero_grad(set_to_none=True)  # a partial accumulation at the end of an epoch is not carried over
-        micro = 0
-        t_step = time.perf_counter()
-        wait = 0.0
-        while step < cfg.max_steps:
-            t0 = time.perf_counter()
-            batch = next(it, None)  # everything until the batch is in hand counts as waiting on data
-            if batch is None:
-                break
-            batch = move(batch, d.device)
-            wait += time.perf_counter() - t0
-            micro += 1  # batches of this pass: what the sampler's state_dict counts
-            sync = micro % cfg.grad_accum == 0
-            ctx = ddp.no_sync() if (d.world > 1 and not sync) else nullcontext()
-            with ctx:
-                with autocast:
-                    loss, logs = loss_fn(ddp, batch)
-                scaler.scale(loss / cfg.grad_accum).backward()
-            f0 = loader.collate.features[0]
-            window["frames"] += int(batch[f"{f0}_lengths"].sum())
-            window["pad"].append(float(batch["padding_ratio"][f0]))
-            window["loss"] += float(loss.detach()) / cfg.grad_accum
-            window["micro"] += 1
-            for k, v in logs.items():  # per-term numbers are averaged over the window like the loss
-                window["terms"][k] = window["terms"].get(k, 0.0) + float(v)
-            if not sync:
-                continue
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, cfg)
-            scaler.unscale_(opt)
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip) if cfg.clip > 0 else torch.tensor(0.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            if d.device.type == "cuda":
-                torch.cuda.synchronize()  # so step time is the GPU's, not the launch queue's
-            step += 1
-            now = time.perf_counter()
-            window["step"] += now - t_step
-            window["wait"] += wait
-            window["n"] += 1
-            t_step, wait = now, 0.0
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                terms = {k: v / max(window["micro"], 1) for k, v in window["terms"].items()}
-                last = _log(window, step, lr_at(step - 1, cfg), float(gnorm), terms, d, log_path, log_name, epoch)
-                if on_log:
-                    on_log(last)
-                window = fresh()
-            if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d)
-                if d.world > 1:
-                    dist.barrier()
-        else:
-            break
-        if step < cfg.max_steps:
-            epoch += 1
-    if d.world > 1:
-        dist.destroy_process_group()
-    return last
+            span = lambda a, b: b - a  # noqa: E731
+        step_s = sum(span(a, b) for a, b in self.steps)
+        wait_s = sum(span(a, b) for a, b in self.waits)
+        self.steps, self.waits = [], []
+        return step_s, wait_s
 
 
-def _log(w: dict[str, Any], step: int, lr: float, gnorm: float, logs: dict[str, float], d: Dist, path: Path,
+def _log(w: _Window, clock: _Clock, step: int, lr: float, gnorm: torch.Tensor | None, d: Dist, path: Path,
          name: str, epoch: int) -> dict[str, Any]:
+    # The only host sync of the loop: the window's sums come back from the device here.
+    step_t, wait = clock.read()
     # Sums over ranks for work done; the slowest rank's times, since every rank waits for it at the all-reduce.
-    sums = torch.tensor([float(w["frames"]), w["loss"], float(w["n"])], dtype=torch.float64)
-    maxes = torch.tensor([w["wait"], w["step"]], dtype=torch.float64)
+    sums = torch.tensor([float(w.frames), float(w.loss), float(w.steps)], dtype=torch.float64, device=d.device)
+    maxes = torch.tensor([wait, step_t], dtype=torch.float64, device=d.device)
     if d.world > 1:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
     frames, loss_sum, n_all = sums.tolist()
     wait, step_t = maxes.tolist()
-    n = max(w["n"], 1)
-    rec = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_all, 1), "lr": lr, "grad_norm": gnorm,
+    n = max(w.steps, 1)
+    terms = {k: float(v) / max(w.micro, 1) for k, v in w.terms.items()}
+    rec = {"step": step, "epoch": epoch, "loss": loss_sum / max(n_all, 1), "lr": lr,
+           "grad_norm": float(gnorm) if gnorm is not None else 0.0,
            "step_time": step_t / n, "data_wait": wait / n, "data_wait_share": wait / step_t if step_t > 0 else 0.0,
            "frames_per_s": frames / step_t if step_t > 0 else 0.0,
-           "padding_ratio": float(np.mean(w["pad"])) if w["pad"] else 0.0, "world": d.world,
-           "device": str(d.device), **{k: float(v) for k, v in logs.items()}}
+           "padding_ratio": float(np.mean([float(p) for p in w.pad])) if w.pad else 0.0, "world": d.world,
+           "device": str(d.device), **terms}
     if d.main:
         print(f"[{name}] step {step} loss {rec['loss']:.4f} lr {lr:.2e} step {rec['step_time'] * 1e3:.0f} ms "
               f"data-wait {rec['data_wait_share'] * 100:.1f}% pad {rec['padding_ratio'] * 100:.1f}% "
@@ -377,8 +527,10 @@ def _log(w: dict[str, Any], step: int, lr: float, gnorm: float, logs: dict[str, 
 
 
 def default_to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Tensors to the device; tensors a prefetching loader already put there are passed through untouched."""
     nb = device.type == "cuda"
-    return {k: (v.to(device, non_blocking=nb) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    return {k: (v.to(device, non_blocking=nb) if torch.is_tensor(v) and v.device != device else v)
+            for k, v in batch.items()}
 
 
 def plot_log(log_path: str | Path, png: str | Path, title: str, keys: tuple[str, ...] = ("loss",)) -> Path:

@@ -1,343 +1,27 @@
-"""What the two 3D-Speaker trainers (train_eres2net.py, train_campplus.py) share.
+"""What the two 3D-Speaker trainers (train_eres2net.py, train_campplus.py) share beyond data and scoring: the
+command line, the model wrapper (embedding model + AAM head) and its loss, SGD, and core.train followed by the
+EER on the held-out speakers.
 
-One training example, in order (3D-Speaker's recipe):
-  stored int16 PCM @16 kHz -> random crop (3 s; shorter utterances repeat-padded)
-  -> speed perturbation 1.0/0.9/1.1 through soxr, the class becoming speaker * 3 + speed index
-  -> optional additive noise / reverberation from user folders
-     [all of the above in `SpeakerCrops`, the loader's item_transform, drawn from a generator seeded by
-      (seed, epoch, utterance): a resumed run sees the very same crops, with or without DataLoader workers]
-  -> on the training device, for the whole batch: Kaldi fbank 80 (dither 0) minus each crop's mean over time
-  -> embedding model -> AAM-softmax (cosine classifier, scale 32, margin ramped up from 0).
-After training: EER over all trial pairs among the held-out speakers' utterances, cosine-scored.
+  speaker_data.py   which utterances train; crops, speed perturbation, augmentation; fbank on the device
+  speaker_eval.py   the AAM-softmax head and its margin schedule; the EER on held-out speakers
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing
-import multiprocessing.context
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
-import soxr
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-import core  # trainers/core.py (it also puts the repo root on sys.path for audiopipe)
-from audiopipe.features.fbank import kaldi_fbank_torch, mean_normalize  # noqa: E402
-from audiopipe.features.pcm import INT16_SCALE  # noqa: E402
-from audiopipe.index.lengths import LengthIndex  # noqa: E402
-from audiopipe.reader.arrow_dataset import ShardDataset  # noqa: E402
-from audiopipe.shard.manifest import read_manifest  # noqa: E402
+import core
+from speaker_data import SAMPLE_RATE, SpeakerData, fbank_batch
+from speaker_eval import AAMSoftmax, MarginSchedule, evaluate_eer
 
-SAMPLE_RATE = 16000
-NUM_MEL_BINS = 80
-SPEEDS = (1.0, 0.9, 1.1)  # index 0 is the unperturbed speed, so class speaker * 3 is the original voice
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 
-
-# ----------------------------------------------------------------------------- speakers and the held-out split
-
-@dataclass(frozen=True)
-class SpeakerSplit:
-    """Which utterances train, which are held out for the EER trials, and each one's class."""
-
-    label_of: np.ndarray  # int64 [utterances]: training speaker id, -1 when not trained on
-    train: np.ndarray  # global indices of the training utterances
-    heldout: np.ndarray  # global indices of the held-out utterances
-    train_speakers: list[str]  # id k is train_speakers[k]
-    heldout_speakers: list[str]
-    skipped_short: int  # shorter than min_samples (either side)
-    skipped_unlabelled: int  # empty speaker string
-
-
-def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout: int, seed: int,
-                   min_samples: int) -> SpeakerSplit:
-    """Map speaker strings to ids and hold `heldout` whole speakers out (seeded, the same on every rank)."""
-    speakers = [str(s) for s in speakers]
-    num_samples = np.asarray(num_samples, dtype=np.int64)
-    if len(speakers) != len(num_samples):
-        raise ValueError(f"{len(speakers)} speaker names for {len(num_samples)} utterances")
-    if heldout < 0 or heldout == 1:
-        raise ValueError(f"--heldout-speakers must be 0 (no EER) or at least 2 (non-target trials need two "
-                         f"speakers), got {heldout}")
-    unlabelled = np.array([s == "" for s in speakers], dtype=bool)
-    short = num_samples < min_samples
-    usable = ~unlabelled & ~short
-    names = sorted({s for s, ok in zip(speakers, usable) if ok})
-    if not names:
-        raise ValueError(f"no usable utterance: {int(unlabelled.sum())} have no speaker label and "
-                         f"{int(short.sum())} are shorter than {min_samples} samples")
-    if heldout >= len(names):
-        raise ValueError(f"--heldout-speakers {heldout} leaves no speaker to train on: the shards have "
-                         f"{len(names)} speakers with usable utterances")
-    rng = np.random.default_rng([seed, 0x5E1D])
-    out = sorted(rng.choice(np.array(names, dtype=object), size=heldout, replace=False).tolist()) if heldout else []
-    train_names = [n for n in names if n not in set(out)]
-    ids = {n: k for k, n in enumerate(train_names)}
-    label_of = np.array([ids.get(s, -1) if ok else -1 for s, ok in zip(speakers, usable)], dtype=np.int64)
-    held = np.array([ok and s in set(out) for s, ok in zip(speakers, usable)], dtype=bool)
-    return SpeakerSplit(label_of, np.flatnonzero(label_of >= 0), np.flatnonzero(held), train_names, out,
-                        int((short & ~unlabelled).sum()), int(unlabelled.sum()))
-
-
-def read_speaker_index(shards: str | Path) -> tuple[list[str], np.ndarray]:
-    """Speaker strings and PCM sample counts from index.arrow, after checking the shards hold 16 kHz PCM."""
-    feats = read_manifest(Path(shards))["features"]
-    if "pcm" not in feats:
-        raise SystemExit(f"{shards} has no 'pcm' feature (it has {sorted(feats)}): shard the corpus with "
-                         f"`audiopipe shard --preset eres2net` (or campplus)")
-    if int(feats["pcm"]["sample_rate"]) != SAMPLE_RATE:
-        raise SystemExit(f"{shards} stores PCM at {feats['pcm']['sample_rate']} Hz; the speaker trainers need "
-                         f"{SAMPLE_RATE} Hz (the eres2net/campplus presets)")
-    idx = LengthIndex.open(shards)
-    return [s or "" for s in idx.table.column("speaker").to_pylist()], idx.frames("pcm").astype(np.int64)
-
-
-# ----------------------------------------------------------------------------- crops, speed, augmentation
-
-def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n consecutive samples at a random start; a shorter utterance is repeated from its start to fill n."""
-    if len(pcm) >= n:
-        start = int(rng.integers(0, len(pcm) - n + 1))
-        return pcm[start:start + n]
-    return np.resize(pcm, n)  # cyclic repetition
-
-
-_RESAMPLE_MARGIN = 64  # input samples kept on each side so soxr's edge transients fall outside the crop
-
-
-def crop_with_speed(pcm: np.ndarray, n: int, speed: float, rng: np.random.Generator) -> np.ndarray:
-    """A float32 crop of n samples in [-1, 1] of the utterance played `speed` times faster (sox's `speed`).
-
-    Speed s takes about n * s input samples and resamples them from s * 16 kHz to 16 kHz, so duration and
-    pitch both change by s, as 3D-Speaker's sox `speed` + `rate` effects do (soxr is SoX's resampler).
-    """
-    if speed == 1.0:
-        return take_segment(pcm, n, rng).astype(np.float32) / np.float32(INT16_SCALE)
-    need = int(math.ceil(n * speed)) + 2 * _RESAMPLE_MARGIN + 2
-    seg = take_segment(pcm, need, rng).astype(np.float32) / np.float32(INT16_SCALE)
-    out = soxr.resample(seg, speed * SAMPLE_RATE, SAMPLE_RATE)
-    off = int(round(_RESAMPLE_MARGIN / speed))
-    return np.ascontiguousarray(out[off:off + n], dtype=np.float32)
-
-
-class AudioFolder:
-    """Every .wav/.flac/.ogg under a folder, read on first use as mono float32 at 16 kHz (a few cached)."""
-
-    def __init__(self, root: str | Path, what: str, cache_files: int = 64):
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise SystemExit(f"{what} folder {self.root} does not exist")
-        self.files = sorted(p for p in self.root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
-        if not self.files:
-            raise SystemExit(f"{what} folder {self.root} holds no {'/'.join(AUDIO_SUFFIXES)} files")
-        self.what, self.cache_files = what, cache_files
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": {}}  # each worker reads its own
-
-    def load(self, i: int) -> np.ndarray:
-        x = self._cache.get(i)
-        if x is None:
-            import soundfile as sf
-
-            try:
-                data, sr = sf.read(str(self.files[i]), dtype="float32", always_2d=True)
-            except (RuntimeError, sf.LibsndfileError) as e:
-                raise RuntimeError(f"{self.what} file {self.files[i]} is unreadable: {e}") from e
-            x = data.mean(axis=1)
-            if sr != SAMPLE_RATE:
-                x = soxr.resample(x, sr, SAMPLE_RATE)
-            if x.size == 0 or not np.isfinite(x).all():
-                raise RuntimeError(f"{self.what} file {self.files[i]} is empty or holds NaN/inf")
-            if len(self._cache) >= self.cache_files:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[i] = x = np.ascontiguousarray(x, dtype=np.float32)
-        return x
-
-    def pick(self, rng: np.random.Generator) -> np.ndarray:
-        return self.load(int(rng.integers(len(self.files))))
-
-
-def _energy_db(x: np.ndarray) -> float:
-    return 10.0 * math.log10(float(np.mean(np.square(x, dtype=np.float64))) + 1e-6)
-
-
-def add_noise(wav: np.ndarray, noise: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
-    """wav + a random stretch of noise (repeated when short) scaled to snr_db below the speech."""
-    noise = take_segment(noise, len(wav), rng)
-    gain = 10.0 ** ((_energy_db(wav) - _energy_db(noise) - snr_db) / 20.0)
-    return (wav + gain * noise).astype(np.float32)
-
-
-def add_reverb(wav: np.ndarray, rir: np.ndarray) -> np.ndarray:
-    """wav convolved with an energy-normalised room impulse response, cut to wav's length."""
-    from scipy.signal import fftconvolve
-
-    rir = rir / max(float(np.sqrt(np.sum(np.square(rir, dtype=np.float64)))), 1e-12)
-    return fftconvolve(wav, rir.astype(np.float32), mode="full")[: len(wav)].astype(np.float32)
-
-
-@dataclass
-class Augment:
-    """With probability `prob`: noise, reverb, or reverb then noise (one chosen at random among those given).
-
-    No peak normalisation afterwards (3D-Speaker rescales to peak 1): the per-crop mean normalisation of the
-    log fbank removes an overall gain anyway.
-    """
-
-    noise: AudioFolder | None = None
-    rir: AudioFolder | None = None
-    prob: float = 0.2
-    snr_db: tuple[float, float] = (0.0, 15.0)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.prob <= 1.0:
-            raise SystemExit(f"--aug-prob must be in [0, 1], got {self.prob}")
-        if self.snr_db[0] > self.snr_db[1]:
-            raise SystemExit(f"--snr-low {self.snr_db[0]} is above --snr-high {self.snr_db[1]}")
-        if self.rir is not None:
-            try:
-                import scipy.signal  # noqa: F401
-            except ImportError as e:
-                raise SystemExit("--rir-dir needs scipy (pip install scipy)") from e
-        self.kinds = [k for k, ok in ((("noise",), self.noise), (("reverb",), self.rir),
-                                      (("reverb", "noise"), self.noise and self.rir)) if ok]
-
-    def __call__(self, wav: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        if not self.kinds or rng.random() >= self.prob:
-            return wav
-        kind = self.kinds[int(rng.integers(len(self.kinds)))]
-        if "reverb" in kind:
-            wav = add_reverb(wav, self.rir.pick(rng))
-        if "noise" in kind:
-            wav = add_noise(wav, self.noise.pick(rng), float(rng.uniform(*self.snr_db)), rng)
-        return wav
-
-
-class SpeakerCrops:
-    """The loader's item_transform: {"pcm", "index", ...} -> {"wav": float32 [crop], "label", "index"}.
-
-    Every random draw comes from np.random.default_rng([seed, epoch, index]), so an utterance's crop depends
-    only on where the run is, never on what ran before: resuming gives the same crops. The epoch lives in
-    shared memory so DataLoader workers (forked once, persistent) follow set_epoch too.
-    """
-
-    def __init__(self, label_of: np.ndarray, *, seed: int, crop_samples: int = 3 * SAMPLE_RATE,
-                 speeds: Sequence[float] = SPEEDS, augment: Augment | None = None):
-        if crop_samples < 400:
-            raise SystemExit(f"a crop of {crop_samples} samples is shorter than one 25 ms fbank frame")
-        self.label_of = np.asarray(label_of, dtype=np.int64)
-        self.seed, self.crop_samples = int(seed), int(crop_samples)
-        self.speeds = tuple(float(s) for s in speeds)
-        if not self.speeds or any(not 0.5 <= s <= 2.0 for s in self.speeds):
-            raise SystemExit(f"speeds must be in [0.5, 2], got {self.speeds}")
-        self.augment = augment
-        self._epoch: Any = multiprocessing.Value("q", 0, lock=False)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.value) if hasattr(self._epoch, "value") else int(self._epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self._epoch, "value"):
-            self._epoch.value = int(epoch)
-        else:
-            self._epoch = int(epoch)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if multiprocessing.context.get_spawning_popen() is None:
-            state["_epoch"] = self.epoch  # plain pickling (not a worker being spawned): a snapshot
-        return state
-
-    def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
-        index = int(item["index"])
-        spk = int(self.label_of[index])
-        if spk < 0:
-            raise ValueError(f"utterance {item.get('id')!r} (index {index}) is not a training utterance")
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        k = int(rng.integers(len(self.speeds)))
-        wav = crop_with_speed(item["pcm"], self.crop_samples, self.speeds[k], rng)
-        if self.augment is not None:
-            wav = self.augment(wav, rng)
-        return {"wav": wav, "label": spk * len(self.speeds) + k, "index": index}
-
-
-# ----------------------------------------------------------------------------- features on the device
-
-def fbank_batch(wav: torch.Tensor) -> torch.Tensor:
-    """[B, N] waveform in [-1, 1] -> [B, T, 80] Kaldi fbank minus each crop's mean over time (fp32 always).
-
-    3D-Speaker's FBank(80, mean_nor=True) per crop, done for the whole batch on wav's device.
-    """
-    with torch.autocast(wav.device.type, enabled=False):
-        feats = kaldi_fbank_torch(wav.float(), sample_rate=SAMPLE_RATE, num_mel_bins=NUM_MEL_BINS)
-        return mean_normalize(feats, time_axis=1)
-
-
-# ----------------------------------------------------------------------------- AAM-softmax
-
-def aam_logits(cosine: torch.Tensor, labels: torch.Tensor, margin: float, scale: float) -> torch.Tensor:
-    """scale * cos(theta + m) for the true class, scale * cos(theta) for the others.
-
-    Past theta = pi - m the true-class logit continues as cos(theta) - (1 - cos m) (3D-Speaker's non-easy
-    margin), which meets cos(theta + m) = -1 there, so the logit stays continuous and monotonic.
-    """
-    c = cosine.clamp(-1 + 1e-7, 1 - 1e-7)  # sqrt(1 - c^2) has an infinite slope at |c| = 1
-    sine = torch.sqrt(1.0 - c * c)
-    phi = c * math.cos(margin) - sine * math.sin(margin)
-    phi = torch.where(c > math.cos(math.pi - margin), phi, c - (1.0 + math.cos(math.pi - margin)))
-    target = F.one_hot(labels, cosine.shape[1]).bool()
-    return scale * torch.where(target, phi, cosine)
-
-
-class AAMSoftmax(nn.Module):
-    """Cosine classifier (L2-normalised embeddings and class weights) + additive angular margin softmax."""
-
-    def __init__(self, embedding_dim: int, num_classes: int, scale: float = 32.0):
-        super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"AAM-softmax needs at least one class, got {num_classes}")
-        self.scale = float(scale)
-        self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim))
-        nn.init.xavier_uniform_(self.weight)
-
-    def cosine(self, emb: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(emb.device.type, enabled=False):  # the margin needs cosines finer than bf16's
-            return F.linear(F.normalize(emb.float()), F.normalize(self.weight.float()))
-
-    def forward(self, emb: torch.Tensor, labels: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cosine(emb)
-        return F.cross_entropy(aam_logits(cos, labels, margin, self.scale), labels), cos
-
-
-@dataclass(frozen=True)
-class MarginSchedule:
-    """0 until `start`, then up to `final` over `ramp` optimizer steps (3D-Speaker's 'exp' increase:
-    final * (1 - 0.001 ** t) for t = 0..1), then `final`."""
-
-    final: float
-    start: int = 0
-    ramp: int = 0
-
-    def __call__(self, step: int) -> float:
-        if step < self.start:
-            return 0.0
-        if self.ramp <= 0 or step >= self.start + self.ramp:
-            return self.final
-        return self.final * (1.0 - 1e-3 ** ((step - self.start) / self.ramp))
-
+# ----------------------------------------------------------------------------- the model and its loss
 
 class SpeakerModel(nn.Module):
     """Embedding model + AAM head: what DDP wraps and core checkpoints. forward(wav, labels) -> (loss, logs).
@@ -354,18 +38,28 @@ class SpeakerModel(nn.Module):
         self.margin = margin
         self.grad_accum = max(1, int(grad_accum))
         self.register_buffer("micro_batches", torch.zeros((), dtype=torch.int64))
+        # A host copy of the buffer, read from it once after construction or a load: reading the buffer on
+        # every call would make the CPU wait for the GPU on every micro-batch.
+        self._micro: int | None = None
 
-    def forward(self, wav: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        m = self.margin(int(self.micro_batches) // self.grad_accum)
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._micro = None
+
+    def forward(self, wav: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        if self._micro is None:
+            self._micro = int(self.micro_batches)
+        m = self.margin(self._micro // self.grad_accum)
         if self.training:
             self.micro_batches += 1
+            self._micro += 1
         emb = self.encoder(fbank_batch(wav))
         loss, cos = self.head(emb, labels, m)
         acc = (cos.detach().argmax(dim=1) == labels).float().mean()
-        return loss, {"acc": float(acc), "margin": m}
+        return loss, {"acc": acc, "margin": m}  # acc stays on the device until core logs it
 
 
-def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
     wav = batch["wav"]
     labels = torch.as_tensor(batch["label"], dtype=torch.int64, device=wav.device)
     return model(wav, labels)
@@ -374,72 +68,6 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
 def sgd(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """3D-Speaker's optimizer; core.train sets the learning rate of every step (warmup, then cosine)."""
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
-
-
-# ----------------------------------------------------------------------------- EER on held-out speakers
-
-def equal_error_rate(scores: np.ndarray, is_target: np.ndarray) -> tuple[float, float]:
-    """(EER, threshold): where the false-accept and false-reject rates meet, linearly interpolated.
-
-    A trial is accepted when its score is >= the threshold; tied scores are accepted or rejected together.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    is_target = np.asarray(is_target, dtype=bool)
-    n_tar, n_non = int(is_target.sum()), int((~is_target).sum())
-    if n_tar == 0 or n_non == 0:
-        raise ValueError(f"EER needs target and non-target trials, got {n_tar} and {n_non}")
-    order = np.argsort(-scores, kind="stable")
-    s, t = scores[order], is_target[order]
-    cut = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]  # last position of each run of equal scores
-    far = np.r_[0.0, np.cumsum(~t)[cut] / n_non]
-    frr = np.r_[1.0, 1.0 - np.cumsum(t)[cut] / n_tar]
-    thr = np.r_[np.inf, s[cut]]
-    k = int(np.argmax(far >= frr))  # far rises and frr falls with k; k = 0 never qualifies
-    d0, d1 = frr[k - 1] - far[k - 1], frr[k] - far[k]
-    a = d0 / (d0 - d1) if d0 != d1 else 1.0
-    eer = far[k - 1] + a * (far[k] - far[k - 1])
-    threshold = thr[k] if not np.isfinite(thr[k - 1]) else thr[k - 1] + a * (thr[k] - thr[k - 1])
-    return float(eer), float(threshold)
-
-
-@torch.no_grad()
-def embed_utterances(encoder: nn.Module, shards: str | Path, indices: np.ndarray, device: torch.device,
-                     max_samples: int = 0) -> torch.Tensor:
-    """L2-normalised embeddings [N, D] of whole utterances (the middle max_samples when set), one at a time."""
-    ds = ShardDataset(shards, ["pcm"])
-    was_training = encoder.training
-    encoder.eval()
-    out = []
-    for i in indices:
-        pcm = ds[int(i)]["pcm"]
-        if max_samples and len(pcm) > max_samples:
-            start = (len(pcm) - max_samples) // 2
-            pcm = pcm[start:start + max_samples]
-        wav = torch.from_numpy(pcm.astype(np.float32) / np.float32(INT16_SCALE))[None].to(device)
-        out.append(encoder(fbank_batch(wav))[0].float())
-    encoder.train(was_training)
-    return F.normalize(torch.stack(out), dim=1)
-
-
-def trial_pairs(speakers: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every unordered pair of utterances: (first, second, is_target)."""
-    i, j = np.triu_indices(len(speakers), k=1)
-    spk = np.asarray(speakers, dtype=object)
-    return i, j, (spk[i] == spk[j]).astype(bool)
-
-
-def evaluate_eer(encoder: nn.Module, shards: str | Path, split: SpeakerSplit, device: torch.device,
-                 speakers: Sequence[str], max_samples: int = 0) -> dict[str, Any]:
-    """EER of cosine scores over all target / non-target pairs of the held-out utterances."""
-    emb = embed_utterances(encoder, shards, split.heldout, device, max_samples).cpu().numpy()
-    spk = [speakers[int(k)] for k in split.heldout]
-    i, j, target = trial_pairs(spk)
-    scores = (emb @ emb.T)[i, j]  # an N x N matrix, not N^2 / 2 copies of the embeddings
-    eer, thr = equal_error_rate(scores, target)
-    return {"eer": eer, "threshold": thr, "target_trials": int(target.sum()),
-            "nontarget_trials": int((~target).sum()), "utterances": len(spk),
-            "speakers": split.heldout_speakers, "mean_target_score": float(scores[target].mean()),
-            "mean_nontarget_score": float(scores[~target].mean())}
 
 
 # ----------------------------------------------------------------------------- command line and wiring
@@ -478,63 +106,6 @@ def set_cpu_threads(args: argparse.Namespace, d: core.Dist) -> None:
 #: RunConfig defaults of both trainers: 3D-Speaker's SGD settings; --batch-frames counts crop samples.
 RUN_DEFAULTS = {"lr": 0.2, "weight_decay": 1e-4, "warmup_steps": 1000, "min_lr_ratio": 5e-5 / 0.2, "clip": 0.0,
                 "batch_frames": 64 * 3 * SAMPLE_RATE}
-
-
-@dataclass
-class SpeakerData:
-    split: SpeakerSplit
-    speakers: list[str]
-    crops: SpeakerCrops
-    loader_kw: dict[str, Any]
-    num_classes: int
-
-
-def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, *, verbose: bool) -> SpeakerData:
-    """The held-out split, the crop transform and make_loader's arguments for core.train."""
-    crop = int(round(args.crop_seconds * SAMPLE_RATE))
-    if cfg.batch_frames < crop:
-        raise SystemExit(f"--batch-frames {cfg.batch_frames} holds no crop: a batch of B crops of "
-                         f"{args.crop_seconds} s is B * {crop}")
-    speakers, num_samples = read_speaker_index(cfg.shards)
-    split = split_speakers(speakers, num_samples, heldout=args.heldout_speakers, seed=cfg.seed,
-                           min_samples=max(400, int(args.min_seconds * SAMPLE_RATE)))
-    augment = None
-    if args.noise_dir or args.rir_dir:
-        augment = Augment(AudioFolder(args.noise_dir, "--noise-dir") if args.noise_dir else None,
-                          AudioFolder(args.rir_dir, "--rir-dir") if args.rir_dir else None,
-                          args.aug_prob, (args.snr_low, args.snr_high))
-    crops = SpeakerCrops(split.label_of, seed=cfg.seed, crop_samples=crop,
-                         speeds=(1.0,) if args.no_speed_perturb else SPEEDS, augment=augment)
-    if verbose:
-        print(f"[speaker] {len(split.train)} training utterances of {len(split.train_speakers)} speakers "
-              f"(x{len(crops.speeds)} speeds = {len(split.train_speakers) * len(crops.speeds)} classes); "
-              f"held out for EER: {len(split.heldout)} utterances of {split.heldout_speakers}; left out: "
-              f"{split.skipped_short} shorter than {args.min_seconds} s, {split.skipped_unlabelled} without "
-              f"speaker", flush=True)
-    subset, repeats = fill_last_batch(split.train, crops_per_batch(cfg, crop), cfg.seed)
-    if verbose and repeats:
-        print(f"[speaker] {repeats} training utterances listed twice so that every batch is full "
-              f"(the other side of 3D-Speaker's drop_last; CAM++'s last BatchNorm needs 2+ crops)", flush=True)
-    loader_kw = {"item_transform": crops, "subset": subset, "collate_features": ["wav"],
-                 "lengths": np.full(len(subset), crop, dtype=np.int64)}  # the budget counts crops
-    return SpeakerData(split, speakers, crops, loader_kw, len(split.train_speakers) * len(crops.speeds))
-
-
-def crops_per_batch(cfg: core.RunConfig, crop: int) -> int:
-    """How many crops the sampler's budget (n * m + quadratic * n * m^2 <= batch_frames) puts in a batch."""
-    n = int(cfg.batch_frames // (crop + cfg.quadratic * crop * crop))
-    return max(1, min(n, cfg.max_items) if cfg.max_items else n)
-
-
-def fill_last_batch(train: np.ndarray, batch: int, seed: int) -> tuple[np.ndarray, int]:
-    """The training list, with a few utterances (seeded) listed twice when its length is not a multiple of
-    the batch size: otherwise the sampler's last batch can hold a single crop."""
-    n = len(train)
-    extra = (-n) % max(1, min(batch, n))
-    if extra == 0:
-        return train, 0
-    pick = np.random.default_rng([seed, 0xF111]).choice(n, size=extra, replace=extra > n)
-    return np.concatenate([train, train[np.sort(pick)]]), extra
 
 
 def build_speaker_model(encoder: nn.Module, embedding_dim: int, data: SpeakerData, cfg: core.RunConfig,

@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=2 trainers/train_campplus.py --shards ./shards --config tiny --out runs/campplus \
         --max-steps 20 --batch-frames $((8 * 48000))
 
-Reads the `pcm` column (int16 @16 kHz, preset campplus) and takes random 3 s crops of it; see speaker.py for the
-whole data path (speed perturbation, augmentation, fbank on the device) and the EER evaluation.
+Reads the `pcm` column (int16 @16 kHz, preset campplus) and takes random 3 s crops of it; see speaker_data.py for the
+whole data path (speed perturbation, augmentation, fbank on the device) and speaker_eval.py for the EER.
 
 The model follows 3D-Speaker's CAM++ (D-TDNN with context-aware masking): a 2-D convolutional front-end (FCM,
 residual blocks that stride only along frequency) flattened into channels, a strided TDNN layer, three densely
@@ -17,18 +17,15 @@ memory, not results), and only the batchnorm-relu nonlinearity.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import core  # noqa: E402
-import speaker  # noqa: E402
+import core
+import speaker
+from speaker_data import speaker_data
 
 
 @dataclass(frozen=True)
@@ -178,14 +175,18 @@ class CAMPPlus(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # config
     cfg, args = core.parse_args("Train CAM++ speaker embeddings (3D-Speaker recipe) on audiopipe shards.",
                                 defaults=speaker.RUN_DEFAULTS,
                                 extra=lambda p: speaker.add_speaker_args(p, margin=0.2, aug_prob=0.2), argv=argv)
     d = core.setup_dist(cfg.seed)
     speaker.set_cpu_threads(args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, CAMPPlusConfig)
-    data = speaker.speaker_data(cfg, args, verbose=d.main)
+    # data: held-out speakers, crops, speed perturbation, augmentation (speaker_data.py)
+    data = speaker_data(cfg, args, verbose=d.main)
+    # model: the embedding model under an AAM-softmax head (speaker.py, speaker_eval.py)
     model = speaker.build_speaker_model(CAMPPlus(mcfg), mcfg.embedding_size, data, cfg, args, d)
+    # loss and training (speaker.loss_fn), then the EER on the held-out speakers
     return speaker.train_and_evaluate("campplus", model, data, cfg, args, d)
 
 

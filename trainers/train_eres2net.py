@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=2 trainers/train_eres2net.py --shards ./shards --config tiny --out runs/eres2net \
         --max-steps 20 --batch-frames $((8 * 48000))
 
-Reads the `pcm` column (int16 @16 kHz, preset eres2net) and takes random 3 s crops of it; see speaker.py for the
-whole data path (speed perturbation, augmentation, fbank on the device) and the EER evaluation.
+Reads the `pcm` column (int16 @16 kHz, preset eres2net) and takes random 3 s crops of it; see speaker_data.py for the
+whole data path (speed perturbation, augmentation, fbank on the device) and speaker_eval.py for the EER.
 
 The model follows 3D-Speaker's ERes2Net: a ResNet34-shaped stack of Res2Net-style blocks whose channel groups
 are fused by plain addition in the first two stages and by attentional feature fusion (AFF) in the last two
@@ -16,18 +16,15 @@ Simplified: only the TSTP pooling, and no two-layer embedding option (the refere
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import core  # noqa: E402
-import speaker  # noqa: E402
+import core
+import speaker
+from speaker_data import speaker_data
 
 
 @dataclass(frozen=True)
@@ -161,14 +158,18 @@ class ERes2Net(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # config
     cfg, args = core.parse_args("Train ERes2Net speaker embeddings (3D-Speaker recipe) on audiopipe shards.",
                                 defaults=speaker.RUN_DEFAULTS,
                                 extra=lambda p: speaker.add_speaker_args(p, margin=0.3, aug_prob=0.8), argv=argv)
     d = core.setup_dist(cfg.seed)
     speaker.set_cpu_threads(args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, ERes2NetConfig)
-    data = speaker.speaker_data(cfg, args, verbose=d.main)
+    # data: held-out speakers, crops, speed perturbation, augmentation (speaker_data.py)
+    data = speaker_data(cfg, args, verbose=d.main)
+    # model: the embedding model under an AAM-softmax head (speaker.py, speaker_eval.py)
     model = speaker.build_speaker_model(ERes2Net(mcfg), mcfg.embedding_size, data, cfg, args, d)
+    # loss and training (speaker.loss_fn), then the EER on the held-out speakers
     return speaker.train_and_evaluate("eres2net", model, data, cfg, args, d)
 
 

@@ -26,17 +26,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from core import (count_parameters, load_model_config, optimizer_step, parse_args, setup_dist,  # noqa: E402
-                  train)  # (core puts the repo on sys.path)
-from audiopipe.features.mel import VocosMel  # noqa: E402
-from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
+from core import count_parameters, load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from audiopipe.features.mel import VocosMel
+from audiopipe.reader.errors import ConfigMismatch, ShardError
 
 
 # ----------------------------------------------------------------------------- config
@@ -364,26 +360,21 @@ class F5TTS(nn.Module):
         pred = self.transformer(xt, cond, text, t, lens, drop_audio_cond=drop_audio, drop_text=drop_text)
         loss = F.mse_loss(pred.float(), flow.float(), reduction="none")[span].mean()
         logs = {"drop_audio": float(drop_audio), "drop_text": float(drop_text),
-                "span_frac": float(span.sum() / lens.sum())}
+                "span_frac": (span.sum() / lens.sum()).detach()}  # stays on the device until core logs it
         return loss, logs
 
 
+# ----------------------------------------------------------------------------- loss
+
+
+def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The batch's flow-matching loss. Noise, t, span, drops and dropout come from the global RNG, which
+    core reseeds every step from (seed, rank, step): --resume draws them again exactly."""
+    mel = batch["mel"].transpose(1, 2)  # [B, 100, T] -> [B, T, 100]; a view, the batch buffer is not written
+    return model(mel, batch["mel_lengths"], batch["text_ids"])
+
+
 # ----------------------------------------------------------------------------- training
-
-
-def step_seed(seed: int, rank: int, step: int, first_index: int) -> int:
-    return int(np.random.SeedSequence([seed, rank, step, first_index]).generate_state(1)[0])
-
-
-def make_loss_fn(opt: torch.optim.Optimizer, seed: int, rank: int):
-    def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        # The global RNG (noise, t, span, drops, dropout) is reseeded from (seed, rank, update, batch) on every
-        # call: a resumed rank draws exactly what it would have drawn, whatever RNG state the checkpoint holds.
-        torch.manual_seed(step_seed(seed, rank, optimizer_step(opt), int(batch["index"][0])))
-        mel = batch["mel"].transpose(1, 2)  # [B, 100, T] -> [B, T, 100]; a view, the batch buffer is not written
-        return model(mel, batch["mel_lengths"], batch["text_ids"])
-    return loss_fn
-
 
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_args(
@@ -394,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         argv=argv)
     tok = Tokenizer.from_file(args.vocab) if args.vocab else Tokenizer()
     d = setup_dist(cfg.seed)
+    # model
     mcfg = replace(load_model_config(cfg.config, CONFIGS, ModelConfig), text_num_embeds=tok.size)
     model = F5TTS(mcfg)
     if d.main:
@@ -406,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             (out / "vocab.txt").write_text("".join(s + "\n" for s in tok.vocab), encoding="utf-8")
         print(f"[f5tts] {count_parameters(model) / 1e6:.2f} M parameters, config {cfg.config}, "
               f"vocab {tok.size}, world {d.world}", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # loss and training
     try:
-        train(model, make_loss_fn(opt, cfg.seed, d.rank), cfg, d, features=["mel"], expect={"mel": MEL_HASH},
-              optimizer=opt, loader_kw={"batch_transform": AddTextIds(tok)}, log_name="f5tts")
+        train(model, loss_fn, cfg, d, features=["mel"], expect={"mel": MEL_HASH},
+              loader_kw={"batch_transform": AddTextIds(tok)}, log_name="f5tts")
     except (ConfigMismatch, ShardError, FileNotFoundError) as e:
         raise SystemExit(f"train_f5tts: error: {e}") from None
     return 0

@@ -29,20 +29,18 @@ Simplified or changed, on purpose:
 
 from __future__ import annotations
 
-import hashlib
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from trainers.core import load_model_config, parse_args, setup_dist, train  # noqa: E402
+from core import load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from audiopipe.index.lengths import LengthIndex
+from audiopipe.tokens import token_spec
 
 
 # ----------------------------------------------------------------------------- config
@@ -71,6 +69,43 @@ CONFIGS = {
 }
 
 DEFAULTS = {"batch_frames": 10_000, "lr": 2e-4, "warmup_steps": 2000, "weight_decay": 0.01, "clip": 1.0}
+
+
+# ----------------------------------------------------------------------------- data
+
+def select_utterances(shards: str, c: ModelConfig, max_sec: float, min_ps: float, max_ps: float
+                      ) -> tuple[np.ndarray, np.ndarray, str]:
+    """The reference's filters on the length index (no payload read) -> (subset, budget lengths, summary)."""
+    try:
+        spec = token_spec(shards)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"--shards: {e}") from None
+    cb = int(spec["params"].get("codebook_size", 0))
+    if not 0 < cb <= c.eos:
+        raise SystemExit(f"{shards}: tokens have {cb} ids but vocab_size {c.vocab_size} holds {c.eos} ids + EOS; "
+                         f"use a config with vocab_size >= {cb + 1}")
+    idx = LengthIndex.open(shards)
+    if "phones_frames" not in idx.table.column_names:
+        raise SystemExit(f"{shards}: the token folder has no phones; make it from shards with phones "
+                         f"(`audiopipe shard --preset gpt_sovits`, then `audiopipe tokens`)")
+    rate = spec["sample_rate"] / spec["hop_length"]
+    nt, nph = idx.frames("semantic").astype(np.int64), idx.frames("phones").astype(np.int64)
+    sec = nt / rate
+    ps = nph / np.maximum(sec, 1e-9)
+    ok = (nt > 0) & (nph > 0) & (sec <= max_sec) & (nph <= max_sec * rate / 2.5) & (ps >= min_ps) & (ps <= max_ps)
+    subset = np.flatnonzero(ok)
+    if len(subset) == 0:
+        raise SystemExit(f"{shards}: no utterance passes the filters (max_sec {max_sec}, phones/s in "
+                         f"[{min_ps}, {max_ps}]); loosen --min-ps-ratio/--max-ps-ratio/--max-sec")
+    summary = (f"{len(subset)}/{len(ok)} utterances ({sec[subset].sum() / 3600:.3f} h) pass the filters; tokens "
+               f"{spec['kind']} at {rate:g}/s, codebook {cb}")
+    return subset, (nt + nph)[subset], summary
+
+
+def _extra(p) -> None:
+    p.add_argument("--max-sec", type=float, default=54.0, help="drop utterances with more seconds of tokens")
+    p.add_argument("--min-ps-ratio", type=float, default=3.0, help="drop utterances with fewer phones per second")
+    p.add_argument("--max-ps-ratio", type=float, default=25.0, help="drop utterances with more phones per second")
 
 
 # ----------------------------------------------------------------------------- model
@@ -169,26 +204,20 @@ class Text2Semantic(nn.Module):
         return self.head(h[:, tx:]), next_token_targets(tokens, token_lens, self.c.eos)
 
 
-def top_k_accuracy(logits: torch.Tensor, targets: torch.Tensor, k: int, eos: int) -> float:
-    """Share of real, non-EOS targets among the k best logits (the reference ignores EOS targets)."""
+# ----------------------------------------------------------------------------- loss
+
+def top_k_accuracy(logits: torch.Tensor, targets: torch.Tensor, k: int, eos: int) -> torch.Tensor:
+    """Share of real, non-EOS targets among the k best logits (the reference ignores EOS targets); 0 when there
+    are none. A 0-d tensor on the logits' device: reading it back is left to the log line."""
     keep = (targets >= 0) & (targets != eos)
-    if not keep.any():
-        return 0.0
-    top = logits[keep].topk(min(k, logits.shape[-1]), dim=-1).indices
-    return float((top == targets[keep][:, None]).any(-1).float().mean())
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+    hit = (top == targets[..., None]).any(-1) & keep
+    return hit.sum() / keep.sum().clamp(min=1)
 
 
-def batch_seed(seed: int, rank: int, indices: list[int]) -> int:
-    h = hashlib.blake2b(np.asarray(indices, dtype=np.int64).tobytes(), digest_size=8, key=f"{seed}:{rank}".encode())
-    return int.from_bytes(h.digest(), "little") >> 1
-
-
-def make_loss_fn(c: ModelConfig, seed: int, rank: int):
-    def loss_fn(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        # Dropout masks are drawn from a seed of (seed, rank, this batch's utterances), so a resumed run draws
-        # the same ones on every rank: core checkpoints rank 0's RNG state only, and restoring it on rank 1
-        # would give rank 1 another stream than in an uninterrupted run.
-        torch.manual_seed(batch_seed(seed, rank, batch["index"]))
+def make_loss_fn(c: ModelConfig):
+    def loss_fn(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, Any]]:
+        # Dropout draws from the global RNG, which core reseeds every step from (seed, rank, step).
         logits, targets = model(batch["phones"].long(), batch["phones_lengths"], batch["semantic"].long(),
                                 batch["semantic_lengths"])
         loss = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100)
@@ -197,47 +226,10 @@ def make_loss_fn(c: ModelConfig, seed: int, rank: int):
     return loss_fn
 
 
-# ----------------------------------------------------------------------------- data
-
-def select_utterances(shards: str, c: ModelConfig, max_sec: float, min_ps: float, max_ps: float
-                      ) -> tuple[np.ndarray, np.ndarray, str]:
-    """The reference's filters on the length index (no payload read) -> (subset, budget lengths, summary)."""
-    from audiopipe.index.lengths import LengthIndex
-    from audiopipe.tokens import token_spec
-
-    try:
-        spec = token_spec(shards)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"--shards: {e}") from None
-    cb = int(spec["params"].get("codebook_size", 0))
-    if not 0 < cb <= c.eos:
-        raise SystemExit(f"{shards}: tokens have {cb} ids but vocab_size {c.vocab_size} holds {c.eos} ids + EOS; "
-                         f"use a config with vocab_size >= {cb + 1}")
-    idx = LengthIndex.open(shards)
-    if "phones_frames" not in idx.table.column_names:
-        raise SystemExit(f"{shards}: the token folder has no phones; make it from shards with phones "
-                         f"(`audiopipe shard --preset gpt_sovits`, then `audiopipe tokens`)")
-    rate = spec["sample_rate"] / spec["hop_length"]
-    nt, nph = idx.frames("semantic").astype(np.int64), idx.frames("phones").astype(np.int64)
-    sec = nt / rate
-    ps = nph / np.maximum(sec, 1e-9)
-    ok = (nt > 0) & (nph > 0) & (sec <= max_sec) & (nph <= max_sec * rate / 2.5) & (ps >= min_ps) & (ps <= max_ps)
-    subset = np.flatnonzero(ok)
-    if len(subset) == 0:
-        raise SystemExit(f"{shards}: no utterance passes the filters (max_sec {max_sec}, phones/s in "
-                         f"[{min_ps}, {max_ps}]); loosen --min-ps-ratio/--max-ps-ratio/--max-sec")
-    summary = (f"{len(subset)}/{len(ok)} utterances ({sec[subset].sum() / 3600:.3f} h) pass the filters; tokens "
-               f"{spec['kind']} at {rate:g}/s, codebook {cb}")
-    return subset, (nt + nph)[subset], summary
-
-
-def _extra(p) -> None:
-    p.add_argument("--max-sec", type=float, default=54.0, help="drop utterances with more seconds of tokens")
-    p.add_argument("--min-ps-ratio", type=float, default=3.0, help="drop utterances with fewer phones per second")
-    p.add_argument("--max-ps-ratio", type=float, default=25.0, help="drop utterances with more phones per second")
-
+# ----------------------------------------------------------------------------- training
 
 def main(argv: list[str] | None = None) -> dict:
+    # config
     cfg, args = parse_args("GPT-SoVITS stage 1 (phones -> semantic tokens)", defaults=DEFAULTS, extra=_extra,
                            argv=argv)
     d = setup_dist(cfg.seed)
@@ -247,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     if d.main:
         n = sum(p.numel() for p in model.parameters())
         print(f"[gpt_sovits] {summary}; model {n / 1e6:.2f} M parameters ({cfg.config})", flush=True)
-    return train(model, make_loss_fn(c, cfg.seed, d.rank), cfg, d, features=["semantic", "phones"],
+    # loss and training
+    return train(model, make_loss_fn(c), cfg, d, features=["semantic", "phones"],
                  loader_kw={"subset": subset, "lengths": lengths}, log_name="gpt_sovits")
 
 

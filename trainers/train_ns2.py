@@ -45,14 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from audiopipe.features.phones import PHONES  # noqa: E402
-from audiopipe.index.lengths import LengthIndex  # noqa: E402
-from audiopipe.shard.manifest import read_manifest  # noqa: E402
-from trainers.core import (count_parameters, load_model_config, optimizer_step, parse_args,  # noqa: E402
-                           setup_dist, train)
-from trainers.mas import mas_durations  # noqa: E402
+from core import count_parameters, load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from audiopipe.features.phones import PHONES
+from audiopipe.index.lengths import LengthIndex
+from audiopipe.shard.manifest import read_manifest
+from mas import mas_durations
 
 
 # ----------------------------------------------------------------------------- config
@@ -106,7 +103,7 @@ RUN_DEFAULTS = dict(batch_frames=7500, lr=7.5e-5, warmup_steps=5000, clip=0.5)
 FEATURES = ["codes", "f0", "phones"]
 
 
-# ----------------------------------------------------------------------------- prompt / target split
+# ----------------------------------------------------------------------------- data: usable utterances, prompt split
 
 class PromptSplit:
     """Loader batch_transform: a random prefix of each utterance is the prompt, the rest the target.
@@ -170,6 +167,42 @@ def split_at(batch: dict[str, Any], tp: torch.Tensor) -> dict[str, Any]:
     batch.update(prompt_codes=prompt, prompt_mask=prompt_mask, prompt_lengths=tp,
                  target_codes=target, target_f0=f0, target_mask=target_mask, target_lengths=tt)
     return batch
+
+
+def usable_subset(shards: str | Path) -> tuple[np.ndarray, list[str], int]:
+    """Utterances a prompt/target split and an alignment can use: >= 2 frames, >= 1 phone, and either MFA
+    durations or at least one frame per phone (for MAS). Returns (indices, ids left out, how many have durations)."""
+    idx = LengthIndex.open(shards)
+    frames, phones = idx.frames("codes").astype(np.int64), idx.frames("phones").astype(np.int64)
+    cols = idx.table.column_names
+    has_d = idx.frames("durations") > 0 if "durations_frames" in cols else np.zeros(len(frames), dtype=bool)
+    ok = (frames >= 2) & (phones >= 1) & (has_d | (frames >= phones))
+    ids = idx.table.column("id").to_pylist()
+    return np.flatnonzero(ok), [ids[i] for i in np.flatnonzero(~ok)], int((has_d & ok).sum())
+
+
+def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
+    """Refuse shards this config cannot read; True when they have a `durations` column (MFA, maybe empty)."""
+    m = read_manifest(Path(shards))
+    feats = m["features"]
+    if "codes" not in feats or "f0" not in feats:
+        raise SystemExit(f"{shards} has no codes/f0 columns ({sorted(feats)}): make it with `--preset ns2`")
+    spec = feats["codes"]
+    if spec["channels"] != cfg.n_codebooks or spec["params"].get("codebook_size") != cfg.codebook_size:
+        raise SystemExit(f"{shards}: codes have {spec['channels']} codebooks of {spec['params'].get('codebook_size')}"
+                         f", the config expects {cfg.n_codebooks} of {cfg.codebook_size}")
+    if feats["f0"].get("hop_length") != spec.get("hop_length"):
+        raise SystemExit(f"{shards}: f0 hop {feats['f0'].get('hop_length')} differs from the codes' "
+                         f"{spec.get('hop_length')}; use the ns2 preset (align_to codes)")
+    vocab = m.get("phones", {}).get("vocab", PHONES)  # older shards do not record it: ours then
+    if len(vocab) > cfg.vocab_size:
+        raise SystemExit(f"{shards}: the phone vocabulary has {len(vocab)} entries, the config's vocab_size is "
+                         f"{cfg.vocab_size}")
+    if not feats["f0"].get("params", {}).get("interpolate"):
+        raise SystemExit(f"{shards}: f0 was made without interpolate=True, so unvoiced frames hold 0 and log-pitch "
+                         f"is undefined there; use the ns2 preset")
+    return "durations_frames" in LengthIndex.open(shards).table.column_names
+
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -530,71 +563,34 @@ def durations_to_path(durations: torch.Tensor, n_frames: int) -> torch.Tensor:
 LOSS_TERMS = ("pitch", "duration", "x0", "noise", "ce", "align")
 
 
+# ----------------------------------------------------------------------------- loss
+
+MODEL_KEYS = ("codes", "codes_mask", "phones", "phones_mask", "f0", "prompt_codes", "prompt_mask", "prompt_lengths",
+              "target_codes", "target_mask", "target_f0", "durations", "durations_lengths")
+
+
+def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The summed loss and every term (left on the device for core to average). Dropout, t and noise come
+    from the global RNG, which core reseeds every step from (seed, rank, step): --resume draws them again."""
+    out = model(**{k: batch[k] for k in MODEL_KEYS if k in batch})
+    return out["loss"], {k: out[k].detach() for k in (*LOSS_TERMS, "code_acc")}
+
+
 # ----------------------------------------------------------------------------- training
 
-
-def make_loss_fn(opt: torch.optim.Optimizer, seed: int, rank: int):
-    model_keys = ("codes", "codes_mask", "phones", "phones_mask", "f0", "prompt_codes", "prompt_mask",
-                  "prompt_lengths", "target_codes", "target_mask", "target_f0", "durations", "durations_lengths")
-
-    def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        # Dropout, t and noise come from the global RNG, reseeded here from (seed, rank, update, batch): a rank's
-        # draws then depend on nothing a checkpoint has to carry, so --resume repeats them exactly.
-        first = int(batch["index"][0]) if "index" in batch else 0
-        torch.manual_seed(int(np.random.SeedSequence([seed, rank, optimizer_step(opt), first]).generate_state(1)[0]))
-        out = model(**{k: batch[k] for k in model_keys if k in batch})
-        logs = {k: float(out[k].detach()) for k in (*LOSS_TERMS, "code_acc")}
-        return out["loss"], logs
-    return loss_fn
-
-
-def usable_subset(shards: str | Path) -> tuple[np.ndarray, list[str], int]:
-    """Utterances a prompt/target split and an alignment can use: >= 2 frames, >= 1 phone, and either MFA
-    durations or at least one frame per phone (for MAS). Returns (indices, ids left out, how many have durations)."""
-    idx = LengthIndex.open(shards)
-    frames, phones = idx.frames("codes").astype(np.int64), idx.frames("phones").astype(np.int64)
-    cols = idx.table.column_names
-    has_d = idx.frames("durations") > 0 if "durations_frames" in cols else np.zeros(len(frames), dtype=bool)
-    ok = (frames >= 2) & (phones >= 1) & (has_d | (frames >= phones))
-    ids = idx.table.column("id").to_pylist()
-    return np.flatnonzero(ok), [ids[i] for i in np.flatnonzero(~ok)], int((has_d & ok).sum())
-
-
-def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
-    """Refuse shards this config cannot read; True when they have a `durations` column (MFA, maybe empty)."""
-    m = read_manifest(Path(shards))
-    feats = m["features"]
-    if "codes" not in feats or "f0" not in feats:
-        raise SystemExit(f"{shards} has no codes/f0 columns ({sorted(feats)}): make it with `--preset ns2`")
-    spec = feats["codes"]
-    if spec["channels"] != cfg.n_codebooks or spec["params"].get("codebook_size") != cfg.codebook_size:
-        raise SystemExit(f"{shards}: codes have {spec['channels']} codebooks of {spec['params'].get('codebook_size')}"
-                         f", the config expects {cfg.n_codebooks} of {cfg.codebook_size}")
-    if feats["f0"].get("hop_length") != spec.get("hop_length"):
-        raise SystemExit(f"{shards}: f0 hop {feats['f0'].get('hop_length')} differs from the codes' "
-                         f"{spec.get('hop_length')}; use the ns2 preset (align_to codes)")
-    vocab = m.get("phones", {}).get("vocab", PHONES)  # older shards do not record it: ours then
-    if len(vocab) > cfg.vocab_size:
-        raise SystemExit(f"{shards}: the phone vocabulary has {len(vocab)} entries, the config's vocab_size is "
-                         f"{cfg.vocab_size}")
-    if not feats["f0"].get("params", {}).get("interpolate"):
-        raise SystemExit(f"{shards}: f0 was made without interpolate=True, so unvoiced frames hold 0 and log-pitch "
-                         f"is undefined there; use the ns2 preset")
-    return "durations_frames" in LengthIndex.open(shards).table.column_names
-
-
 def main(argv: list[str] | None = None) -> int:
+    # config
     cfg, _ = parse_args("Train NaturalSpeech 2 on audiopipe ns2 shards.", defaults=RUN_DEFAULTS, argv=argv)
     d = setup_dist(cfg.seed)
     mcfg = load_model_config(cfg.config, CONFIGS, NS2Config)
+    # data: the utterances a prompt/target split and an alignment can use, and the split itself
     has_column = check_shards(cfg.shards, mcfg)
     subset, dropped, n_durations = usable_subset(cfg.shards)
     if len(subset) == 0:
         raise SystemExit(f"{cfg.shards}: no utterance has >= 2 frames and at least one frame per phone")
-    model = NaturalSpeech2(mcfg)
     features = FEATURES + (["durations"] if has_column else [])
+    split = PromptSplit(mcfg.prompt_min_frac, mcfg.prompt_max_frac, seed=cfg.seed, vocab_size=mcfg.vocab_size)
     if d.main:
-        print(f"[ns2] config {cfg.config}: {count_parameters(model) / 1e6:.2f} M parameters", flush=True)
         if dropped:
             print(f"[ns2] leaving out {len(dropped)} utterance(s) with < 2 frames or fewer frames than phones: "
                   f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", flush=True)
@@ -604,10 +600,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"latent, as Glow-TTS/VITS", flush=True)
         if n_durations:
             print(f"[ns2] {n_durations} of {len(subset)} utterances use the shards' MFA durations", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    split = PromptSplit(mcfg.prompt_min_frac, mcfg.prompt_max_frac, seed=cfg.seed, vocab_size=mcfg.vocab_size)
-    train(model, make_loss_fn(opt, cfg.seed, d.rank), cfg, d, features=features, length_feature="codes",
-          optimizer=opt, loader_kw={"batch_transform": split, "subset": subset}, log_name="ns2")
+    # model
+    model = NaturalSpeech2(mcfg)
+    if d.main:
+        print(f"[ns2] config {cfg.config}: {count_parameters(model) / 1e6:.2f} M parameters", flush=True)
+    # loss and training
+    train(model, loss_fn, cfg, d, features=features, length_feature="codes",
+          loader_kw={"batch_transform": split, "subset": subset}, log_name="ns2")
     return 0
 
 
