@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None) -> dict:
                            argv=argv)
     d = setup_dist(cfg.seed)
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
+    from audiopipe.shard.manifest import read_manifest
+
+    table = read_manifest(cfg.shards).get("phones", {}).get("vocab") or []
+    if len(table) > c.phone_vocab:  # ids index the shards' phone table (GPT-SoVITS's has 322 symbols)
+        c = replace(c, phone_vocab=len(table))
     subset, lengths, summary = select_utterances(cfg.shards, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio)
     model = Text2Semantic(c)
     if d.main:
