@@ -140,3 +140,22 @@ def test_gpt_sovits_chinese_phones_two_ranks_and_resume(zh, tmp_path):
     stdout, _, _ = _straight_and_resumed("train_gpt_sovits.py", tokens, tmp_path, "--batch-frames", "1500",
                                          "--lr", "3e-3")
     assert "pass the filters" in stdout
+
+
+def test_export_f5_pinyin_writes_token_lists_and_keeps_a_given_vocab(zh, tmp_path):
+    from audiopipe.export.f5 import export_f5
+
+    _, shards, _ = zh
+    texts = shard_texts(shards)
+    summary = export_f5(shards, tmp_path / "zh_pinyin", tokenizer="pinyin")
+    with pa.memory_map(str(tmp_path / "zh_pinyin" / "raw.arrow")) as src:
+        raw = pa.ipc.open_stream(src).read_all()
+    assert raw.schema.field("text").type == pa.list_(pa.string())  # as F5's pinyin preparation stores it
+    assert raw.column("text").to_pylist() == [f5_pinyin_tokens(t) for t in texts]
+    vocab = (tmp_path / "zh_pinyin" / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert vocab == build_vocab(f5_pinyin_tokens(t) for t in texts) and summary["tokenizer"] == "pinyin"
+    given = tmp_path / "given.txt"
+    given.write_text("".join(s + "\n" for s in vocab if s != "jin1"), encoding="utf-8")
+    s2 = export_f5(shards, tmp_path / "zh_given", tokenizer="pinyin", vocab_file=given)
+    assert s2["unknown_symbols"] == {"jin1": sum(f5_pinyin_tokens(t).count("jin1") for t in texts)}
+    assert (tmp_path / "zh_given" / "vocab.txt").read_text(encoding="utf-8") == given.read_text(encoding="utf-8")
