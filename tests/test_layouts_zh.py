@@ -3,8 +3,8 @@ and a shard run that stores GPT-SoVITS phone ids with the symbol table in the ma
 
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,14 +12,16 @@ import pytest
 import soundfile as sf
 
 from audiopipe.corpus.discover import discover
-from audiopipe.decode.audio import DecodeLimits
+from audiopipe.decode.audio import DecodeLimits, load_audio
 from audiopipe.decode.segments import RecordingCache
 from audiopipe.text.frontend import gpt_sovits_phones
 from audiopipe.text.symbols import gpt_sovits_symbols, symbols_to_ids
 
 from corpora_zh import SPEAKERS, make_aishell3, make_emilia, make_kaldi
+from audiopipe.shard.build import build_shard, make_feature
+from audiopipe.shard.plan import WorkUnit
+from audiopipe.shard.run import make_plan
 from shard_helpers import make_job
-from audiopipe.shard.run import run_job
 
 
 @pytest.fixture(scope="module")
@@ -90,17 +92,19 @@ def test_layout_choice(kaldi, tmp_path):
     assert sorted(u.id for u in walked.utterances) == [f"audio/{s}-rec{r}" for r, (s, _, _) in enumerate(SPEAKERS)]
 
 
-def test_kaldi_shard_with_chinese_phones(kaldi, tmp_path):
+def test_kaldi_plan_and_shard_with_chinese_phones(kaldi, tmp_path):
+    """The shard job's own planning and builder, in process (the Ray fan-out is covered elsewhere)."""
     root, expected = kaldi
     job = make_job(root, tmp_path / "out", [("pcm", {"sample_rate": 16000})], phones=True, presets=("gpt_sovits",))
     job.language = "zh"
-    summary = run_job(job, workers=2, show_progress=False)
-    assert summary.written == len(expected)
-    assert summary.reject_reasons == {"kaldi_pipe": 1, "kaldi_ark": 1, "kaldi_missing_recording": 1,
-                                      "bad_segment": 1}
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["phones"]["vocab"] == list(gpt_sovits_symbols()) and manifest["phones"]["language"] == "zh"
-    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / "out" / "arrow" / "shard-000000.arrow"))).read_all()
+    plan = make_plan(job, None, "auto", [s for k, p in job.features for s in make_feature(k, p).specs])
+    assert sorted(r["reason"] for r in plan["discovery_rejects"]) == ["bad_segment", "kaldi_ark",
+                                                                       "kaldi_missing_recording", "kaldi_pipe"]
+    plan = json.loads(json.dumps(plan))  # what plan.json and the Ray tasks carry
+    recs = [build_shard(WorkUnit.from_dict(u), job) for u in plan["units"]]
+    assert sum(r["rows"] for r in recs) == len(expected) and all(r["rejects"] == [] for r in recs)
+    table = pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(tmp_path / "out" / r["arrow"]["path"]))).read_all()
+                             for r in recs)
     for row in table.to_pylist():
         _, text, start, end = expected[row["id"]]
         assert row["text"] == text
@@ -132,3 +136,63 @@ def test_emilia_layout_and_per_line_language(emilia):
     # --language auto: the line's tag picks the English G2P (ARPAbet inside GPT-SoVITS's table)
     assert gpt_sovits_phones(en.text, "auto", en.extra["language"]) == ["HH", "AH0", "L", "OW1", "W", "ER1", "L",
                                                                            "D", "."]
+
+
+def test_emilia_tar_distribution_read_in_place(emilia, tmp_path):
+    import tarfile
+
+    from audiopipe.decode.members import load_member
+
+    src, expected = emilia
+    root = tmp_path / "Emilia"
+    (root / "ZH").mkdir(parents=True)
+    rows = [json.loads(x) for x in (src / "ZH" / "ZH_B00000.jsonl").read_text(encoding="utf-8").splitlines()]
+    with tarfile.open(root / "ZH" / "ZH-B000000.tar", "w") as tf:  # WebDataset: <key>.mp3 + <key>.json
+        for row in rows:
+            if (src / "ZH" / row["wav"]).exists():
+                tf.add(src / "ZH" / row["wav"], arcname=f"{row['id']}.mp3")
+            meta = tmp_path / f"{row['id']}.json"
+            meta.write_text(json.dumps({k: v for k, v in row.items() if k != "wav"}, ensure_ascii=False))
+            tf.add(meta, arcname=f"{row['id']}.json")
+    d = discover(root)
+    assert {u.id: (u.speaker, u.text, u.extra["language"]) for u in d.utterances} == expected
+    assert list(reasons(d).values()) == ["missing"]  # the JSON whose MP3 is not in the tar
+    for u in d.utterances:
+        assert u.source == f"ZH/ZH-B000000.tar#{u.id}.mp3" and u.path == str(root / "ZH" / "ZH-B000000.tar")
+        wav, sr = load_member(u)
+        ref, ref_sr = load_audio(src / "ZH" / next(r["wav"] for r in rows if r["id"] == u.id))
+        assert sr == ref_sr and len(wav) == u.num_samples
+        np.testing.assert_array_equal(wav, ref)  # the same bytes, decoded as the unpacked file would be
+    assert not any(p.suffix == ".mp3" for p in root.rglob("*"))  # nothing was unpacked
+
+
+def test_emilia_tar_members_shard_with_per_line_language(emilia, tmp_path):
+    """build_shard (in process) decodes tar members in place; --language auto follows each line's tag."""
+    import tarfile
+
+    from audiopipe.shard.plan import PlannedUtt
+
+    src, expected = emilia
+    root = tmp_path / "Emilia"
+    root.mkdir()
+    rows = [json.loads(x) for x in (src / "ZH" / "ZH_B00000.jsonl").read_text(encoding="utf-8").splitlines()]
+    with tarfile.open(root / "EN-ZH-B000000.tar", "w") as tf:
+        for row in rows:
+            if (src / "ZH" / row["wav"]).exists():
+                tf.add(src / "ZH" / row["wav"], arcname=f"{row['id']}.mp3")
+                info = tarfile.TarInfo(f"{row['id']}.json")
+                data = json.dumps(row, ensure_ascii=False).encode()
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    d = discover(root)
+    job = make_job(root, tmp_path / "out", [("pcm", {"sample_rate": 16000})], phones=True)
+    job.language = "auto"
+    unit = WorkUnit("shard-000000", 0, [PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration,
+                                                   dict(u.extra)) for u in d.utterances])
+    rec = build_shard(unit, job)
+    assert rec["rows"] == len(expected) and rec["rejects"] == []
+    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / "out" / "arrow" / "shard-000000.arrow"))).read_all()
+    for row in table.to_pylist():
+        _, text, lang = expected[row["id"]]
+        assert row["phones"] == symbols_to_ids(gpt_sovits_phones(text, lang))
+        assert row["source"].startswith("EN-ZH-B000000.tar#")

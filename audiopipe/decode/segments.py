@@ -52,18 +52,18 @@ class RecordingCache:
         return check_segment(wav[start:end].copy(), sr, limits), sr
 
 
-def check_segment(wav: np.ndarray, sr: int, limits: DecodeLimits) -> np.ndarray:
+def check_segment(wav: np.ndarray, sr: int, limits: DecodeLimits, what: str = "segment") -> np.ndarray:
     """Duration and silence limits on a cut (the checks load_audio makes on a whole file)."""
     duration = len(wav) / sr
     if duration < limits.min_duration:
-        raise RejectError("too_short", f"segment of {duration:.3f} s is shorter than the minimum "
+        raise RejectError("too_short", f"{what} of {duration:.3f} s is shorter than the minimum "
                                        f"{limits.min_duration} s")
     if duration > limits.max_duration:
-        raise RejectError("too_long", f"segment of {duration:.3f} s is longer than the maximum "
+        raise RejectError("too_long", f"{what} of {duration:.3f} s is longer than the maximum "
                                       f"{limits.max_duration} s")
     peak = float(np.max(np.abs(wav))) if len(wav) else 0.0
     peak_dbfs = 20.0 * math.log10(peak) if peak > 0 else -math.inf
     if peak_dbfs < limits.silence_dbfs:
         shown = "-inf" if peak == 0 else f"{peak_dbfs:.1f}"
-        raise RejectError("silent", f"segment peak {shown} dBFS is below the {limits.silence_dbfs} dBFS threshold")
+        raise RejectError("silent", f"{what} peak {shown} dBFS is below the {limits.silence_dbfs} dBFS threshold")
     return wav

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, resample_to
+from audiopipe.decode.members import is_member, load_member
 from audiopipe.decode.segments import RecordingCache, is_segment
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.registry import build_feature
@@ -192,7 +193,12 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     recordings = RecordingCache(unit.utterances)  # Kaldi segments: one decode per recording
     for u in unit.utterances:
         try:
-            wav, sr = recordings.cut(u, limits) if is_segment(u) else load_audio(u.path, limits)
+            if is_segment(u):
+                wav, sr = recordings.cut(u, limits)
+            elif is_member(u):  # audio inside an uncompressed tar (Emilia's .tar distribution)
+                wav, sr = load_member(u, limits)
+            else:
+                wav, sr = load_audio(u.path, limits)
             scalars: dict[str, Any] = {}
             if job.trim:
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
