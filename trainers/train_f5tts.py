@@ -407,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"train_f5tts: error: {e}") from None
         print(f"[f5tts] {pv.report()}", flush=True)
         tok = Tokenizer(pv.vocab, split=f5_pinyin_tokens)
-    elif args.tokenizer == "char" and not args.vocab:
-        raise SystemExit("train_f5tts: error: --tokenizer char needs --vocab")
+    elif (args.tokenizer == "char") != bool(args.vocab) and args.tokenizer is not None:
+        raise SystemExit(f"train_f5tts: error: --tokenizer {args.tokenizer} "
+                         f"{'needs' if args.tokenizer == 'char' else 'takes no'} --vocab")
     else:
-        tok = Tokenizer.from_file(args.vocab) if args.vocab and args.tokenizer != "byte" else Tokenizer()
+        tok = Tokenizer.from_file(args.vocab) if args.vocab else Tokenizer()
     d = setup_dist(cfg.seed)
     mcfg = replace(load_model_config(cfg.config, CONFIGS, ModelConfig), text_num_embeds=tok.size)
     model = F5TTS(mcfg)
