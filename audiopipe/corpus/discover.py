@@ -202,7 +202,8 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
         chosen = pick_layout(root, layout)
         if chosen is not None:  # a layout with its own index files (audiopipe/corpus/layouts/)
             utts, rejected = discover_layout(chosen, root, rule)
-            return Discovery(root, sorted(utts, key=lambda u: u.id), sorted(rejected, key=lambda r: (r.source, r.reason)))
+            return Discovery(root, sorted(utts, key=lambda u: u.id),
+                             sorted(rejected, key=lambda r: (r.source, r.reason)))
     ext_set = frozenset(e.lower().lstrip(".") for e in exts) if exts is not None else audio_extensions()
     if not ext_set:
         raise ValueError("exts is empty: no file could be discovered")

@@ -29,6 +29,16 @@ class RecordingCache:
         self._decoded: dict[str, tuple[np.ndarray, int] | RejectError] = {}
         self.decodes = 0  # recordings decoded (diagnostics: one per recording)
 
+    def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
+        """Any utterance's audio: a segment cut from its recording, a tar member read in place, or a file."""
+        if is_segment(u):
+            return self.cut(u, limits)
+        from audiopipe.decode.members import is_member, load_member  # (members imports check_segment from here)
+
+        if is_member(u):
+            return load_member(u, limits)
+        return load_audio(u.path, limits)
+
     def cut(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
         """The segment's samples (float32 mono) and rate, or RejectError (the recording's, or the segment's)."""
         got = self._decoded.get(u.path)

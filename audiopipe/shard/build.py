@@ -17,8 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, resample_to
-from audiopipe.decode.members import is_member, load_member
-from audiopipe.decode.segments import RecordingCache, is_segment
+from audiopipe.decode.segments import RecordingCache
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.registry import build_feature
 from audiopipe.features.trim import trim_silence
@@ -190,15 +189,10 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     codec_inputs: list[np.ndarray] = []
-    recordings = RecordingCache(unit.utterances)  # Kaldi segments: one decode per recording
+    recordings = RecordingCache(unit.utterances)  # Kaldi segments: each recording decoded once per shard
     for u in unit.utterances:
         try:
-            if is_segment(u):
-                wav, sr = recordings.cut(u, limits)
-            elif is_member(u):  # audio inside an uncompressed tar (Emilia's .tar distribution)
-                wav, sr = load_member(u, limits)
-            else:
-                wav, sr = load_audio(u.path, limits)
+            wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar
             scalars: dict[str, Any] = {}
             if job.trim:
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
