@@ -144,10 +144,13 @@ def test_normalize_zh(text, normalized):
     ("好的吧", "h ao3 d e5 b a5"),  # modal particle and 的 neutral
     ("银行", "y in2 h ang2"),  # polyphone 行 from the phrase dictionary
     ("长城", "ch ang2 ch eng2"),
-    ("女儿", "n v3 EE er2"),  # ü -> v; zero-initial er -> EE
+    ("女儿们", "n v3 EE er2 m en5"),  # ü -> v; zero-initial er -> EE; 们 neutral
     ("2024年3月5日", "EE er4 l ing2 EE er4 s i04 n ian2 s an1 y ve4 w u3 r ir4"),  # date
     ("涨了50%", "zh ang3 l e5 b ai3 f en1 zh ir1 w u3 sh ir2"),  # percentage; 了 neutral
     ("好！？", "h ao3 !"),  # consecutive full-width punctuation keeps the first
+    ("一点儿", "y i4 d ian3 EE er3"),  # erhua: a word-final 儿 takes the tone before it
+    ("这儿", "zh e4 EE er4"),
+    ("女儿", "n v3 EE er2"),  # 儿 as 'daughter' keeps its own tone
 ])
 def test_gpt_sovits_chinese_phones(text, phones):
     assert " ".join(zh_g2p(text)) == phones

@@ -22,7 +22,8 @@ Tone changes, in order:
     here: the reference carries a longer one);
   - third tone: two third tones in a row -> the first becomes rising; in three-character words the word is split
     (jieba search mode) into 2+1 or 1+2 and the rule applies inside and across the split; four-character words
-    are two pairs.
+    are two pairs;
+  - erhua (GPT-SoVITS v2's cleaner): a word-final 儿 takes the tone of the syllable before it (`erhua`).
 """
 
 from __future__ import annotations
@@ -253,6 +254,26 @@ def _third(word: str, finals: list[str]) -> list[str]:
             if _all_third(half):
                 half[0] = _set(half[0], "2")
         finals = halves[0] + halves[1]
+    return finals
+
+
+# 儿 read as a syllable of its own (a child, a son) rather than as the r-colouring of the syllable before it.
+ER_SYLLABLE = frozenset("女儿 男儿 花儿 婴儿 幼儿 孤儿 患儿 少儿 儿童 孙儿 侄儿 健儿 宠儿 混血儿 流浪儿".split())
+ER_SUFFIX = frozenset("小院儿 胡同儿 媳妇儿".split())  # r-coloured although their part of speech says otherwise
+
+
+def erhua(word: str, pos: str, finals: list[str]) -> list[str]:
+    """儿 at the end of a word: er2 at least, and in an r-coloured word (玩儿, 一点儿) the tone of the syllable
+    before it. Not in names, adjectives and abbreviations (pos nr, a, j), nor where 儿 is a word of its own."""
+    finals = list(finals)
+    if not finals or len(finals) != len(word) or word[-1] != "儿":
+        return finals
+    if finals[-1] == "er1":
+        finals[-1] = "er2"
+    if word not in ER_SUFFIX and (word in ER_SYLLABLE or pos in ("a", "j", "nr")):
+        return finals
+    if len(word) > 1 and finals[-1] in ("er2", "er5") and word[-2:] not in ER_SYLLABLE:
+        finals[-1] = "er" + _tone(finals[-2])
     return finals
 
 

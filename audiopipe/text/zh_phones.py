@@ -97,7 +97,7 @@ def g2p_normalized(text: str) -> list[str]:
             if pos == "eng":
                 continue
             initials, finals = _strict(word)
-            finals = tone_sandhi.apply(word, pos, list(finals))
+            finals = tone_sandhi.erhua(word, pos, tone_sandhi.apply(word, pos, list(finals)))
             for c, v in zip(initials, finals):
                 phones.extend(_syllable_or_mark(c, v, word))
     return phones
