@@ -18,9 +18,8 @@ from audiopipe.text.frontend import gpt_sovits_phones
 from audiopipe.text.symbols import gpt_sovits_symbols, symbols_to_ids
 
 from corpora_zh import SPEAKERS, make_aishell3, make_emilia, make_kaldi
-from audiopipe.shard.build import build_shard, make_feature
-from audiopipe.shard.plan import WorkUnit
-from audiopipe.shard.run import make_plan
+from audiopipe.shard.build import build_shard
+from audiopipe.shard.run import run_job
 from shard_helpers import make_job
 
 
@@ -92,24 +91,31 @@ def test_layout_choice(kaldi, tmp_path):
     assert sorted(u.id for u in walked.utterances) == [f"audio/{s}-rec{r}" for r, (s, _, _) in enumerate(SPEAKERS)]
 
 
-def test_kaldi_plan_and_shard_with_chinese_phones(kaldi, tmp_path):
-    """The shard job's own planning and builder, in process (the Ray fan-out is covered elsewhere)."""
+def test_kaldi_shard_with_chinese_phones_and_export(kaldi, tmp_path):
+    from audiopipe.export.f5 import export_f5, summary_lines
+
     root, expected = kaldi
-    job = make_job(root, tmp_path / "out", [("pcm", {"sample_rate": 16000})], phones=True, presets=("gpt_sovits",))
+    out = tmp_path / "out"
+    job = make_job(root, out, [("pcm", {"sample_rate": 16000}), ("vocos_mel", {})], phones=True,
+                   presets=("gpt_sovits",))
     job.language = "zh"
-    plan = make_plan(job, None, "auto", [s for k, p in job.features for s in make_feature(k, p).specs])
-    assert sorted(r["reason"] for r in plan["discovery_rejects"]) == ["bad_segment", "kaldi_ark",
-                                                                       "kaldi_missing_recording", "kaldi_pipe"]
-    plan = json.loads(json.dumps(plan))  # what plan.json and the Ray tasks carry
-    recs = [build_shard(WorkUnit.from_dict(u), job) for u in plan["units"]]
-    assert sum(r["rows"] for r in recs) == len(expected) and all(r["rejects"] == [] for r in recs)
-    table = pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(tmp_path / "out" / r["arrow"]["path"]))).read_all()
-                             for r in recs)
+    summary = run_job(job, workers=2, show_progress=False)
+    assert summary.written == len(expected)
+    assert summary.reject_reasons == {"kaldi_pipe": 1, "kaldi_ark": 1, "kaldi_missing_recording": 1,
+                                      "bad_segment": 1}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["phones"]["vocab"] == list(gpt_sovits_symbols()) and manifest["phones"]["language"] == "zh"
+    table = pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(out / e["arrow"]["path"]))).read_all()
+                             for e in manifest["shards"])
     for row in table.to_pylist():
         _, text, start, end = expected[row["id"]]
         assert row["text"] == text
         assert row["phones"] == symbols_to_ids(gpt_sovits_phones(text, "zh"))
         assert len(row["pcm"]) == pytest.approx((end - start) * 16000 / 22050, abs=2)
+    # F5's raw.arrow can only point at the whole recording of a segment: said, not left silent.
+    s = export_f5(out, tmp_path / "f5")
+    assert s["rows_sharing_audio"] == len(expected)
+    assert any("cuts of longer recordings" in line for line in summary_lines(s))
 
 
 # ----------------------------------------------------------------------------- AISHELL-3
@@ -170,7 +176,7 @@ def test_emilia_tar_members_shard_with_per_line_language(emilia, tmp_path):
     """build_shard (in process) decodes tar members in place; --language auto follows each line's tag."""
     import tarfile
 
-    from audiopipe.shard.plan import PlannedUtt
+    from audiopipe.shard.plan import PlannedUtt, WorkUnit
 
     src, expected = emilia
     root = tmp_path / "Emilia"

@@ -119,6 +119,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     durations: list[float] = []
     vocab: set[str] = set()
     stats = {"empty_text": 0, "newlines_replaced": 0, "outside_f5_duration_range": 0, "audio_found": 0}
+    seen_paths: dict[str, int] = {}  # Kaldi segments share their recording's path
     tmp = {n: _tmp(out / n) for n in OUTPUTS}
     try:
         with pa.OSFile(str(tmp["mel.arrow"]), "wb") as mel_sink, pa.OSFile(str(tmp["raw.arrow"]), "wb") as raw_sink, \
@@ -140,6 +141,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
                     lo, hi = F5_DURATION_RANGE
                     stats["outside_f5_duration_range"] += not lo <= sec <= hi
                     paths.append(path)
+                    seen_paths[path] = seen_paths.get(path, 0) + 1
                     texts.append(text)
                     secs.append(sec)
                 durations.extend(secs)
@@ -147,6 +149,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
                 raw_w.write_batch(pa.record_batch(cols, schema=raw_schema))
                 mel_w.write_batch(pa.record_batch(cols + [_mel_column([it["mel"] for it in batch], n_mels)],
                                                   schema=mel_schema))
+        stats["rows_sharing_audio"] = sum(n for n in seen_paths.values() if n > 1)
         tmp["duration.json"].write_text(json.dumps({"duration": durations}, ensure_ascii=False), encoding="utf-8")
         # Space first: F5's char tokenizer asserts vocab[" "] == 0 (it is also the id of unknown symbols).
         symbols = [" "] + sorted(vocab - {" "})
@@ -180,6 +183,9 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     if s["audio_found"] < s["rows"]:
         lines.append(f"note: {s['rows'] - s['audio_found']} audio_path entries do not exist here; raw.arrow needs "
                      f"the corpus audio (mel.arrow does not)")
+    if s.get("rows_sharing_audio"):
+        lines.append(f"warning: {s['rows_sharing_audio']} rows are cuts of longer recordings (Kaldi segments): their "
+                     f"raw.arrow audio_path is the whole recording, so train those with audio_type=\"mel\" only")
     if s.get("unknown_tokens"):
         lines.append(f"warning: {s['unknown_tokens']} pinyin tokens are not in the given vocab and map to id 0 "
                      f"(most frequent: {', '.join(list(s['unknown_symbols'])[:10])})")
