@@ -165,7 +165,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               presets=["custom"] if a.features else preset.description.split("+"),
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
-              write_tar=not a.no_tar, language=a.language)
+              write_tar=not a.no_tar, language=a.language if preset.phones else "en")  # only phones read it
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout)
     for line in summary.lines():
