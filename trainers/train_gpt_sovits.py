@@ -4,8 +4,8 @@
     audiopipe tokens --shards ./shards --out ./tokens --name2semantic 6-name2semantic.tsv   # or --kmeans 512
     torchrun --nproc_per_node=2 trainers/train_gpt_sovits.py --shards ./tokens --config tiny --out runs/s1
 
---shards is a TOKEN folder (a sidecar shard set from `audiopipe tokens`): it reads `phones` int16 [P] (ARPAbet
-ids) and `semantic` int16 [T] (SoVITS codes, or k-means units named kmeans-<feature>-<k>).
+--shards is a TOKEN folder (a sidecar shard set from `audiopipe tokens`): it reads `phones` int16 [P] (ids in the
+shards' phone table: ARPAbet, or GPT-SoVITS's own symbols with `audiopipe shard --language zh`) and `semantic` int16 [T] (SoVITS codes, or k-means units named kmeans-<feature>-<k>).
 
 Faithful to RVC-Boss/GPT-SoVITS AR/models/t2s_model.py (Text2SemanticDecoder) with the s1 config as `default`:
 phone embedding and semantic-token embedding (codebook + EOS), each with its own sinusoidal positions scaled by a

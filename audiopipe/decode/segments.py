@@ -3,6 +3,9 @@
 A segment utterance carries `extra["start_frame"]` and `extra["end_frame"]` (frames at the recording's rate).
 The recording is decoded with the file-level checks only (unreadable, truncated, NaN); the duration and
 silence limits apply to each segment, since a one-hour recording is fine when its segments are short.
+"Once" is per shard: a recording whose segments straddle a shard boundary is decoded by each shard. A decoded
+recording stays in memory until its last segment in the shard is cut, so segments are best kept grouped by
+recording in id order (Kaldi's convention: utterance ids start with the recording id).
 """
 
 from __future__ import annotations
