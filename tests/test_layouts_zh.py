@@ -202,3 +202,16 @@ def test_emilia_tar_members_shard_with_per_line_language(emilia, tmp_path):
         _, text, lang = expected[row["id"]]
         assert row["phones"] == symbols_to_ids(gpt_sovits_phones(text, lang))
         assert row["source"].startswith("EN-ZH-B000000.tar#")
+
+
+def test_cli_layout_and_language_errors_are_one_line(kaldi, tmp_path, capsys):
+    from audiopipe.cli import main
+
+    root, _ = kaldi
+    assert main(["shard", "--corpus", str(root), "--out", str(tmp_path / "o"), "--layout", "emilia",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("audiopipe: error:") and "does not look like a emilia corpus" in err and "\n" not in err
+    assert main(["shard", "--corpus", str(root), "--preset", "ns2", "--language", "zh",
+                 "--codec-random-init"]) == 2
+    assert "takes --language en only" in capsys.readouterr().err
