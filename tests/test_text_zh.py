@@ -127,6 +127,11 @@ def test_non_pinyin_syllable_is_refused():
     ("价格是3.5元/斤", "价格是三点五元,斤"),  # decimal; '/' folds into ','
     ("一共123个", "一共一百二十三个"),
     ("嗯……好的~", "恩…好的…"),  # 嗯 -> 恩; a run of punctuation keeps its first mark
+    ("现在是12:30，8:05出发", "现在是十二点半,八点零五分出发"),  # clock times: 30 -> 半, a leading zero is read
+    ("比分3:2", "比分三二"),  # not a clock time (one-digit minutes): plain numbers, the colon dropped
+    ("气温-5℃，明天25℃", "气温零下五度,明天二十五度"),  # temperatures
+    ("日期2024-03-05", "日期二零二四年三月五日"),  # an ISO date, not a subtraction
+    ("电话13812345678", "电话幺三八幺二三四五六七八"),  # a mobile number: digit by digit, 一 as 幺
     ("你好，world。。", "你好,"),  # Latin letters leave; then ",.." is one run of punctuation: its first mark
 ])
 def test_normalize_zh(text, normalized):
