@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             pv = pinyin_vocab_for(cfg.shards, args.vocab)
         except (ValueError, OSError) as e:
             raise SystemExit(f"train_f5tts: error: {e}") from None
-        print(f"[f5tts] {pv.report()}", flush=True)
         tok = Tokenizer(pv.vocab, split=f5_pinyin_tokens)
+        tok.report = pv.report()  # unknown symbols, printed once below
     elif (args.tokenizer == "char") != bool(args.vocab) and args.tokenizer is not None:
         raise SystemExit(f"train_f5tts: error: --tokenizer {args.tokenizer} "
                          f"{'needs' if args.tokenizer == 'char' else 'takes no'} --vocab")
@@ -426,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             (out / "vocab.txt").write_text("".join(s + "\n" for s in tok.vocab), encoding="utf-8")
         print(f"[f5tts] {count_parameters(model) / 1e6:.2f} M parameters, config {cfg.config}, "
               f"vocab {tok.size}, world {d.world}", flush=True)
+        if getattr(tok, "report", None):
+            print(f"[f5tts] {tok.report}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     try:
         train(model, make_loss_fn(opt, cfg.seed, d.rank), cfg, d, features=["mel"], expect={"mel": MEL_HASH},
