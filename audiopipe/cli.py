@@ -18,6 +18,8 @@ examples:
   audiopipe shard --corpus ./LibriTTS --preset f5tts,eres2net --workers 16
   audiopipe shard --corpus ./vctk --preset ns2 --codec-checkpoint ./encodec_24khz
   audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
+  audiopipe shard --corpus ./aishell3 --preset f5tts,gpt_sovits --language zh   # Mandarin: GPT-SoVITS phones
+  audiopipe shard --corpus ./data/train --layout kaldi --preset eres2net        # wav.scp + segments
 
 Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
 result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op.
@@ -66,6 +68,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "energy, kaldi_fbank, pcm)")
     s.add_argument("--manifest", default=None, help="JSONL/CSV listing path[,id,text,speaker]; only these files")
     s.add_argument("--speaker", default="auto", help="auto (first folder), dir:N, or none (default auto)")
+    s.add_argument("--layout", default="auto", choices=("auto", "files", "kaldi", "aishell3", "emilia"),
+                   help="corpus layout: auto detects a Kaldi data dir (wav.scp), AISHELL-3 (content.txt) or "
+                        "Emilia (JSONL beside MP3 folders), else walks the folder (files); see docs/corpus.md")
+    s.add_argument("--language", default="en", choices=("en", "zh", "auto"),
+                   help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
+                        "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
+                        "line (a manifest/Emilia `language` field, else the script). See docs/features.md")
     s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
     s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
                                                        "or auto); paths must be on shared storage")
@@ -132,6 +141,9 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         if bad:
             raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
         features = [(k, {}) for k in kinds]
+    if a.language != "en" and preset.codec:
+        raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
+                       "(MFA TextGrids), so it takes --language en only")
     codec = None
     if preset.codec:
         if not a.codec_checkpoint and not a.codec_random_init:
@@ -153,9 +165,9 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               presets=["custom"] if a.features else preset.description.split("+"),
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
-              write_tar=not a.no_tar)
+              write_tar=not a.no_tar, language=a.language if preset.phones else "en")  # only phones read it
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
-                      speaker=a.speaker, show_progress=not a.no_progress)
+                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout)
     for line in summary.lines():
         print(line)
     return 0

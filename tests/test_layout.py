@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
 import types

@@ -5,7 +5,8 @@
 Reads the `mel` column (the f5tts preset: vocos log-mel, 100 bins, 24 kHz, hop 256; shards made with any other
 mel config are refused) and `text`. Follows SWivid/F5-TTS (v1 Base settings):
   - text: UTF-8 bytes (F5's "byte" tokenizer: a fixed 256-symbol vocabulary; for ASCII one token per character),
-    or an F5 vocab.txt via --vocab (one symbol per line, unknown symbols -> id 0, as F5's char tokenizer);
+    or an F5 vocab.txt via --vocab (one symbol per line, unknown symbols -> id 0, as F5's char tokenizer),
+    or `--tokenizer pinyin`: F5's Chinese tokens (audiopipe.text.f5_pinyin), unknown symbols counted at start;
     filler-padded to the mel length, sinusoidal positions, ConvNeXt-V2 blocks;
   - input: Linear([noisy mel, masked mel, text]) + a grouped-conv position embedding;
   - backbone: DiT blocks with adaLN-zero modulation from the flow time, self-attention with rotary positions;
@@ -13,7 +14,7 @@ mel config are refused) and `text`. Follows SWivid/F5-TTS (v1 Base settings):
     inside one random contiguous span of 70-100 % of each utterance, the rest of the mel is the audio prompt;
     classifier-free guidance drops (per batch, as F5): audio prompt with p = 0.3, audio and text with p = 0.2.
 Simplified or changed: padding is masked everywhere (attention keys, convolutions, the GRN statistics), so padded
-frames change nothing, where F5 trains unmasked; no EMA weights, no sampler/vocoder (training only); no pinyin;
+frames change nothing, where F5 trains unmasked; no EMA weights, no sampler/vocoder (training only);
 the LR schedule is trainers/core's warmup + cosine rather than F5's warmup + linear decay.
 """
 
@@ -73,7 +74,7 @@ RUN_DEFAULTS = dict(batch_frames=38_400, max_items=64, lr=7.5e-5, warmup_steps=2
 class Tokenizer:
     """Text -> ids. Default: UTF-8 bytes (fixed vocabulary of 256). With a vocab list: F5's char tokenizer."""
 
-    def __init__(self, vocab: list[str] | None = None):
+    def __init__(self, vocab: list[str] | None = None, split=None):
         if vocab is not None:
             if len(set(vocab)) != len(vocab):
                 raise ValueError("vocab has duplicate entries")
@@ -81,6 +82,7 @@ class Tokenizer:
                 raise ValueError("vocab is empty")
         self.vocab = vocab
         self.map = {s: i for i, s in enumerate(vocab)} if vocab else None
+        self.split = split  # text -> symbols (audiopipe.text.f5_pinyin.f5_pinyin_tokens); None: characters
 
     @staticmethod
     def from_file(path: str | Path) -> "Tokenizer":
@@ -100,7 +102,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if self.map is None:
             return list(text.encode("utf-8"))
-        return [self.map.get(c, 0) for c in text]
+        return [self.map.get(c, 0) for c in (self.split(text) if self.split else text)]
 
     def batch(self, texts: list[str]) -> torch.Tensor:
         """[B, Nt] int64, padded with -1 (F5's convention: -1 + 1 = the filler id 0 of the embedding)."""
@@ -377,13 +379,30 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
 # ----------------------------------------------------------------------------- training
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, args = parse_args(
-        "Train F5-TTS (DiT + conditional flow matching) on audiopipe f5tts shards.", defaults=RUN_DEFAULTS,
-        extra=lambda p: p.add_argument("--vocab", default=None,
-                                       help="F5 vocab.txt (one symbol per line) instead of the UTF-8 byte "
-                                            "tokenizer, e.g. the one `audiopipe export-f5` writes"),
-        argv=argv)
-    tok = Tokenizer.from_file(args.vocab) if args.vocab else Tokenizer()
+    def extra(p):
+        p.add_argument("--vocab", default=None, help="F5 vocab.txt (one symbol per line) instead of the UTF-8 byte "
+                                                     "tokenizer, e.g. the one `audiopipe export-f5` writes")
+        p.add_argument("--tokenizer", choices=("byte", "char", "pinyin"), default=None,
+                       help="byte (default without --vocab), char (default with --vocab), or pinyin: F5's Chinese "
+                            "tokens (jieba + pypinyin TONE3) through --vocab, or a vocab built from the shards")
+
+    cfg, args = parse_args("Train F5-TTS (DiT + conditional flow matching) on audiopipe f5tts shards.",
+                           defaults=RUN_DEFAULTS, extra=extra, argv=argv)
+    if args.tokenizer == "pinyin":
+        from audiopipe.text.f5_pinyin import f5_pinyin_tokens
+        from audiopipe.text.f5_vocab import pinyin_vocab_for
+
+        try:
+            pv = pinyin_vocab_for(cfg.shards, args.vocab)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"train_f5tts: error: {e}") from None
+        tok = Tokenizer(pv.vocab, split=f5_pinyin_tokens)
+        tok.report = pv.report()  # unknown symbols, printed once below
+    elif (args.tokenizer == "char") != bool(args.vocab) and args.tokenizer is not None:
+        raise SystemExit(f"train_f5tts: error: --tokenizer {args.tokenizer} "
+                         f"{'needs' if args.tokenizer == 'char' else 'takes no'} --vocab")
+    else:
+        tok = Tokenizer.from_file(args.vocab) if args.vocab else Tokenizer()
     d = setup_dist(cfg.seed)
     # model
     mcfg = replace(load_model_config(cfg.config, CONFIGS, ModelConfig), text_num_embeds=tok.size)
@@ -392,12 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(
-            {"model": asdict(mcfg), "tokenizer": "byte" if tok.vocab is None else "vocab", "mel_hash": MEL_HASH,
+            {"model": asdict(mcfg), "tokenizer": "byte" if tok.vocab is None else ("pinyin" if tok.split else "vocab"),
+             "mel_hash": MEL_HASH,
              "parameters": count_parameters(model)}, indent=1) + "\n")
         if tok.vocab is not None:
             (out / "vocab.txt").write_text("".join(s + "\n" for s in tok.vocab), encoding="utf-8")
         print(f"[f5tts] {count_parameters(model) / 1e6:.2f} M parameters, config {cfg.config}, "
               f"vocab {tok.size}, world {d.world}", flush=True)
+        if getattr(tok, "report", None):
+            print(f"[f5tts] {tok.report}", flush=True)
     # loss and training
     try:
         train(model, loss_fn, cfg, d, features=["mel"], expect={"mel": MEL_HASH},

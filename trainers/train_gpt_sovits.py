@@ -4,8 +4,8 @@
     audiopipe tokens --shards ./shards --out ./tokens --name2semantic 6-name2semantic.tsv   # or --kmeans 512
     torchrun --nproc_per_node=2 trainers/train_gpt_sovits.py --shards ./tokens --config tiny --out runs/s1
 
---shards is a TOKEN folder (a sidecar shard set from `audiopipe tokens`): it reads `phones` int16 [P] (ARPAbet
-ids) and `semantic` int16 [T] (SoVITS codes, or k-means units named kmeans-<feature>-<k>).
+--shards is a TOKEN folder (a sidecar shard set from `audiopipe tokens`): it reads `phones` int16 [P] (ids in the
+shards' phone table: ARPAbet, or GPT-SoVITS's own symbols with `audiopipe shard --language zh`) and `semantic` int16 [T] (SoVITS codes, or k-means units named kmeans-<feature>-<k>).
 
 Faithful to RVC-Boss/GPT-SoVITS AR/models/t2s_model.py (Text2SemanticDecoder) with the s1 config as `default`:
 phone embedding and semantic-token embedding (codebook + EOS), each with its own sinusoidal positions scaled by a
@@ -30,7 +30,7 @@ Simplified or changed, on purpose:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> dict:
                            argv=argv)
     d = setup_dist(cfg.seed)
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
+    from audiopipe.shard.manifest import read_manifest
+
+    table = read_manifest(cfg.shards).get("phones", {}).get("vocab") or []
+    if len(table) > c.phone_vocab:  # ids index the shards' phone table (GPT-SoVITS's has 322 symbols)
+        c = replace(c, phone_vocab=len(table))
     subset, lengths, summary = select_utterances(cfg.shards, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio)
     model = Text2Semantic(c)
     if d.main:

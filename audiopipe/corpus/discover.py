@@ -190,16 +190,25 @@ def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataI
 
 
 def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
-             speaker: str = "auto", exts: Iterable[str] | None = None) -> Discovery:
+             speaker: str = "auto", exts: Iterable[str] | None = None, layout: str = "auto") -> Discovery:
     """Describe the corpus under `root`: sorted utterances and the files that were refused.
 
     manifest: JSONL/CSV/TSV listing the files to use (then nothing is walked); speaker: 'auto', 'dir:N' or
-    'none'; exts: audio extensions to walk for (default: every format libsndfile reads).
+    'none'; exts: audio extensions to walk for (default: every format libsndfile reads); layout: 'auto'
+    (detect a Kaldi, AISHELL-3 or Emilia layout, else walk), 'files' (walk), or a layout name.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
         raise NotADirectoryError(f"corpus root is not a directory: {root}")
     rule = _parse_speaker_rule(speaker)
+    if manifest is None:
+        from audiopipe.corpus.layouts import discover_layout, pick_layout
+
+        chosen = pick_layout(root, layout)
+        if chosen is not None:  # a layout with its own index files (audiopipe/corpus/layouts/)
+            utts, rejected = discover_layout(chosen, root, rule)
+            return Discovery(root, sorted(utts, key=lambda u: u.id),
+                             sorted(rejected, key=lambda r: (r.source, r.reason)))
     ext_set = frozenset(e.lower().lstrip(".") for e in exts) if exts is not None else audio_extensions()
     if not ext_set:
         raise ValueError("exts is empty: no file could be discovered")

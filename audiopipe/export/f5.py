@@ -79,11 +79,23 @@ def _batches(ds: ShardDataset, n_mels: int, batch_rows: int) -> Iterator[list[di
 
 
 def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
-              batch_rows: int = 100) -> dict[str, Any]:
+              batch_rows: int = 100, tokenizer: str = "char", vocab_file: str | Path | None = None) -> dict[str, Any]:
     """Write mel.arrow, raw.arrow, duration.json and vocab.txt for F5-TTS into out_dir; returns a summary.
 
     Rows keep the shard index order. Each file is written to a temporary and renamed durably when all are complete.
+    tokenizer "pinyin": `text` is the list of F5 pinyin tokens (audiopipe.text.f5_pinyin), as F5's pinyin
+    preparation stores it, and vocab.txt is `vocab_file` (a checkpoint's; unknown tokens counted) or every token.
     """
+    if tokenizer not in ("char", "pinyin"):
+        raise ExportError(f"tokenizer must be char or pinyin, got {tokenizer!r}")
+    pinyin = None
+    if tokenizer == "pinyin":
+        from audiopipe.text.f5_pinyin import PinyinVocab, f5_pinyin_tokens, read_vocab
+
+        pinyin = PinyinVocab(read_vocab(vocab_file)) if vocab_file else None
+    text_type = pa.list_(pa.string()) if tokenizer == "pinyin" else pa.string()
+    mel_schema = MEL_SCHEMA.set(1, pa.field("text", text_type))
+    raw_schema = RAW_SCHEMA.set(1, pa.field("text", text_type))
     root, out = Path(shards_dir), Path(out_dir)
     try:
         ds = ShardDataset(root, ["mel"], expect={"mel": F5_MEL_HASH},
@@ -105,18 +117,23 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     durations: list[float] = []
     vocab: set[str] = set()
     stats = {"empty_text": 0, "newlines_replaced": 0, "outside_f5_duration_range": 0, "audio_found": 0}
+    seen_paths: dict[str, int] = {}  # Kaldi segments share their recording's path
     # Each file is written to a temporary and renamed durably (audiopipe.storage.atomic) only once all four are
     # complete; an error removes the temporaries and leaves any earlier export untouched.
     with ExitStack() as stack:
         tmp = {n: stack.enter_context(atomic_path(out / n)) for n in OUTPUTS}
         with pa.OSFile(str(tmp["mel.arrow"]), "wb") as mel_sink, pa.OSFile(str(tmp["raw.arrow"]), "wb") as raw_sink, \
-                pa.ipc.new_stream(mel_sink, MEL_SCHEMA) as mel_w, pa.ipc.new_stream(raw_sink, RAW_SCHEMA) as raw_w:
+                pa.ipc.new_stream(mel_sink, mel_schema) as mel_w, pa.ipc.new_stream(raw_sink, raw_schema) as raw_w:
             for batch in _batches(ds, n_mels, batch_rows):
                 paths, texts, secs = [], [], []
                 for item in batch:
                     text, changed = _clean_text(item["text"] or "")
                     stats["newlines_replaced"] += changed
                     stats["empty_text"] += not text
+                    if tokenizer == "pinyin":
+                        text = f5_pinyin_tokens(text)
+                        if pinyin is not None:
+                            pinyin.ids(text)  # counts the tokens the given vocab lacks
                     vocab.update(text)
                     path = str(Path(corpus) / item["source"]) if corpus else item["source"]
                     stats["audio_found"] += os.path.exists(path)
@@ -124,20 +141,26 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
                     lo, hi = F5_DURATION_RANGE
                     stats["outside_f5_duration_range"] += not lo <= sec <= hi
                     paths.append(path)
+                    seen_paths[path] = seen_paths.get(path, 0) + 1
                     texts.append(text)
                     secs.append(sec)
                 durations.extend(secs)
-                cols = [pa.array(paths, pa.string()), pa.array(texts, pa.string()), pa.array(secs, pa.float64())]
-                raw_w.write_batch(pa.record_batch(cols, schema=RAW_SCHEMA))
+                cols = [pa.array(paths, pa.string()), pa.array(texts, text_type), pa.array(secs, pa.float64())]
+                raw_w.write_batch(pa.record_batch(cols, schema=raw_schema))
                 mel_w.write_batch(pa.record_batch(cols + [_mel_column([it["mel"] for it in batch], n_mels)],
-                                                  schema=MEL_SCHEMA))
+                                                  schema=mel_schema))
+        stats["rows_sharing_audio"] = sum(n for n in seen_paths.values() if n > 1)
         tmp["duration.json"].write_text(json.dumps({"duration": durations}, ensure_ascii=False), encoding="utf-8")
         # Space first: F5's char tokenizer asserts vocab[" "] == 0 (it is also the id of unknown symbols).
         symbols = [" "] + sorted(vocab - {" "})
+        if pinyin is not None:
+            symbols = pinyin.vocab  # the checkpoint's ids, unchanged
+            stats["unknown_tokens"] = sum(pinyin.unknown.values())
+            stats["unknown_symbols"] = dict(pinyin.unknown.most_common(20))
         with open(tmp["vocab.txt"], "w", encoding="utf-8", newline="\n") as f:
             f.writelines(s + "\n" for s in symbols)
     return {"shards": str(root), "out": str(out), "rows": len(durations), "hours": round(sum(durations) / 3600, 6),
-            "n_mels": n_mels, "mel_hash": F5_MEL_HASH, "vocab_size": len(symbols),
+            "n_mels": n_mels, "mel_hash": F5_MEL_HASH, "vocab_size": len(symbols), "tokenizer": tokenizer,
             "files": {n: (out / n).stat().st_size for n in OUTPUTS}, "trimmed": bool(job.get("trim")), **stats}
 
 
@@ -155,11 +178,17 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     if s["audio_found"] < s["rows"]:
         lines.append(f"note: {s['rows'] - s['audio_found']} audio_path entries do not exist here; raw.arrow needs "
                      f"the corpus audio (mel.arrow does not)")
+    if s.get("rows_sharing_audio"):
+        lines.append(f"warning: {s['rows_sharing_audio']} rows are cuts of longer recordings (Kaldi segments): their "
+                     f"raw.arrow audio_path is the whole recording, so train those with audio_type=\"mel\" only")
+    if s.get("unknown_tokens"):
+        lines.append(f"warning: {s['unknown_tokens']} pinyin tokens are not in the given vocab and map to id 0 "
+                     f"(most frequent: {', '.join(list(s['unknown_symbols'])[:10])})")
     if s["trimmed"]:
         lines.append("note: the shards were trimmed; mel.arrow and the durations are trimmed, the audio raw.arrow "
                      "points at is not")
-    lines.append("train in F5-TTS with audio_type=\"mel\" (mel.arrow) and tokenizer char with this vocab.txt, or "
-                 "the pretrained model's vocab.txt to fine-tune")
+    lines.append(f"train in F5-TTS with audio_type=\"mel\" (mel.arrow) and tokenizer {s.get('tokenizer', 'char')} "
+                 f"with this vocab.txt, or the pretrained model's vocab.txt to fine-tune")
     return lines
 
 
@@ -167,11 +196,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", required=True, help="audiopipe shard folder made with the f5tts preset")
     p.add_argument("--out", required=True, help="F5-TTS data folder to write (e.g. data/<name>_char)")
     p.add_argument("--overwrite", action="store_true", help="replace mel.arrow/raw.arrow/... already in --out")
+    p.add_argument("--tokenizer", choices=("char", "pinyin"), default="char",
+                   help="char (default): text as is; pinyin: F5's Chinese tokens (text stored as a token list, "
+                        "as F5's pinyin preparation does)")
+    p.add_argument("--vocab", default=None, help="with --tokenizer pinyin: a checkpoint's vocab.txt to keep (its "
+                                                 "ids); tokens it lacks are counted and reported")
 
 
 def run(args: argparse.Namespace) -> int:
     """The `audiopipe export-f5` command. Problems raise ExportError (a ValueError) for the CLI's error line."""
-    for line in summary_lines(export_f5(args.shards, args.out, overwrite=args.overwrite)):
+    for line in summary_lines(export_f5(args.shards, args.out, overwrite=args.overwrite,
+                                        tokenizer=getattr(args, "tokenizer", "char"), vocab_file=args.vocab)):
         print(line)
     return 0
 

@@ -15,7 +15,8 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, resample_to
+from audiopipe.decode.audio import DecodeLimits, RejectError, resample_to
+from audiopipe.decode.segments import RecordingCache
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.registry import build_feature
 from audiopipe.features.trim import trim_silence
@@ -38,7 +39,7 @@ class Extractors:
     features: list[Any]
     specs: list[FeatureSpec]
     codec_spec: FeatureSpec | None = None
-    phone_ids: Callable[[str], np.ndarray] | None = None
+    phone_ids: Callable[[str, str | None], np.ndarray] | None = None  # (text, the line's language tag)
     extra_specs: list[FeatureSpec] = field(default_factory=list)
 
     @property
@@ -83,10 +84,12 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
         if dup:
             raise ValueError(f"two features want the same column name {dup}; give one a different name")
         phone_ids = None
-        if job.phones:
+        if job.phones and job.language != "en":
+            phone_ids = _gpt_sovits_phone_ids(job.language)
+        elif job.phones:
             from audiopipe.features.phones import G2PError, g2p, phones_to_ids
 
-            def phone_ids(text: str) -> np.ndarray:
+            def phone_ids(text: str, line_language: str | None = None) -> np.ndarray:
                 try:
                     return np.asarray(phones_to_ids(g2p(text)), dtype=np.int16)
                 except G2PError as e:
@@ -94,6 +97,24 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
 
         _CACHE[key] = Extractors(feats, specs, codec_spec, phone_ids)
     return _CACHE[key]
+
+
+def _gpt_sovits_phone_ids(language: str) -> Callable[[str, str | None], np.ndarray]:
+    """Phone ids in GPT-SoVITS's symbol table for zh/auto jobs (English lines too, so one table per job)."""
+    from audiopipe.features.phones import G2PError
+    from audiopipe.text.frontend import gpt_sovits_phones
+    from audiopipe.text.symbols import symbols_to_ids
+
+    def phone_ids(text: str, line_language: str | None = None) -> np.ndarray:
+        try:
+            ids = symbols_to_ids(gpt_sovits_phones(text, language, line_language))
+        except (G2PError, ValueError) as e:  # ZhG2PError is a ValueError
+            raise RejectError("g2p_failed", str(e)) from e
+        if not ids:
+            raise RejectError("g2p_failed", f"no phones in {text[:40]!r} (nothing Chinese or English to read)")
+        return np.asarray(ids, dtype=np.int16)
+
+    return phone_ids
 
 
 def done_path(out: Path, name: str) -> Path:
@@ -168,9 +189,10 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     codec_inputs: list[np.ndarray] = []
+    recordings = RecordingCache(unit.utterances)  # Kaldi segments: each recording decoded once per shard
     for u in unit.utterances:
         try:
-            wav, sr = load_audio(u.path, limits)
+            wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar
             scalars: dict[str, Any] = {}
             if job.trim:
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
@@ -202,7 +224,7 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
                 elif not u.text.strip():
                     raise RejectError("no_text", "preset needs phones but the utterance has no transcript")
                 else:
-                    arrays["phones"] = ex.phone_ids(u.text)
+                    arrays["phones"] = ex.phone_ids(u.text, (u.extra or {}).get("language"))
                     arrays["durations"] = np.zeros(0, dtype=np.int32)
             if job.codec:
                 codec_inputs.append(by_rate[CODEC_RATE])

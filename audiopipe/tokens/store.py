@@ -144,7 +144,8 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
     index_path = build_index(out, [r["arrow"]["path"] for r in records])
     # Totals count the parent's rows: discovered = parent rows = rows with tokens + rows in rejects.jsonl.
     manifest = assemble_manifest(out, records, {TOKEN_COLUMN: spec}, pm.get("resampler", {}), ts.job,
-                                 discovered=n, discovery_rejects=len(rejects), index_path=index_path)
+                                 discovered=n, discovery_rejects=len(rejects), index_path=index_path,
+                                 extra={"phones": pm["phones"]} if "phones" in pm else None)  # the phone id table
     write_rejects(out, rejects)
     write_json_atomic(out / REPORT_NAME, ts.report)
     return manifest

@@ -1,0 +1,82 @@
+"""Utterances cut out of longer recordings (Kaldi `segments`): each recording decoded once for all its cuts.
+
+A segment utterance carries `extra["start_frame"]` and `extra["end_frame"]` (frames at the recording's rate).
+The recording is decoded with the file-level checks only (unreadable, truncated, NaN); the duration and
+silence limits apply to each segment, since a one-hour recording is fine when its segments are short.
+"Once" is per shard: a recording whose segments straddle a shard boundary is decoded by each shard. A decoded
+recording stays in memory until its last segment in the shard is cut, so segments are best kept grouped by
+recording in id order (Kaldi's convention: utterance ids start with the recording id).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Iterable
+
+import numpy as np
+
+from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio
+
+
+def is_segment(u: Any) -> bool:
+    return bool(u.extra) and "start_frame" in u.extra and "end_frame" in u.extra
+
+
+class RecordingCache:
+    """Decoded recordings of one batch of utterances, each kept until its last segment has been cut."""
+
+    def __init__(self, utterances: Iterable[Any]):
+        self._left = Counter(u.path for u in utterances if is_segment(u))
+        self._decoded: dict[str, tuple[np.ndarray, int] | RejectError] = {}
+        self.decodes = 0  # recordings decoded (diagnostics: one per recording)
+
+    def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
+        """Any utterance's audio: a segment cut from its recording, a tar member read in place, or a file."""
+        if is_segment(u):
+            return self.cut(u, limits)
+        from audiopipe.decode.members import is_member, load_member  # (members imports check_segment from here)
+
+        if is_member(u):
+            return load_member(u, limits)
+        return load_audio(u.path, limits)
+
+    def cut(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
+        """The segment's samples (float32 mono) and rate, or RejectError (the recording's, or the segment's)."""
+        got = self._decoded.get(u.path)
+        if got is None:
+            whole = replace(limits, min_duration=0.0, max_duration=math.inf, silence_dbfs=-math.inf)
+            try:
+                got = load_audio(u.path, whole)
+            except RejectError as e:
+                got = e
+            self._decoded[u.path] = got
+            self.decodes += 1
+        self._left[u.path] -= 1
+        if self._left[u.path] <= 0:  # the last segment of this recording: free it
+            self._decoded.pop(u.path, None)
+        if isinstance(got, RejectError):
+            raise RejectError(got.reason, f"recording {u.extra.get('recording', u.path)}: {got.detail}")
+        wav, sr = got
+        start, end = int(u.extra["start_frame"]), int(u.extra["end_frame"])
+        if end > len(wav) or start >= end:
+            raise RejectError("bad_segment", f"frames {start}-{end} are outside the {len(wav)} decoded frames")
+        return check_segment(wav[start:end].copy(), sr, limits), sr
+
+
+def check_segment(wav: np.ndarray, sr: int, limits: DecodeLimits, what: str = "segment") -> np.ndarray:
+    """Duration and silence limits on a cut (the checks load_audio makes on a whole file)."""
+    duration = len(wav) / sr
+    if duration < limits.min_duration:
+        raise RejectError("too_short", f"{what} of {duration:.3f} s is shorter than the minimum "
+                                       f"{limits.min_duration} s")
+    if duration > limits.max_duration:
+        raise RejectError("too_long", f"{what} of {duration:.3f} s is longer than the maximum "
+                                      f"{limits.max_duration} s")
+    peak = float(np.max(np.abs(wav))) if len(wav) else 0.0
+    peak_dbfs = 20.0 * math.log10(peak) if peak > 0 else -math.inf
+    if peak_dbfs < limits.silence_dbfs:
+        shown = "-inf" if peak == 0 else f"{peak_dbfs:.1f}"
+        raise RejectError("silent", f"{what} peak {shown} dBFS is below the {limits.silence_dbfs} dBFS threshold")
+    return wav

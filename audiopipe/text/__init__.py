@@ -1,0 +1,11 @@
+"""Text front ends: transcripts -> the token or phone sequences a model family was trained with.
+
+- `f5_pinyin`: F5-TTS's `pinyin` tokenisation (jieba words, pypinyin TONE3 with tone sandhi, other characters
+  kept) and its vocab.txt mapping, with unknown symbols counted.
+- `zh_phones`: GPT-SoVITS Chinese phones (initials + toned finals) on its pypinyin path, in its symbol table
+  (`symbols`), with cn2an number normalisation (`zh_normalize`) and its tone-sandhi rules (`tone_sandhi`).
+- `language`: which front end a line goes to (`zh`, `en`, or `auto` by script).
+
+Everything here is offline: jieba, pypinyin and cn2an ship their dictionaries in their wheels.
+English G2P stays in `audiopipe.features.phones`.
+"""

@@ -1,0 +1,74 @@
+"""Which front end a transcript goes to, and GPT-SoVITS phones for Chinese, English or mixed lines.
+
+Languages: `zh`, `en`, or `auto` (a line with a CJK ideograph is `zh`, else `en`). A `zh` line may hold English
+words: it is cut into runs by script, Latin runs (letters, inner apostrophes and spaces) go to the English G2P
+(`audiopipe.features.phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
+Chinese numbers) to the Chinese one, as GPT-SoVITS's language segmenter does. English phones are ARPAbet with
+stress, which GPT-SoVITS's table holds; word boundaries are dropped and ; : fold into `,` as in its English
+cleaner.
+"""
+
+from __future__ import annotations
+
+import re
+
+LANGUAGES = ("zh", "en", "auto")
+_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_RUN = re.compile(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)*(?:[ \t]+[A-Za-z]+(?:['\u2019][A-Za-z]+)*)*")
+_EN_FOLD = {";": ",", ":": ","}
+
+
+def check_language(language: str) -> str:
+    if language not in LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
+    return language
+
+
+def detect_language(text: str) -> str:
+    """'zh' when the line holds a Chinese character, else 'en'."""
+    return "zh" if _CJK.search(text) else "en"
+
+
+def resolve_language(text: str, language: str, line_language: str | None = None) -> str:
+    """The language of one line: a per-line tag (e.g. Emilia's `language` field) wins over `auto`."""
+    if language == "auto" and line_language:
+        tag = line_language.lower()
+        if tag.startswith("zh") or tag in ("cmn", "chinese", "mandarin"):
+            return "zh"
+        if tag.startswith("en") or tag == "english":
+            return "en"
+    return detect_language(text) if language == "auto" else language
+
+
+def split_by_script(text: str) -> list[tuple[str, str]]:
+    """[(language, chunk)] in order: Latin runs are 'en', everything between them 'zh'."""
+    parts: list[tuple[str, str]] = []
+    pos = 0
+    for m in _LATIN_RUN.finditer(text):
+        if m.start() > pos:
+            parts.append(("zh", text[pos:m.start()]))
+        parts.append(("en", m.group()))
+        pos = m.end()
+    if pos < len(text):
+        parts.append(("zh", text[pos:]))
+    return parts
+
+
+def english_phones(text: str) -> list[str]:
+    """ARPAbet (with stress) and punctuation, without word boundaries: GPT-SoVITS's English phone stream."""
+    from audiopipe.features.phones import WORD_BOUNDARY, g2p
+
+    return [_EN_FOLD.get(p, p) for p in g2p(text) if p != WORD_BOUNDARY]
+
+
+def gpt_sovits_phones(text: str, language: str = "zh", line_language: str | None = None) -> list[str]:
+    """Phones of one line in GPT-SoVITS's symbol table, for language 'zh', 'en' or 'auto'."""
+    from audiopipe.text.zh_phones import zh_g2p
+
+    lang = resolve_language(text, check_language(language), line_language)
+    if lang == "en":
+        return english_phones(text)
+    phones: list[str] = []
+    for part_lang, chunk in split_by_script(text):
+        phones.extend(english_phones(chunk) if part_lang == "en" else zh_g2p(chunk))
+    return phones
