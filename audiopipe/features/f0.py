@@ -29,16 +29,20 @@ from audiopipe.features.pcm import check_waveform
 Backend = Literal["yin", "dio", "harvest", "praat"]
 BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
 
-# Tuning of the "yin" backend, chosen on 44 held-in clips and confirmed on 44 held-out ones against
-# pyworld harvest (docs/features.md). Changing any of these changes the output: bump F0_VERSION.
-F0_VERSION = 1
+# Tuning of the "yin" backend. The voicing costs were chosen on the held-in split of the consensus reference
+# (tests/data/f0_reference.npz: frames where Praat 50-1100 and CREPE agree) and checked on its held-out split
+# (docs/features.md); the candidate search on tones, chirps and harvest. Changing any of these changes the
+# output: bump F0_VERSION.
+F0_VERSION = 2
 YIN_RATE = 8000  # analysis rate (Hz)
 YIN_WINDOW_S = 0.040  # integration window of the difference function
 YIN_CANDIDATES = 6  # CMNDF dips kept per frame
 YIN_LAG_BIAS = 0.04  # cost per octave below fmax, so the shortest of equally good periods wins
-YIN_UNVOICED_COST = 0.9  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value)
+YIN_UNVOICED_COST = 0.7  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
+YIN_QUIET_DB = -20.0  # ... in frames within this of the clip's loudest frame (window level, dB); below it ...
+YIN_QUIET_SLOPE = 1.0  # ... "unvoiced" gets this much cheaper per 10 dB
 YIN_OCTAVE_COST = 3.0  # transition cost per octave of F0 change between consecutive frames
-YIN_SWITCH_COST = 1.8  # transition cost of a voiced <-> unvoiced switch
+YIN_SWITCH_COST = 0.6  # transition cost of a voiced <-> unvoiced switch
 YIN_REFINE_ABOVE_HZ = 400.0  # voiced frames above this are re-located on the input-rate signal
 YIN_REFINE_WINDOW_S = 0.010
 YIN_SILENCE_DB = -70.0  # frames quieter than this (RMS re full scale, DC removed) are unvoiced
@@ -153,7 +157,7 @@ def _yin_candidates(x, centers, W, tau_min, tau_max, K, lag_bias):  # pragma: no
 
 @numba.njit(cache=True, nogil=True)
 def _viterbi(lags, costs, unvoiced_cost, octave_cost, switch_cost):  # pragma: no cover - numba
-    """Cheapest state path; states 0..K-1 are the frame's candidates, state K is unvoiced."""
+    """Cheapest state path; states 0..K-1 are the frame's candidates, state K is unvoiced (cost per frame)."""
     T, K = lags.shape
     S = K + 1
     acc = np.empty(S)
@@ -161,10 +165,10 @@ def _viterbi(lags, costs, unvoiced_cost, octave_cost, switch_cost):  # pragma: n
     back = np.zeros((T, S), np.int8)
     for k in range(K):
         acc[k] = costs[0, k]
-    acc[K] = unvoiced_cost
+    acc[K] = unvoiced_cost[0]
     for t in range(1, T):
         for k in range(S):
-            local = unvoiced_cost if k == K else costs[t, k]
+            local = unvoiced_cost[t] if k == K else costs[t, k]
             best = np.inf
             arg = K
             if local < np.inf:
@@ -222,6 +226,16 @@ def _refine_lags(x, centers, lags, W):  # pragma: no cover - numba
     return out
 
 
+def _unvoiced_costs(level_db: np.ndarray) -> np.ndarray:
+    """Per-frame cost of "unvoiced": cheaper the further a frame lies below YIN_QUIET_DB re the clip's loudest frame.
+
+    Periodicity alone cannot tell a breathy onset or the decay of a vowel from voiced speech (both have clear
+    CMNDF dips); Praat's voicing decision weighs a frame's level against the clip's peak for the same reason.
+    """
+    rel = level_db - level_db.max()
+    return YIN_UNVOICED_COST - YIN_QUIET_SLOPE * np.maximum(0.0, (YIN_QUIET_DB - rel) / 10.0)
+
+
 def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> tuple[np.ndarray, np.ndarray]:
     T = len(wav) // hop + 1
     rate = min(YIN_RATE, sr)
@@ -239,9 +253,9 @@ def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> 
     reach = W // 2 + (tau_max + 2) // 2 + 2
     centers = np.clip(centers, min(reach, len(x) // 2), max(len(x) - reach, len(x) // 2)) + pad + margin
     lags, costs, energy = _yin_candidates(xp, centers, W, tau_min, tau_max, YIN_CANDIDATES, YIN_LAG_BIAS)
-    silent = 10.0 * np.log10(energy / W + 1e-20) < YIN_SILENCE_DB
-    costs[silent] = np.inf
-    path = _viterbi(lags, costs, YIN_UNVOICED_COST, YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    level_db = 10.0 * np.log10(energy / W + 1e-20)
+    costs[level_db < YIN_SILENCE_DB] = np.inf
+    path = _viterbi(lags, costs, _unvoiced_costs(level_db), YIN_OCTAVE_COST, YIN_SWITCH_COST)
     voiced = path < YIN_CANDIDATES
     lag = lags[np.arange(T), np.minimum(path, YIN_CANDIDATES - 1)]
     f0 = np.zeros(T)
