@@ -4,8 +4,9 @@
         --out tests/data/f0_reference.npz
 
 (the sdist comes from `pip download pocketsphinx==5.1.1 --no-binary :all: --no-deps -d DIR`; its test/ folder
-has read speech at 16 kHz). Needs torchcrepe (`pip install 'audiopipe[crepe]'`), praat-parselmouth, espeak-ng and
-asterisk-core-sounds-en-wav (`make sysdeps`). With --stride 3 CREPE costs ~4 min of CPU.
+has read speech at 16 kHz). Needs torchcrepe (`pip install 'audiopipe[crepe]'`; it pulls a torchaudio wheel that may
+not match your torch: `pip uninstall torchaudio` then, this script stands in for it), praat-parselmouth, espeak-ng
+and asterisk-core-sounds-en-wav (`make sysdeps`). With --stride 3 CREPE costs ~4 min of CPU.
 
 Material (every clip resampled to 24 kHz with soxr; frames at hop 320, i.e. t * 320 / 24000 s, the NS2 framing):
   * Asterisk prompts (one woman, 8 kHz telephone recordings);

@@ -11,7 +11,8 @@ The default backend "yin" (design and accuracy in docs/features.md):
   3. per frame the best few CMNDF dips (parabolic interpolation, a small bias towards short lags so that
      pure tones do not fall to sub-harmonics) plus an "unvoiced" state;
   4. Viterbi over those states: octave jumps and voicing switches cost, so the track is continuous and
-     isolated voicing blips vanish.
+     isolated voicing blips vanish; "unvoiced" costs less the further a frame lies below the clip's loudest
+     frame (as in Praat's voicing decision), so breathy onsets and vowel decays are not voiced.
 """
 
 from __future__ import annotations
