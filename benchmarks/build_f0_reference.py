@@ -10,7 +10,7 @@ and asterisk-core-sounds-en-wav (`make sysdeps`). With --stride 3 CREPE costs ~4
 
 Material (every clip resampled to 24 kHz with soxr; frames at hop 320, i.e. t * 320 / 24000 s, the NS2 framing):
   * Asterisk prompts (one woman, 8 kHz telephone recordings);
-  * pocketsphinx test audio (several male and female readers, 16 kHz);
+  * pocketsphinx test audio (read speech from several recordings, 16 kHz);
   * espeak-ng sentences in eight voices, four male and four female, statements and questions.
 Each clip is in split "in" (trackers may be tuned on it) or "out" (never tuned on); the two splits share no
 espeak voice, no pocketsphinx file and no Asterisk prompt.
