@@ -18,8 +18,9 @@ espeak voice, no pocketsphinx file and no Asterisk prompt.
 Reference, per frame: Praat autocorrelation 50-1100 Hz (the audiopipe "praat" backend) and CREPE `full` (torchcrepe,
 Viterbi decoding, voiced where periodicity >= 0.21, a threshold commonly used with torchcrepe). Where both are
 voiced and agree within 5 %, the frame is voiced with F0 = their geometric mean; where both are unvoiced, it is
-unvoiced; every other frame is left out of the scoring (mask 0). CREPE runs on every third frame only (--stride 3; ~0.13 s of CPU per frame
-on the shared 2-core VM), so only those frames can be in the reference; the sample is systematic, every 40 ms.
+unvoiced; every other frame is left out of the scoring (mask 0). CREPE runs on every third frame only (--stride 3;
+~0.13 s of CPU per frame on the shared 2-core VM), so only those frames can be in the reference: a systematic
+sample, every 40 ms.
 Frames more than 60 dB below the clip's loudest frame are not sent to CREPE and count as CREPE-unvoiced (in the
 spirit of torchcrepe's Silence(-60) threshold, which zeroes periodicity below -60 dB loudness). The raw Praat and
 CREPE tracks are stored too, so the rule can be changed without running CREPE again.
