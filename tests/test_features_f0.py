@@ -174,6 +174,25 @@ def held_in(tmp_path_factory):
     return out
 
 
+def test_reference_file_follows_its_rule():
+    # The cached reference must be what its documented rule gives from the raw tracks stored beside it
+    # (benchmarks/build_f0_reference.py): voiced where Praat 50-1100 and CREPE are both voiced within 5 %,
+    # unvoiced where both are unvoiced, left out elsewhere and on frames CREPE did not analyse.
+    z = np.load(REFERENCE, allow_pickle=False)
+    praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
+    ran = ~np.isnan(per)
+    pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
+    agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
+    np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
+    np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
+    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP
+    assert z["frames"].sum() == len(z["ref"])
+    assert set(z["split"]) == {"in", "out"} and {"f", "m"} <= set(z["sex"][z["source"] == "espeak"])
+    for split in ("in", "out"):  # both splits hold voiced and unvoiced reference frames
+        rows = np.repeat(z["split"] == split, z["frames"])
+        assert ((z["ref"] > 0) & rows).sum() > 200 and ((z["ref"] == 0) & (z["mask"] > 0) & rows).sum() > 200
+
+
 def consensus_scores(feat: F0, clips) -> dict[str, float]:
     """GPE, VDE, FFE, GPE_all (%) on the reference frames, as benchmarks/bench_f0.py computes them."""
     f0s, vs, filled, refs, masks = [], [], [], [], []
