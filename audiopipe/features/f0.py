@@ -85,33 +85,83 @@ def _yin_candidates(x, centers, W, tau_min, tau_max, K, lag_bias):  # pragma: no
             e = sq[s + W] - sq[s]
             m = sm[s + W] - sm[s]
             energy[t] = max(e - m * m / W, 0.0)
-        # Running sums of x[j] * x[j + tau], four lags per pass: a running sum is one long chain of
-        # dependent adds, and four independent chains keep the FPU busy (~2x over one lag per pass).
-        prod = np.zeros((4, L + 1))
-        for tau0 in range(1, n_lags, 4):
+        # Running sums of x[j] * x[j + tau], four lags per pass: a running sum is one long chain of dependent adds,
+        # and four independent chains keep the FPU busy. Only the sums at window edges are kept (two per frame),
+        # not the whole prefix array: the pass then does no stores, which was most of its cost. Lags 2m..2m+3
+        # share a pass, so their windows start at only two offsets, m and m + 1 samples before the frame's base.
+        base = np.empty(2 * (b1 - b0), np.int64)
+        for t in range(b0, b1):
+            base[2 * (t - b0)] = centers[t] - half_w - lo
+            base[2 * (t - b0) + 1] = centers[t] - half_w - lo + W
+        order = np.argsort(base, kind="mergesort")
+        nq = 0
+        Q = np.empty(len(base), np.int64)
+        where = np.empty(len(base), np.int64)
+        for i in range(len(order)):
+            p = base[order[i]]
+            if nq == 0 or Q[nq - 1] != p:
+                Q[nq] = p
+                nq += 1
+            where[order[i]] = nq - 1
+        rec = np.empty((4, nq))
+        for tau0 in range(0, n_lags, 4):
+            m0 = tau0 // 2
             a0 = 0.0
             a1 = 0.0
             a2 = 0.0
             a3 = 0.0
-            for j in range(L - tau0 - 3):
+            c0 = 0.0
+            c1 = 0.0
+            c2 = 0.0
+            c3 = 0.0
+            j = Q[0] - m0 - 1
+            for i in range(nq):
+                stop = Q[i] - m0 - 1
+                while j + 1 < stop:  # two samples a step, into two sets of sums: 8 independent chains
+                    xj = x[lo + j]
+                    xn = x[lo + j + 1]
+                    k = lo + j + tau0
+                    y1 = x[k + 1]
+                    y2 = x[k + 2]
+                    y3 = x[k + 3]
+                    a0 += xj * x[k]
+                    a1 += xj * y1
+                    a2 += xj * y2
+                    a3 += xj * y3
+                    c0 += xn * y1
+                    c1 += xn * y2
+                    c2 += xn * y3
+                    c3 += xn * x[k + 4]
+                    j += 2
+                if j < stop:
+                    xj = x[lo + j]
+                    k = lo + j + tau0
+                    a0 += xj * x[k]
+                    a1 += xj * x[k + 1]
+                    a2 += xj * x[k + 2]
+                    a3 += xj * x[k + 3]
+                    j += 1
+                # prefix up to (not including) stop: the window edge of lags 2m0+2, 2m0+3 (offset m0 + 1)
+                rec[2, i] = a2 + c2
+                rec[3, i] = a3 + c3
                 xj = x[lo + j]
                 k = lo + j + tau0
                 a0 += xj * x[k]
                 a1 += xj * x[k + 1]
                 a2 += xj * x[k + 2]
                 a3 += xj * x[k + 3]
-                prod[0, j + 1] = a0
-                prod[1, j + 1] = a1
-                prod[2, j + 1] = a2
-                prod[3, j + 1] = a3
+                j += 1
+                # one sample further: the window edge of lags 2m0, 2m0+1 (offset m0)
+                rec[0, i] = a0 + c0
+                rec[1, i] = a1 + c1
             for q in range(4):
                 tau = tau0 + q
-                if tau >= n_lags:
-                    break
+                if tau >= n_lags or tau == 0:
+                    continue
                 off = half_w + tau // 2
                 for t in range(b0, b1):
                     s = centers[t] - off - lo
-                    r = prod[q, s + W] - prod[q, s]
+                    r = rec[q, where[2 * (t - b0) + 1]] - rec[q, where[2 * (t - b0)]]
                     e1 = sq[s + W] - sq[s]
                     e2 = sq[s + tau + W] - sq[s + tau]
                     v = e1 + e2 - 2.0 * r
