@@ -85,10 +85,11 @@ def _yin_candidates(x, centers, W, tau_min, tau_max, K, lag_bias):  # pragma: no
             e = sq[s + W] - sq[s]
             m = sm[s + W] - sm[s]
             energy[t] = max(e - m * m / W, 0.0)
-        # Running sums of x[j] * x[j + tau], four lags per pass: a running sum is one long chain of dependent adds,
-        # and four independent chains keep the FPU busy. Only the sums at window edges are kept (two per frame),
-        # not the whole prefix array: the pass then does no stores, which was most of its cost. Lags 2m..2m+3
-        # share a pass, so their windows start at only two offsets, m and m + 1 samples before the frame's base.
+        # Running sums of x[j] * x[j + tau]. One running sum is a chain of dependent adds, bound by the add's
+        # latency: four lags per pass, each split into even- and odd-sample sums, make eight independent chains
+        # (~1.3x faster than four). Only the sums at window edges are kept (two per frame), not a prefix array.
+        # Lags 2m..2m+3 share a pass, so their windows start at only two offsets, m and m + 1 samples before
+        # the frame's base.
         base = np.empty(2 * (b1 - b0), np.int64)
         for t in range(b0, b1):
             base[2 * (t - b0)] = centers[t] - half_w - lo
@@ -117,7 +118,29 @@ def _yin_candidates(x, centers, W, tau_min, tau_max, K, lag_bias):  # pragma: no
             j = Q[0] - m0 - 1
             for i in range(nq):
                 stop = Q[i] - m0 - 1
-                while j + 1 < stop:  # two samples a step, into two sets of sums: 8 independent chains
+                while j + 3 < stop:  # four samples a step: even samples into a*, odd into c*, two products each
+                    xj = x[lo + j]
+                    xn = x[lo + j + 1]
+                    xp = x[lo + j + 2]
+                    xq = x[lo + j + 3]
+                    k = lo + j + tau0
+                    y0 = x[k]
+                    y1 = x[k + 1]
+                    y2 = x[k + 2]
+                    y3 = x[k + 3]
+                    y4 = x[k + 4]
+                    y5 = x[k + 5]
+                    y6 = x[k + 6]
+                    a0 += xj * y0 + xp * y2
+                    a1 += xj * y1 + xp * y3
+                    a2 += xj * y2 + xp * y4
+                    a3 += xj * y3 + xp * y5
+                    c0 += xn * y1 + xq * y3
+                    c1 += xn * y2 + xq * y4
+                    c2 += xn * y3 + xq * y5
+                    c3 += xn * y4 + xq * y6
+                    j += 4
+                while j + 1 < stop:
                     xj = x[lo + j]
                     xn = x[lo + j + 1]
                     k = lo + j + tau0
