@@ -113,6 +113,30 @@ def best_lag(tracks: list[tuple[np.ndarray, np.ndarray]], refs: list[np.ndarray]
     return {"best": min(out, key=out.get), "median_abs_log2_by_shift": out}
 
 
+def sensitivity(z, bounds, tracks: dict, splits: list[str], names: list[str]) -> list[dict]:
+    """Scores on consensus references rebuilt from the stored Praat and CREPE tracks with other rules."""
+    out = []
+    for crepe_voiced in (0.1, 0.21, 0.5):
+        for agree in (0.03, 0.05, 0.10):
+            praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
+            ran = ~np.isnan(per)
+            pv, cv = praat > 0, ran & (np.nan_to_num(per) >= crepe_voiced)
+            ok = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1.0) - 1.0) <= agree)
+            mask = ran & (ok | (~pv & ~cv))
+            ref = np.where(ok, np.sqrt(praat * np.nan_to_num(crepe)), 0.0)
+            for split in ("in", "out"):
+                sel = [i for i, s in enumerate(splits) if s == split]
+                rr = np.concatenate([ref[bounds[i] : bounds[i + 1]] for i in sel])
+                mm = np.concatenate([mask[bounds[i] : bounds[i + 1]] for i in sel])
+                row = {"crepe_voiced": crepe_voiced, "agree": agree, "split": split, "frames": int(mm.sum())}
+                for n in names:
+                    row[n] = scores(np.concatenate([tracks[n][i][0] for i in sel]),
+                                    np.concatenate([tracks[n][i][1] for i in sel]),
+                                    np.concatenate([interpolate_unvoiced(*tracks[n][i], 50.0) for i in sel]), rr, mm)
+                out.append(row)
+    return out
+
+
 def machine() -> str:
     import numba
 
@@ -135,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trackers", default=",".join(TRACKERS), help="comma-separated subset of: " + ", ".join(TRACKERS))
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--sensitivity", action="store_true",
+                   help="also score on references rebuilt from the stored raw tracks with other CREPE voicing "
+                        "thresholds and agreement tolerances (does the reference's rule decide the ranking?)")
     a = p.parse_args(argv)
     names = [n.strip() for n in a.trackers.split(",")]
     unknown = [n for n in names if n not in TRACKERS]
@@ -184,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                                 np.concatenate([refs[i] for i in sel]), np.concatenate([masks[i] for i in sel]))
         res["lag"] = best_lag(tracks[n], refs, masks)
         results[n] = res
+    if a.sensitivity:
+        results["sensitivity"] = sensitivity(z, bounds, tracks, splits, names)
     if "yin" in names and "praat 75-600" in names:
         ratios = [p / y for y, p in zip(cpu["yin"], cpu["praat 75-600"])]
         results["yin_over_praat75_speed"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
@@ -203,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     if "yin_over_praat75_speed" in results:
         q = results["yin_over_praat75_speed"]
         print(f"\nyin / Praat 75-600 speed: {q['median']:.2f}x (rounds {q['min']:.2f}-{q['max']:.2f})")
+    if a.sensitivity:
+        print("\n| CREPE voiced at | agreement | split | frames | " + " | ".join(f"{n} FFE / GPE_all %" for n in names)
+              + " |")
+        print("|---:|---:|---|---:|" + "---:|" * len(names))
+        for row in results["sensitivity"]:
+            print(f"| {row['crepe_voiced']} | {row['agree']:.0%} | {row['split']} | {row['frames']} | "
+                  + " | ".join(f"{row[n]['FFE']:.2f} / {row[n]['GPE_all']:.2f}" for n in names) + " |")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"info": info, "results": results}, indent=2) + "\n")
