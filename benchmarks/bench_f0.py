@@ -1,0 +1,277 @@
+"""F0 trackers against the consensus reference: accuracy (GPE, VDE, FFE, GPE_all), frame lag and speed, in one run.
+
+    python benchmarks/bench_f0.py --pocketsphinx /path/to/pocketsphinx-5.1.1.tar.gz \
+        --json benchmarks/results/f0.json --plot docs/img/f0_error_vs_speed.png
+
+Every tracker (audiopipe yin, Praat 75-600, Praat 50-1100, pyworld dio and harvest at 50-1100, librosa pyin at
+50-1100) runs on the same clips, 24 kHz, hop 320 (the NS2 framing), and is scored on the frames of
+tests/data/f0_reference.npz (built by benchmarks/build_f0_reference.py; read its docstring for the rule):
+
+  GPE      frames the reference and the tracker both call voiced where F0 is more than 20 % off, over those frames;
+  VDE      frames whose voicing decision differs from the reference, over all reference frames;
+  FFE      (GPE frames + VDE frames) over all reference frames;
+  GPE_all  the tracker's F0 linearly interpolated through its unvoiced frames (interpolate=True, what NS2 trains
+           on), > 20 % off, over the reference's voiced frames;
+  lag      the shift s in [-3, 3] frames minimising the median |log2(f0[t + s] / ref[t])| on frames both call voiced.
+
+Speed is CPU time of this process on one thread (OpenMP/MKL/numba pinned to 1 before import): audio seconds per
+CPU second ("x RT per core"). Each round times every tracker once over all clips, interleaved, so trackers are
+compared under the same machine load; the table gives the median over rounds and the yin / Praat 75-600 ratio per
+round (min-max). Note that Praat 50-1100 is one half of the reference, so its scores are optimistic by construction.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = "1"  # before numpy/numba load their thread pools
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import build_f0_reference as ref_builder  # noqa: E402
+from audiopipe.features.f0 import F0, interpolate_unvoiced  # noqa: E402
+
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+SR, HOP = ref_builder.SR, ref_builder.HOP
+
+
+def _feature(**kw) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    feat = F0(sample_rate=SR, hop_length=HOP, **kw)
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = feat(x)
+        return out["f0"].astype(np.float64), out["voiced"].astype(bool)
+
+    return run
+
+
+def _pyin(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import librosa
+
+    f0, voiced, _ = librosa.pyin(x, fmin=50.0, fmax=1100.0, sr=SR, frame_length=2048, hop_length=HOP, center=True)
+    f0 = np.nan_to_num(f0)
+    return np.where(voiced, f0, 0.0), voiced & (f0 > 0)
+
+
+TRACKERS: dict[str, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]] = {
+    "yin": _feature(),
+    "praat 75-600": _feature(fmin=75.0, fmax=600.0, backend="praat"),
+    "praat 50-1100": _feature(fmin=50.0, fmax=1100.0, backend="praat"),
+    "dio": _feature(backend="dio"),
+    "harvest": _feature(backend="harvest"),
+    "pyin": _pyin,
+}
+
+
+def scores(f0: np.ndarray, voiced: np.ndarray, filled: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> dict:
+    """GPE, VDE, FFE, GPE_all in % on the frames where mask is set; filled is f0 interpolated through unvoiced
+    frames clip by clip (never across two clips)."""
+    m = mask.astype(bool)
+    r = (ref > 0) & m
+    both = r & voiced
+    gross = both & (np.abs(f0 / np.where(r, ref, 1.0) - 1.0) > 0.2)
+    vde = (r != voiced) & m
+    gross_all = r & (np.abs(filled / np.where(r, ref, 1.0) - 1.0) > 0.2)
+    n = int(m.sum())
+    return {
+        "GPE": 100.0 * gross.sum() / max(int(both.sum()), 1),
+        "VDE": 100.0 * vde.sum() / n,
+        "FFE": 100.0 * (gross.sum() + vde.sum()) / n,
+        "GPE_all": 100.0 * gross_all.sum() / max(int(r.sum()), 1),
+        "frames": n,
+        "ref_voiced": int(r.sum()),
+    }
+
+
+def best_lag(tracks: list[tuple[np.ndarray, np.ndarray]], refs: list[np.ndarray], masks: list[np.ndarray]) -> dict:
+    """Median |log2 ratio| on frames both call voiced, for each shift of the tracker against the reference."""
+    out = {}
+    for s in range(-3, 4):
+        errs = []
+        for (f0, v), ref, m in zip(tracks, refs, masks):
+            t = np.flatnonzero(m.astype(bool) & (ref > 0))
+            t = t[(t + s >= 0) & (t + s < len(f0))]
+            t = t[v[t + s]]
+            errs.append(np.abs(np.log2(f0[t + s] / ref[t])))
+        e = np.concatenate(errs)
+        out[s] = float(np.median(e)) if len(e) else float("nan")
+    return {"best": min(out, key=out.get), "median_abs_log2_by_shift": out}
+
+
+def sensitivity(z, bounds, tracks: dict, splits: list[str], names: list[str]) -> list[dict]:
+    """Scores on consensus references rebuilt from the stored Praat and CREPE tracks with other rules."""
+    out = []
+    for crepe_voiced in (0.1, 0.21, 0.5):
+        for agree in (0.03, 0.05, 0.10):
+            praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
+            ran = ~np.isnan(per)
+            pv, cv = praat > 0, ran & (np.nan_to_num(per) >= crepe_voiced)
+            ok = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1.0) - 1.0) <= agree)
+            mask = ran & (ok | (~pv & ~cv))
+            ref = np.where(ok, np.sqrt(praat * np.nan_to_num(crepe)), 0.0)
+            for split in ("in", "out"):
+                sel = [i for i, s in enumerate(splits) if s == split]
+                rr = np.concatenate([ref[bounds[i] : bounds[i + 1]] for i in sel])
+                mm = np.concatenate([mask[bounds[i] : bounds[i + 1]] for i in sel])
+                row = {"crepe_voiced": crepe_voiced, "agree": agree, "split": split, "frames": int(mm.sum())}
+                for n in names:
+                    row[n] = scores(np.concatenate([tracks[n][i][0] for i in sel]),
+                                    np.concatenate([tracks[n][i][1] for i in sel]),
+                                    np.concatenate([interpolate_unvoiced(*tracks[n][i], 50.0) for i in sel]), rr, mm)
+                out.append(row)
+    return out
+
+
+def machine() -> str:
+    import numba
+
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu or platform.processor()}, 1 thread, {os.cpu_count()} cores; numba {numba.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pocketsphinx", type=Path, required=True, help="pocketsphinx-5.1.1.tar.gz (sdist)")
+    p.add_argument("--reference", type=Path, default=HERE.parent / "tests/data/f0_reference.npz")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds (every tracker once per round)")
+    p.add_argument("--trackers", default=",".join(TRACKERS), help="comma-separated subset of: " + ", ".join(TRACKERS))
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--sensitivity", action="store_true",
+                   help="also score on references rebuilt from the stored raw tracks with other CREPE voicing "
+                        "thresholds and agreement tolerances (does the reference's rule decide the ranking?)")
+    a = p.parse_args(argv)
+    names = [n.strip() for n in a.trackers.split(",")]
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        p.error(f"unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+
+    z = np.load(a.reference, allow_pickle=False)
+    bounds = np.concatenate([[0], np.cumsum(z["frames"])])
+    clips, refs, masks, splits = [], [], [], []
+    for i, c in enumerate(ref_builder.clips()):
+        if z["source"][i] != c.source or z["ident"][i] != c.ident:
+            sys.exit(f"bench_f0: {a.reference} does not list the builder's clips (rebuild it)")
+        x = ref_builder.load(c, a.pocketsphinx)
+        if ref_builder.audio_digest(x) != z["digest"][i]:
+            sys.exit(f"bench_f0: {c.name} decodes differently from when the reference was built (rebuild it)")
+        clips.append(x)
+        refs.append(z["ref"][bounds[i] : bounds[i + 1]].astype(np.float64))
+        masks.append(z["mask"][bounds[i] : bounds[i + 1]].astype(bool))
+        splits.append(c.split)
+    audio_s = sum(len(x) for x in clips) / SR
+
+    # Warm-up: numba compiles, parselmouth/pyworld/librosa load.
+    for n in names:
+        TRACKERS[n](clips[0][: SR // 2])
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    tracks: dict[str, list] = {}
+    for r in range(a.rounds):
+        for n in names:
+            c0, w0 = time.process_time(), time.perf_counter()
+            out = [TRACKERS[n](x) for x in clips]
+            cpu[n].append(time.process_time() - c0)
+            wall[n].append(time.perf_counter() - w0)
+            tracks[n] = out
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {audio_s / cpu[n][-1]:.0f}x" for n in names), flush=True)
+
+    results = {}
+    for n in names:
+        res = {"x_rt_cpu_median": audio_s / float(np.median(cpu[n])),
+               "x_rt_cpu_rounds": [audio_s / c for c in cpu[n]],
+               "x_rt_wall_median": audio_s / float(np.median(wall[n]))}
+        for split in ("in", "out", "all"):
+            sel = [i for i, s in enumerate(splits) if split in ("all", s)]
+            res[split] = scores(np.concatenate([tracks[n][i][0] for i in sel]),
+                                np.concatenate([tracks[n][i][1] for i in sel]),
+                                np.concatenate([interpolate_unvoiced(*tracks[n][i], 50.0) for i in sel]),
+                                np.concatenate([refs[i] for i in sel]), np.concatenate([masks[i] for i in sel]))
+        res["lag"] = best_lag(tracks[n], refs, masks)
+        results[n] = res
+    if a.sensitivity:
+        results["sensitivity"] = sensitivity(z, bounds, tracks, splits, names)
+    if "yin" in names and "praat 75-600" in names:
+        ratios = [p / y for y, p in zip(cpu["yin"], cpu["praat 75-600"])]
+        results["yin_over_praat75_speed"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+
+    info = {"machine": machine(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python benchmarks/bench_f0.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "audio_s": audio_s, "clips": len(clips), "rounds": a.rounds,
+            "note": "shared 2-core CPU VM, no GPU; other engineers were using the CPU at the same time"}
+    print(f"\n{len(clips)} clips, {audio_s:.0f} s; {info['machine']}; {a.rounds} rounds\n")
+    print("| tracker | split | x RT per core (CPU) | GPE % | VDE % | FFE % | GPE_all % | best lag |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for n in names:
+        for split in ("in", "out", "all"):
+            s = results[n][split]
+            print(f"| {n} | {split} ({s['frames']} frames) | {results[n]['x_rt_cpu_median']:,.0f} | {s['GPE']:.2f} | "
+                  f"{s['VDE']:.2f} | {s['FFE']:.2f} | {s['GPE_all']:.2f} | {results[n]['lag']['best']} |")
+    if "yin_over_praat75_speed" in results:
+        q = results["yin_over_praat75_speed"]
+        print(f"\nyin / Praat 75-600 speed: {q['median']:.2f}x (rounds {q['min']:.2f}-{q['max']:.2f})")
+    if a.sensitivity:
+        print("\n| CREPE voiced at | agreement | split | frames | " + " | ".join(f"{n} FFE / GPE_all %" for n in names)
+              + " |")
+        print("|---:|---:|---|---:|" + "---:|" * len(names))
+        for row in results["sensitivity"]:
+            print(f"| {row['crepe_voiced']} | {row['agree']:.0%} | {row['split']} | {row['frames']} | "
+                  + " | ".join(f"{row[n]['FFE']:.2f} / {row[n]['GPE_all']:.2f}" for n in names) + " |")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"info": info, "results": results}, indent=2) + "\n")
+    if a.plot:
+        plot(results, names, info, a.plot)
+    return 0
+
+
+def plot(results: dict, names: list[str], info: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, metric in zip(axes, ("FFE", "GPE_all")):
+        for n in names:
+            x = results[n]["x_rt_cpu_median"]
+            for split, marker in (("in", "o"), ("out", "s")):
+                y = results[n][split][metric]
+                ax.scatter(x, y, marker=marker, color="C0" if n == "yin" else "C1" if n.startswith("praat") else "C2")
+                ax.annotate(f"{n} ({split})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("x real time per core (CPU time, 1 thread)")
+        ax.set_ylabel(f"{metric} % vs consensus reference")
+        ax.axvline(500, color="grey", lw=0.5, ls="--")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"F0 error against speed; circles held-in, squares held-out\n{info['machine']}; {info['note']}",
+                 fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
