@@ -47,7 +47,9 @@ def _rows_of(*shard_ids: int) -> list[int]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    # The repo for audiopipe, trainers/ for the core trainer fixture (`from core import ...`).
+    path = os.pathsep.join([str(ROOT), str(ROOT / "trainers"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path,
             "OMP_NUM_THREADS": "1"}
 
 
@@ -249,7 +251,12 @@ def test_the_trainer_flag_reaches_the_loader(shards, tmp_path):
     c = _break(shards, tmp_path)
     base = [sys.executable, str(HERE / "core_trainer_fixture.py"), "--shards", str(c.root), "--batch-frames", "1500",
             "--max-steps", "2", "--log-every", "1", "--warmup-steps", "1"]
-    # (Without the flag the same run stops at open: test_fail_is_one_named_line_before_anything_is_planned.)
+    failed = subprocess.run(base + ["--out", str(tmp_path / "fail")], capture_output=True, text=True, timeout=180,
+                            env=_env())
+    # Without the flag: the trainer stops at open with the loader's one line, not a traceback.
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("train: error:") and "2 of 5 shards corrupt" in last, failed.stderr[-3000:]
     skipped = subprocess.run(base + ["--out", str(tmp_path / "skip"), "--on-corrupt", "skip"], capture_output=True,
                              text=True, timeout=180, env=_env())
     assert skipped.returncode == 0, skipped.stderr[-3000:]

@@ -35,6 +35,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
 from audiopipe.storage.atomic import atomic_path  # noqa: E402
 
@@ -265,7 +266,12 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
     model.to(d.device)
-    loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
+    try:
+        loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
+    except (ShardError, ConfigMismatch, FileNotFoundError, ValueError) as e:
+        # The shard set cannot be read as asked (missing, corrupt with --on-corrupt fail, another feature config,
+        # a URL): the same on every rank, so every rank ends here and rank 0 says why in one line.
+        _fail(f"{log_name}: error: {e}", d)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
