@@ -22,7 +22,8 @@ import torch
 import train_f5tts as f5  # trainers/ is on the tests' path (pyproject: pythonpath)
 from audiopipe.cli import main as cli
 from audiopipe.text.f5_pinyin import build_vocab, f5_pinyin_tokens
-from audiopipe.text.f5_vocab import pinyin_vocab_for, shard_texts
+from audiopipe.reader.texts import shard_texts
+from audiopipe.text.f5_vocab import pinyin_vocab_for
 from audiopipe.text.frontend import gpt_sovits_phones
 from audiopipe.text.symbols import gpt_sovits_symbols, symbols_to_ids
 
@@ -80,7 +81,7 @@ def test_f5_pinyin_tokenizer_round_trip(zh):
     # A user vocab missing symbols: counted and reported, mapped to 0 as F5 does.
     user = shards.parent / "user_vocab.txt"
     user.write_text("".join(s + "\n" for s in vocab if s not in ("jin1", "hao3")), encoding="utf-8")
-    pv = pinyin_vocab_for(shards, user)
+    pv = pinyin_vocab_for(shard_texts(shards), user)
     n_jin = sum(f5_pinyin_tokens(t).count("jin1") for t in texts)
     n_hao = sum(f5_pinyin_tokens(t).count("hao3") for t in texts)
     assert pv.unknown == {"jin1": n_jin, "hao3": n_hao} and n_jin > 0 and n_hao > 0

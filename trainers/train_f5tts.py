@@ -389,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
                            defaults=RUN_DEFAULTS, extra=extra, argv=argv)
     if args.tokenizer == "pinyin":
         from audiopipe.text.f5_pinyin import f5_pinyin_tokens
+        from audiopipe.reader.texts import shard_texts
         from audiopipe.text.f5_vocab import pinyin_vocab_for
 
         try:
-            pv = pinyin_vocab_for(cfg.shards, args.vocab)
+            pv = pinyin_vocab_for(shard_texts(cfg.shards), args.vocab)
         except (ValueError, OSError) as e:
             raise SystemExit(f"train_f5tts: error: {e}") from None
         tok = Tokenizer(pv.vocab, split=f5_pinyin_tokens)
