@@ -37,6 +37,9 @@ class Summary:
     hours: float
     seconds: float
     up_to_date: bool = False
+    # Start-up, reported apart from extraction: finding and reading the corpus headers, and starting Ray.
+    discovery_s: float = 0.0
+    ray_start_s: float = 0.0
 
     def lines(self) -> list[str]:
         if self.up_to_date:
@@ -45,7 +48,9 @@ class Summary:
         rate = self.hours / self.seconds if self.seconds > 0 else 0.0
         out = [f"discovered {self.discovered}, written {self.written}, rejected {self.rejected}",
                f"{self.shards} shards ({self.shards_built} built now), {self.hours:.3f} h of audio in "
-               f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)"]
+               f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)",
+               f"start-up: discovery {self.discovery_s:.1f} s, Ray start {self.ray_start_s:.1f} s "
+               f"(included above)"]
         if self.reject_reasons:
             out.append("rejects: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reject_reasons.items()))
                        + " (see rejects.jsonl)")
@@ -117,7 +122,12 @@ def _clean_temporaries(out: Path) -> None:
 
 # ---------------------------------------------------------------- Ray
 
-def _init_ray(workers: int, address: str | None) -> None:
+def default_niceness() -> int:
+    """The driver's own niceness: `nice audiopipe shard ...` then means what it says for the workers too."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _init_ray(workers: int, address: str | None, nice: int) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     import ray
@@ -135,39 +145,37 @@ def _init_ray(workers: int, address: str | None) -> None:
         runtime_env["py_modules"] = [os.path.dirname(audiopipe.__file__)]
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
     else:
+        # Ray starts workers at niceness 15 by default, so any other process on the box (a trainer, another
+        # job) starves them; the local raylet starts them at the niceness asked for instead.
         ray.init(num_cpus=workers, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                 logging_level="WARNING", configure_logging=True)
+                 logging_level="WARNING", configure_logging=True, _system_config={"worker_niceness": nice})
+
+
+def _set_niceness(nice: int) -> None:
+    """Give this worker process the niceness asked for (a cluster's raylet started it at its own, 15 by default).
+
+    Raising it is always allowed; lowering it needs CAP_SYS_NICE, and without it the worker keeps the
+    cluster's setting (documented in docs/extraction.md) rather than failing the shard."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass
 
 
 def _remote_defs():
     import ray
 
-    @ray.remote(num_cpus=0)
-    class ProgressCounter:
-        def __init__(self) -> None:
-            self.seconds = 0.0
-
-        def add(self, seconds: float) -> None:
-            self.seconds += seconds
-
-        def get(self) -> float:
-            return self.seconds
-
+    # No actor takes part in progress or completion: progress is counted from finished tasks in the driver,
+    # so losing any non-head node loses nothing a retried task cannot rebuild. System failures (a dead
+    # worker or node) are retried on the surviving nodes; exceptions too, for transient storage errors.
     @ray.remote(max_retries=3, retry_exceptions=True)
-    def shard_task(unit_dict: dict, job_dict: dict, counter, codec_actors, codec_spec, codec_batch: int) -> dict:
+    def shard_task(unit_dict: dict, job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int) -> dict:
         import torch
 
+        _set_niceness(nice)
         torch.set_num_threads(1)
         unit, job = WorkUnit.from_dict(unit_dict), Job.from_dict(job_dict)
-        pending = [0.0, time.monotonic()]
-
-        def progress(seconds: float) -> None:
-            # Batch the updates: one actor call per second, not one per utterance.
-            pending[0] += seconds
-            if time.monotonic() - pending[1] > 1.0:
-                counter.add.remote(pending[0])
-                pending[0], pending[1] = 0.0, time.monotonic()
-
         encode = None
         if codec_actors:
             actor = codec_actors[unit.index % len(codec_actors)]
@@ -177,11 +185,14 @@ def _remote_defs():
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
                 return [c for part in ray.get(refs) for c in part]
 
-        rec = build_shard(unit, job, encode=encode, codec_spec=codec_spec, progress=progress)
-        counter.add.remote(pending[0])
-        return rec
+        return build_shard(unit, job, encode=encode, codec_spec=codec_spec)
 
-    return ProgressCounter, shard_task
+    return shard_task
+
+
+# A codec actor on a lost node is restarted elsewhere (its state is only the model, reloaded on start), and
+# calls that were in flight are retried on the new one; a shard task that still sees the actor fail is retried.
+CODEC_ACTOR_RESTARTS = 4
 
 
 def _codec_actors(job: Job, workers: int):
@@ -192,11 +203,12 @@ def _codec_actors(job: Job, workers: int):
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     settings = asdict(job.codec)
+    opts = dict(max_restarts=CODEC_ACTOR_RESTARTS, max_task_retries=CODEC_ACTOR_RESTARTS)
     if gpus:
-        cls = ray.remote(num_gpus=1, num_cpus=1)(CodecWorker)
+        cls = ray.remote(num_gpus=1, num_cpus=1, **opts)(CodecWorker)
         actors = [cls.remote(settings) for _ in range(gpus)]
     else:
-        cls = ray.remote(num_cpus=1)(CodecWorker)
+        cls = ray.remote(num_cpus=1, **opts)(CodecWorker)
         actors = [cls.remote(settings)]
     spec = ray.get(actors[0].spec.remote())
     # Batching pays on a GPU; on a CPU padding to the longest clip only adds work (benchmarks/bench_codec.py).
@@ -206,12 +218,15 @@ def _codec_actors(job: Job, workers: int):
 # ---------------------------------------------------------------- the job
 
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
-            manifest: str | None = None, speaker: str = "auto", show_progress: bool = True) -> Summary:
+            manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
+            nice: int | None = None) -> Summary:
+    """Extract `job`. nice: niceness of the Ray workers (default: this process's own, see default_niceness)."""
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
     out = Path(job.out)
     workers = workers or os.cpu_count() or 1
+    nice = default_niceness() if nice is None else nice
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-probe-{os.getpid()}"
@@ -239,7 +254,9 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         from audiopipe.shard.codec_stage import codec_spec_estimate
 
         specs.append(codec_spec_estimate())
+    t_disc = time.monotonic()
     plan = make_plan(job, manifest, speaker, specs)
+    discovery_s = time.monotonic() - t_disc
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete {plan_path} to start over")
@@ -250,8 +267,11 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
     units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
     todo = [u for u in units if not _shard_finished(out, u.name)]
+    ray_start_s = 0.0
     if todo:
-        _run_units(job, todo, workers, ray_address, show_progress)
+        ray_start_s = _run_units(job, todo, workers, ray_address, show_progress, nice)
+        # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
+        _clean_temporaries(out)
 
     records = [json.loads(done_path(out, u.name).read_text()) for u in units]
     from audiopipe.index.lengths import build_index
@@ -271,7 +291,8 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
                           len(plan["discovery_rejects"]), index_path, extra)
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
-                   len(units), len(todo), t["hours"], time.monotonic() - t0)
+                   len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
+                   ray_start_s=ray_start_s)
 
 
 def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,33 +307,40 @@ def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, An
     return json.loads(meta)["features"]
 
 
-def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool) -> None:
+def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
+               nice: int) -> float:
+    """Run the shard tasks; return the seconds Ray took to start."""
     import ray
     from tqdm import tqdm
 
-    _init_ray(workers, address)
-    ProgressCounter, shard_task = _remote_defs()
-    counter = ProgressCounter.remote()
+    t_ray = time.monotonic()
+    _init_ray(workers, address, nice)
+    ray_start_s = time.monotonic() - t_ray
+    shard_task = _remote_defs()
     codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
-    refs = {shard_task.remote(u.to_dict(), job_dict, counter, codec_actors, codec_spec, codec_batch): u
+    refs = {shard_task.remote(u.to_dict(), job_dict, nice, codec_actors, codec_spec, codec_batch): u
             for u in todo}
     total_s = sum(u.duration for u in todo)
-    # Progress in audio seconds; the postfix gives audio-hours per second and the real-time factor.
+    # Progress in audio seconds of finished shards; the postfix gives audio-hours per second and the real-time
+    # factor. Counting finished tasks costs nothing on the workers and needs no actor that a lost node could
+    # take down with it.
     bar = tqdm(total=round(total_s), unit="audio-s", desc="shard", disable=not show_progress, file=sys.stderr,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} audio-s "
                           "[{elapsed}<{remaining}{postfix}]")
     t_start = time.monotonic()
     pending = list(refs)
     failures: list[str] = []
+    seconds = 0.0
     while pending:
-        done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+        # The driver sleeps inside ray.wait until a shard finishes; the timeout only keeps the bar's clock moving.
+        done, pending = ray.wait(pending, num_returns=1, timeout=10.0 if show_progress else None)
         for ref in done:
             try:
                 ray.get(ref)
             except Exception as e:  # after Ray's retries: report, keep building the other shards
                 failures.append(f"{refs[ref].name}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-        seconds = min(ray.get(counter.get.remote()), total_s)
+            seconds += refs[ref].duration
         elapsed = max(time.monotonic() - t_start, 1e-9)
         bar.n = round(seconds)
         bar.set_postfix_str(f"{seconds / 3600 / elapsed:.4f} audio-h/s, {seconds / elapsed:.0f}x real time",
@@ -325,3 +353,4 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     if failures:
         raise JobError("some shards failed after retries (rerun the same command to retry them):\n  "
                        + "\n  ".join(failures))
+    return ray_start_s
