@@ -7,6 +7,7 @@ audio file. Layouts, transcript precedence and speaker rules are described in do
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Iterable
@@ -184,12 +185,43 @@ def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataI
     return folders[0] if folders else ""
 
 
+# Header reads are small blocking reads (a page from local disk, a round trip on NFS/Lustre/FUSE mounts of
+# object storage); libsndfile runs without the GIL, so threads overlap them. Below this many files a pool
+# costs more than it saves.
+PARALLEL_HEADERS_FROM = 64
+DEFAULT_HEADER_THREADS = 16
+
+
+def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
+    """(info or RejectError, own transcript, TranscriptError): everything per file that touches storage."""
+    try:
+        info = read_info(c.path)
+    except RejectError as e:
+        return e, None, None
+    if info.frames <= 0:
+        return info, None, None
+    try:
+        return info, _own_transcript(c), None
+    except TranscriptError as e:
+        return info, None, e
+
+
+def _read_all(cands: list[_Candidate], threads: int) -> list[tuple[Any, str | None, Exception | None]]:
+    """_read_one for every candidate, in the candidates' order (so the result never depends on timing)."""
+    if threads <= 1 or len(cands) < PARALLEL_HEADERS_FROM:
+        return [_read_one(c) for c in cands]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="headers") as pool:
+        return list(pool.map(_read_one, cands, chunksize=64))
+
+
 def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
-             speaker: str = "auto", exts: Iterable[str] | None = None) -> Discovery:
+             speaker: str = "auto", exts: Iterable[str] | None = None,
+             header_threads: int = DEFAULT_HEADER_THREADS) -> Discovery:
     """Describe the corpus under `root`: sorted utterances and the files that were refused.
 
     manifest: JSONL/CSV/TSV listing the files to use (then nothing is walked); speaker: 'auto', 'dir:N' or
-    'none'; exts: audio extensions to walk for (default: every format libsndfile reads).
+    'none'; exts: audio extensions to walk for (default: every format libsndfile reads); header_threads:
+    headers and sidecar transcripts read at once (1: one by one; the result is the same either way).
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -209,23 +241,21 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
     utterances: list[Utterance] = []
     seen: dict[str, str] = {}
     # Sorting by source makes the duplicate rule deterministic: of a.flac and a.wav, a.wav is refused.
-    for c in sorted(cands, key=lambda c: (c.source, c.id)):
+    cands = sorted(cands, key=lambda c: (c.source, c.id))
+    # Storage is read for all files first, in parallel; the decisions below stay sequential and in order.
+    for c, (info, text, text_error) in zip(cands, _read_all(cands, header_threads)):
         if c.id in seen:
             rejects.append(Reject(c.path, c.source, "duplicate_id",
                                   f"id {c.id!r} is already used by {seen[c.id]}"))
             continue
-        try:
-            info = read_info(c.path)
-        except RejectError as e:
-            rejects.append(Reject(c.path, c.source, e.reason, e.detail))
+        if isinstance(info, RejectError):
+            rejects.append(Reject(c.path, c.source, info.reason, info.detail))
             continue
         if info.frames <= 0:
             rejects.append(Reject(c.path, c.source, "empty", "the header declares no audio frames"))
             continue
-        try:
-            text = _own_transcript(c)
-        except TranscriptError as e:  # an unreadable sidecar concerns one file only
-            rejects.append(Reject(c.path, c.source, "bad_transcript", str(e)))
+        if text_error is not None:  # an unreadable sidecar concerns one file only
+            rejects.append(Reject(c.path, c.source, "bad_transcript", str(text_error)))
             continue
         if text is None:
             # A malformed metadata.csv is not caught: it concerns every file it lists, so discovery stops
