@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ class Summary:
                f"{self.shards} shards ({self.shards_built} built now), {self.hours:.3f} h of audio in "
                f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)",
                f"start-up: discovery {self.discovery_s:.1f} s, Ray start {self.ray_start_s:.1f} s "
-               f"(included above)"]
+               f"(side by side, included above)"]
         if self.reject_reasons:
             out.append("rejects: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reject_reasons.items()))
                        + " (see rejects.jsonl)")
@@ -254,9 +255,12 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         from audiopipe.shard.codec_stage import codec_spec_estimate
 
         specs.append(codec_spec_estimate())
-    t_disc = time.monotonic()
-    plan = make_plan(job, manifest, speaker, specs)
-    discovery_s = time.monotonic() - t_disc
+    # Ray starts and its workers import torch & co. while the corpus is discovered: neither needs the other.
+    need_ray = old_plan is None or not all(_shard_finished(out, u["name"]) for u in old_plan["units"])
+    with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
+        planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs)
+        ray_start_s = _start_ray(job, workers, ray_address, nice) if need_ray else 0.0
+        plan, discovery_s = planned.result()
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete {plan_path} to start over")
@@ -267,9 +271,8 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
     units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
     todo = [u for u in units if not _shard_finished(out, u.name)]
-    ray_start_s = 0.0
     if todo:
-        ray_start_s = _run_units(job, todo, workers, ray_address, show_progress, nice)
+        _run_units(job, todo, workers, ray_address, show_progress, nice)
         # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
         _clean_temporaries(out)
 
@@ -307,15 +310,54 @@ def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, An
     return json.loads(meta)["features"]
 
 
+def _timed(fn, *args):
+    t = time.monotonic()
+    return fn(*args), time.monotonic() - t
+
+
+def _start_ray(job: Job, workers: int, address: str | None, nice: int) -> float:
+    """Start (or join) Ray and send every CPU a warm-up task; return the seconds ray.init took.
+
+    The warm-up imports what a shard task needs and runs the job's features once on a short noise clip, so
+    that the compiled kernels are loaded; it runs while the driver discovers the corpus, and the shard tasks
+    then land on warm worker processes. Nothing waits for it."""
+    import ray
+
+    t = time.monotonic()
+    _init_ray(workers, address, nice)
+    started = time.monotonic() - t
+    cpus = int(ray.cluster_resources().get("CPU", workers))
+    warm = ray.remote(num_cpus=1, max_retries=0)(_warm_worker)
+    _WARMUPS[:] = [warm.remote(job.to_dict(), nice) for _ in range(max(1, cpus))]
+    return started
+
+
+_WARMUPS: list[Any] = []  # held so that the warm-up tasks are not cancelled when their refs go out of scope
+
+
+def _warm_worker(job_dict: dict, nice: int) -> None:
+    import numpy as np
+    import torch
+
+    from audiopipe.decode.audio import resample_to
+    from audiopipe.shard.build import compute_features, extractors_for
+
+    _set_niceness(nice)
+    torch.set_num_threads(1)
+    ex = extractors_for(Job.from_dict(job_dict))
+    noise = np.random.default_rng(0).uniform(-0.3, 0.3, 16000).astype(np.float32)
+    try:
+        compute_features(ex.features, resample_to(noise, 16000, {s.sample_rate for s in ex.specs}))
+    except Exception:  # a warm-up only: the shard task reports any real problem with its utterance
+        pass
+
+
 def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
-               nice: int) -> float:
-    """Run the shard tasks; return the seconds Ray took to start."""
+               nice: int) -> None:
     import ray
     from tqdm import tqdm
 
-    t_ray = time.monotonic()
-    _init_ray(workers, address, nice)
-    ray_start_s = time.monotonic() - t_ray
+    _init_ray(workers, address, nice)  # already started by _start_ray; kept for callers that did not
     shard_task = _remote_defs()
     codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
@@ -350,7 +392,7 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     bar.close()
     for a in codec_actors:
         ray.kill(a)
+    _WARMUPS.clear()
     if failures:
         raise JobError("some shards failed after retries (rerun the same command to retry them):\n  "
                        + "\n  ".join(failures))
-    return ray_start_s
