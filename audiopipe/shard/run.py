@@ -38,9 +38,12 @@ class Summary:
     hours: float
     seconds: float
     up_to_date: bool = False
-    # Start-up, reported apart from extraction: finding and reading the corpus headers, and starting Ray.
+    # Start-up, reported apart from extraction: finding and reading the corpus headers, and starting Ray and
+    # its workers (side by side); startup_s is the wall time from the command's start to the first shard task.
     discovery_s: float = 0.0
     ray_start_s: float = 0.0
+    warmup_s: float = 0.0
+    startup_s: float = 0.0
 
     def lines(self) -> list[str]:
         if self.up_to_date:
@@ -50,8 +53,8 @@ class Summary:
         out = [f"discovered {self.discovered}, written {self.written}, rejected {self.rejected}",
                f"{self.shards} shards ({self.shards_built} built now), {self.hours:.3f} h of audio in "
                f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)",
-               f"start-up: discovery {self.discovery_s:.1f} s, Ray start {self.ray_start_s:.1f} s "
-               f"(side by side, included above)"]
+               f"start-up {self.startup_s:.1f} s (included above): discovery {self.discovery_s:.1f} s, "
+               f"Ray start {self.ray_start_s:.1f} s, worker warm-up {self.warmup_s:.1f} s, side by side"]
         if self.reject_reasons:
             out.append("rejects: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reject_reasons.items()))
                        + " (see rejects.jsonl)")
@@ -271,6 +274,10 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
     units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
     todo = [u for u in units if not _shard_finished(out, u.name)]
+    warmup_s = 0.0
+    if todo:
+        warmup_s = _await_warmups()
+    startup_s = time.monotonic() - t0
     if todo:
         _run_units(job, todo, workers, ray_address, show_progress, nice)
         # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
@@ -295,7 +302,7 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
-                   ray_start_s=ray_start_s)
+                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s)
 
 
 def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -329,10 +336,30 @@ def _start_ray(job: Job, workers: int, address: str | None, nice: int) -> float:
     cpus = int(ray.cluster_resources().get("CPU", workers))
     warm = ray.remote(num_cpus=1, max_retries=0)(_warm_worker)
     _WARMUPS[:] = [warm.remote(job.to_dict(), nice) for _ in range(max(1, cpus))]
+    _WARMUPS_SENT[0] = time.monotonic()
     return started
 
 
-_WARMUPS: list[Any] = []  # held so that the warm-up tasks are not cancelled when their refs go out of scope
+_WARMUPS: list[Any] = []  # the warm-up tasks in flight
+_WARMUPS_SENT = [0.0]
+
+
+def _await_warmups(timeout: float = 120.0) -> float:
+    """Wait for the warm-up tasks (the shard tasks would wait for those workers anyway), so that worker start-up
+    is counted as start-up; return the seconds they took from being sent. A failed or lost warm-up is ignored:
+    the shard tasks report real problems."""
+    import ray
+
+    if not _WARMUPS:
+        return 0.0
+    ready, _ = ray.wait(_WARMUPS, num_returns=len(_WARMUPS), timeout=timeout)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:
+            pass
+    _WARMUPS.clear()
+    return time.monotonic() - _WARMUPS_SENT[0]
 
 
 def _warm_worker(job_dict: dict, nice: int) -> None:
@@ -392,7 +419,6 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     bar.close()
     for a in codec_actors:
         ray.kill(a)
-    _WARMUPS.clear()
     if failures:
         raise JobError("some shards failed after retries (rerun the same command to retry them):\n  "
                        + "\n  ".join(failures))
