@@ -266,7 +266,7 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4.8), squeeze=False)
     for ax, (c, d) in zip(axes[0], summary.items()):
         labels, vals, lo, hi = [], [], [], []
         for w in workers:
@@ -284,7 +284,7 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
         hi.append(d["floor_x_rt"]["max"] - d["floor_x_rt"]["median"])
         ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3,
                color=["#999999", "#1f77b4", "#6baed6"] * len(workers) + ["#2ca02c"])
-        ax.set_xticks(range(len(vals)), labels, fontsize=7)
+        ax.set_xticks(range(len(vals)), labels, fontsize=7, rotation=35, ha="right")
         ax.set_ylabel("x real time (median, bars: range over rounds)")
         ax.set_title(f"{c} corpus, f5tts mel", fontsize=9)
     fig.suptitle(f"audiopipe shard vs a hand-written Pool loop vs the decode+resample+mel floor\n{machine}",
@@ -304,11 +304,16 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="benchmarks/results/extract.json")
     p.add_argument("--plot", default="docs/img/extract.png")
+    p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     p.add_argument("--discovery-files", type=int, default=0,
                    help="only time discovery of this many tiny files against a bare parallel header read")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
     a = p.parse_args()
     workers = [int(w) for w in a.workers.split(",")]
+    if a.replot:
+        saved = json.loads(Path(a.json).read_text())
+        plot(saved["summary"], workers, Path(a.plot), saved["machine"])
+        return 0
     if a.discovery_files:
         tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-discovery-"))
         try:
