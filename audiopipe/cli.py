@@ -76,6 +76,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
                         "line (a manifest/Emilia `language` field, else the script). See docs/features.md")
     s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
+    s.add_argument("--nice", type=int, default=None,
+                   help="niceness of the Ray worker processes, -20..19 (default: this command's own niceness, "
+                        "0 from a normal shell; Ray's own default would be 15, which lets any other busy process "
+                        "on the machine starve extraction). Use e.g. --nice 10 to yield to a trainer; on a "
+                        "cluster, going below the cluster's setting needs CAP_SYS_NICE")
     s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
                                                        "or auto); paths must be on shared storage")
     s.add_argument("--shard-size", type=_size, default=0,
@@ -128,6 +133,8 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         raise JobError(f"manifest not found: {a.manifest}")
     if a.workers is not None and a.workers < 1:
         raise JobError("--workers must be at least 1")
+    if a.nice is not None and not -20 <= a.nice <= 19:
+        raise JobError(f"--nice must be between -20 and 19, got {a.nice}")
     try:
         preset = resolve([n.strip() for n in a.preset.split(",") if n.strip()])
     except ValueError as e:
@@ -167,7 +174,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en")  # only phones read it
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
-                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout)
+                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice)
     for line in summary.lines():
         print(line)
     return 0

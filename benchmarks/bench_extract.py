@@ -1,9 +1,25 @@
-"""Extraction throughput of `audiopipe shard` on Ray, from 1 to N workers, on the demo corpus of real speech.
+"""Extraction speed of `audiopipe shard` next to a hand-written multiprocessing.Pool loop and the decode floor.
 
-    python benchmarks/bench_extract.py --json benchmarks/results/extract.json [--workers 1,2] [--preset f5tts]
+    python benchmarks/bench_extract.py --wav-corpus /tmp/extractbench/wav --ogg-corpus /tmp/extractbench/ogg \
+        --files 400 --workers 1,2 --rounds 2 --json benchmarks/results/extract.json --plot docs/img/extract.png
 
-Each point is a fresh output folder and a fresh local Ray (started once per point, its start-up reported apart),
-so the numbers are what a user sees. Throughput is audio seconds per wall second (x real time), and per worker.
+`--discovery-files 20000 --json benchmarks/results/discovery.json` instead times discovery of many tiny files
+against a bare 16-thread header read of the same files.
+
+(`python benchmarks/make_loader_corpus.py /tmp/extractbench/wav --speakers 12 --per-speaker 48` builds the WAV
+corpus from Debian packages; `--make-ogg DIR` converts it to OGG Vorbis with soundfile.)
+
+Per corpus (a WAV one and a compressed one) and per round, side by side and in rotating order:
+
+- floor: in ONE process, per file, decode (soundfile -> mono) + resample (soxr HQ to 24 kHz) + the feature
+  audiopipe stores (vocos mel, `VocosMel`), timed piece by piece; its inverse is the most one core can do;
+- hand-written: `multiprocessing.Pool(workers)`, per file soundfile -> mono -> soxr -> torch STFT (float32)
+  + the same 100-bin HTK mel -> np.save, what a user writes by hand (`handwritten_mel`);
+- audiopipe: `audiopipe shard --preset f5tts --workers N`, tars on and `--no-tar`, each in a fresh process
+  with a fresh local Ray; its summary gives extraction time and start-up (Ray start, discovery) apart.
+
+Throughput is audio seconds per wall second (x real time). Ratios are taken within a round (the machine is
+shared: other processes come and go between rounds) and reported with their range over rounds.
 """
 
 from __future__ import annotations
@@ -12,86 +28,355 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import Pool
 from pathlib import Path
 
+import numpy as np
 import soundfile as sf
+import soxr
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-from audiopipe.corpus.demo import build_demo_corpus  # noqa: E402
+MEL_RATE = 24000
+AUDIO_EXTS = (".wav", ".ogg", ".flac", ".mp3")
+
+# ------------------------------------------------------------------ the hand-written baseline
+
+_WINDOW = None
+_FBANK = None
 
 
-def corpus_seconds(root: Path) -> float:
-    return sum(sf.info(str(p)).duration for p in root.rglob("*.wav"))
+def _baseline_init() -> None:
+    """Pool initializer: one torch thread per process (parallelism from processes, as audiopipe's workers)."""
+    global _WINDOW, _FBANK
+    import torch
+
+    from audiopipe.features.mel import mel_filterbank
+
+    torch.set_num_threads(1)
+    _WINDOW = torch.hann_window(1024)
+    _FBANK = torch.from_numpy(np.array(mel_filterbank(MEL_RATE, 1024, 100, 0.0, 12000.0, "htk", None))).float()
 
 
-def run_point(corpus: Path, out: Path, preset: str, workers: int, extra: list[str]) -> dict:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+def handwritten_mel(job: tuple[str, str]) -> float:
+    """soundfile -> mono -> soxr -> torch STFT + 100-bin HTK mel -> np.save; returns the audio seconds."""
+    import torch
+
+    path, out = job
+    if _WINDOW is None:
+        _baseline_init()
+    data, sr = sf.read(path, dtype="float32", always_2d=True)
+    wav = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1)
+    wav = soxr.resample(wav, sr, MEL_RATE) if sr != MEL_RATE else wav
+    spec = torch.stft(torch.from_numpy(np.ascontiguousarray(wav)), 1024, hop_length=256, win_length=1024,
+                      window=_WINDOW, center=True, pad_mode="reflect", return_complex=True)
+    mel = torch.log(torch.clamp(_FBANK @ spec.abs(), min=1e-5))
+    np.save(out, mel.numpy())
+    return len(data) / sr
+
+
+def run_handwritten(files: list[Path], out: Path, workers: int) -> float:
+    """Wall seconds of the Pool loop over `files`, one .npy per utterance under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(f), str(out / f"{i:06d}.npy")) for i, f in enumerate(files)]
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
-                        "--preset", preset, "--workers", str(workers), "--shard-size", "8MB", "--no-progress", *extra],
-                       capture_output=True, text=True, env=env)
+    with Pool(workers, initializer=_baseline_init) as pool:
+        for _ in pool.imap_unordered(handwritten_mel, jobs, chunksize=4):
+            pass
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------ the floor
+
+def measure_floor(files: list[Path]) -> dict[str, float]:
+    """Seconds spent decoding, resampling and computing the stored mel, file by file in this one process."""
+    import torch
+
+    from audiopipe.features.mel import VocosMel
+
+    torch.set_num_threads(1)
+    mel = VocosMel()
+    mel(np.random.default_rng(0).uniform(-0.5, 0.5, 4000).astype(np.float32))  # compile the kernels first
+    t = {"decode": 0.0, "resample": 0.0, "feature": 0.0}
+    for f in files:
+        t0 = time.perf_counter()
+        data, sr = sf.read(str(f), dtype="float32", always_2d=True)
+        wav = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1)
+        t1 = time.perf_counter()
+        x = soxr.resample(wav, sr, MEL_RATE) if sr != MEL_RATE else wav
+        t2 = time.perf_counter()
+        mel(np.ascontiguousarray(x, dtype=np.float32))
+        t3 = time.perf_counter()
+        t["decode"] += t1 - t0
+        t["resample"] += t2 - t1
+        t["feature"] += t3 - t2
+    return t
+
+
+# ------------------------------------------------------------------ audiopipe
+
+def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool) -> dict[str, float]:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
+           "--preset", "f5tts", "--workers", str(workers), "--shard-size", "4MB", "--no-progress", "--nice", "0"]
+    if not tar:
+        cmd.append("--no-tar")
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"shard failed with {workers} workers:\n{r.stderr}")
-    m = json.loads((out / "manifest.json").read_text())
-    return {"workers": workers, "wall_s": wall, "hours": m["totals"]["hours"], "written": m["totals"]["written"],
-            "shards": len(m["shards"])}
+        raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
+    total = float(re.search(r"h of audio in ([\d.]+) s", r.stdout).group(1))
+    m = re.search(r"start-up ([\d.]+) s .*discovery ([\d.]+) s, Ray start ([\d.]+) s, worker warm-up ([\d.]+) s",
+                  r.stdout)
+    startup, disc, ray_s, warm = map(float, m.groups())
+    shutil.rmtree(out, ignore_errors=True)
+    # Extraction: the job's own time less its start-up (Ray start and worker warm-up, side by side with
+    # discovery); the index and the manifest stay in, they are part of the job.
+    return {"wall_s": wall, "job_s": total, "startup_s": startup, "discovery_s": disc, "ray_start_s": ray_s,
+            "warmup_s": warm, "extract_s": total - startup}
 
 
-def ray_startup_seconds(workers: int) -> float:
-    code = ("import os,time; os.environ['RAY_AUTH_MODE']='disabled'; import ray; t=time.perf_counter(); "
-            f"ray.init(num_cpus={workers}, include_dashboard=False, log_to_driver=False); "
-            "print(time.perf_counter()-t); ray.shutdown()")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    return float(r.stdout.strip().splitlines()[-1])
+# ------------------------------------------------------------------ corpora
+
+def corpus_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_EXTS)
+
+
+def subset(root: Path, n: int, dest: Path) -> Path:
+    """Every k-th file of `root` (with its .txt), linked into dest: a smaller corpus of the same mix."""
+    files = corpus_files(root)
+    step = max(1, len(files) // n) if n else 1
+    for f in files[::step][:n or None]:
+        rel = f.relative_to(root)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(f.resolve(), dest / rel)
+        txt = f.with_suffix(".txt")
+        if txt.exists():
+            os.symlink(txt.resolve(), (dest / rel).with_suffix(".txt"))
+    return dest
+
+
+def make_ogg(src: Path, dst: Path) -> None:
+    for f in corpus_files(src):
+        q = (dst / f.relative_to(src)).with_suffix(".ogg")
+        q.parent.mkdir(parents=True, exist_ok=True)
+        data, sr = sf.read(str(f), dtype="float32")
+        sf.write(str(q), data, sr, format="OGG", subtype="VORBIS")
+        txt = f.with_suffix(".txt")
+        if txt.exists():
+            shutil.copy(txt, q.with_suffix(".txt"))
+
+
+# ------------------------------------------------------------------ discovery
+
+def measure_discovery(n_files: int, tmp: Path, rounds: int) -> dict:
+    """audiopipe's discover() against the bare parallel header read (16 threads of sf.info) of n tiny files.
+
+    Target: discovery takes no longer than reading the headers in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from audiopipe.corpus.discover import DEFAULT_HEADER_THREADS, discover
+
+    root = tmp / "many"
+    clip = (0.1 * np.sin(np.arange(4000) / 5.0)).astype(np.float32)
+    for i in range(n_files):
+        d = root / f"spk{i // 1000:03d}"
+        if i % 1000 == 0:
+            d.mkdir(parents=True, exist_ok=True)
+        sf.write(str(d / f"u{i:07d}.wav"), clip, 8000)
+    files = sorted(str(p) for p in root.rglob("*.wav"))
+    res = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(DEFAULT_HEADER_THREADS) as pool:
+            list(pool.map(sf.info, files, chunksize=64))
+        t1 = time.perf_counter()
+        disc = discover(root)
+        t2 = time.perf_counter()
+        assert len(disc.utterances) == n_files
+        res.append({"headers_parallel_s": t1 - t0, "discover_s": t2 - t1, "ratio": (t2 - t1) / (t1 - t0)})
+    shutil.rmtree(root, ignore_errors=True)
+    return {"files": n_files, "rounds": res}
+
+
+# ------------------------------------------------------------------ report
+
+def _ratio_stats(values: list[float]) -> dict[str, float]:
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
+
+
+def summarise(rounds: list[dict], corpora: list[str], workers: list[int]) -> dict:
+    out: dict = {}
+    for c in corpora:
+        rs = [r[c] for r in rounds]
+        d: dict = {"floor_x_rt": _ratio_stats([r["floor"]["x_rt"] for r in rs])}
+        for w in workers:
+            for tar in ("tar", "notar"):
+                key = f"w{w}_{tar}"
+                ap = [r[f"audiopipe_{key}"]["x_rt"] for r in rs]
+                base = [r[f"handwritten_w{w}"]["x_rt"] for r in rs]
+                d[key] = {
+                    "audiopipe_x_rt": _ratio_stats(ap),
+                    "handwritten_x_rt": _ratio_stats(base),
+                    "vs_handwritten": _ratio_stats([a / b for a, b in zip(ap, base)]),
+                    "vs_floor_per_core": _ratio_stats([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
+                }
+        for tar in ("tar", "notar"):
+            if 1 in workers and 2 in workers:
+                d[f"scaling_1_to_2_{tar}"] = _ratio_stats(
+                    [r[f"audiopipe_w2_{tar}"]["x_rt"] / (2 * r[f"audiopipe_w1_{tar}"]["x_rt"]) for r in rs])
+        if 1 in workers and 2 in workers:
+            d["scaling_1_to_2_handwritten"] = _ratio_stats(
+                [r["handwritten_w2"]["x_rt"] / (2 * r["handwritten_w1"]["x_rt"]) for r in rs])
+        d["startup_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["startup_s"]
+                                       for r in rs for w in workers for t in ("tar", "notar")])
+        d["discovery_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["discovery_s"]
+                                         for r in rs for w in workers for t in ("tar", "notar")])
+        out[c] = d
+    return out
+
+
+def table(summary: dict, workers: list[int]) -> str:
+    lines = ["| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
+             "| audiopipe per core / floor |", "|---|---|---|---|---|---|---|"]
+    for c, d in summary.items():
+        for w in workers:
+            for tar in ("tar", "notar"):
+                e = d[f"w{w}_{tar}"]
+                lines.append(
+                    f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | {e['audiopipe_x_rt']['median']:.0f} | "
+                    f"{e['handwritten_x_rt']['median']:.0f} | {e['vs_handwritten']['median']:.2f} "
+                    f"({e['vs_handwritten']['min']:.2f}-{e['vs_handwritten']['max']:.2f}) | "
+                    f"{e['vs_floor_per_core']['median']:.2f} ({e['vs_floor_per_core']['min']:.2f}-"
+                    f"{e['vs_floor_per_core']['max']:.2f}) |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4.8), squeeze=False)
+    for ax, (c, d) in zip(axes[0], summary.items()):
+        labels, vals, lo, hi = [], [], [], []
+        for w in workers:
+            for name, getter in (("hand-written", lambda e: e["handwritten_x_rt"]),
+                                 ("audiopipe, tars", None), ("audiopipe, no tar", None)):
+                e = d[f"w{w}_{'notar' if 'no tar' in name else 'tar'}"]
+                s = getter(e) if getter else e["audiopipe_x_rt"]
+                labels.append(f"{name}\n{w} worker{'s' if w > 1 else ''}")
+                vals.append(s["median"])
+                lo.append(s["median"] - s["min"])
+                hi.append(s["max"] - s["median"])
+        labels.append("floor\n(1 core)")
+        vals.append(d["floor_x_rt"]["median"])
+        lo.append(d["floor_x_rt"]["median"] - d["floor_x_rt"]["min"])
+        hi.append(d["floor_x_rt"]["max"] - d["floor_x_rt"]["median"])
+        ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3,
+               color=["#999999", "#1f77b4", "#6baed6"] * len(workers) + ["#2ca02c"])
+        ax.set_xticks(range(len(vals)), labels, fontsize=7, rotation=35, ha="right")
+        ax.set_ylabel("x real time (median, bars: range over rounds)")
+        ax.set_title(f"{c} corpus, f5tts mel", fontsize=9)
+    fig.suptitle(f"audiopipe shard vs a hand-written Pool loop vs the decode+resample+mel floor\n{machine}",
+                 fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wav-corpus", type=Path, default=Path("/tmp/extractbench/wav"))
+    p.add_argument("--ogg-corpus", type=Path, default=Path("/tmp/extractbench/ogg"))
+    p.add_argument("--make-ogg", action="store_true", help="(re)build --ogg-corpus from --wav-corpus first")
+    p.add_argument("--files", type=int, default=400, help="files taken from each corpus (every k-th; 0: all)")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="benchmarks/results/extract.json")
-    p.add_argument("--workers", default=None, help="comma list (default 1..cpu_count)")
-    p.add_argument("--preset", default="f5tts")
-    p.add_argument("--corpus", default=None, help="corpus folder (default: build the demo corpus in a temp dir)")
+    p.add_argument("--plot", default="docs/img/extract.png")
+    p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
+    p.add_argument("--discovery-files", type=int, default=0,
+                   help="only time discovery of this many tiny files against a bare parallel header read")
+    p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
     a = p.parse_args()
-    ncpu = os.cpu_count() or 1
-    points = [int(w) for w in a.workers.split(",")] if a.workers else list(range(1, ncpu + 1))
-    tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-"))
-    corpus = Path(a.corpus) if a.corpus else tmp / "wavs"
-    if not a.corpus:
-        build_demo_corpus(corpus)
-    audio_s = corpus_seconds(corpus)
-    startup = ray_startup_seconds(max(points))
-    rows = []
-    for w in points:
-        res = run_point(corpus, tmp / f"out{w}", a.preset, w, [])
-        # The CLI's wall time includes Python/torch import and Ray start-up; both are reported.
-        res["audio_s"] = audio_s
-        res["x_realtime"] = audio_s / res["wall_s"]
-        res["x_realtime_excl_startup"] = audio_s / max(res["wall_s"] - startup, 1e-9)
-        res["x_realtime_per_worker"] = res["x_realtime_excl_startup"] / w
-        rows.append(res)
-        print(f"workers {w}: {res['wall_s']:.1f} s wall, {res['x_realtime']:.0f}x real time "
-              f"({res['x_realtime_excl_startup']:.0f}x without Ray start-up, {res['x_realtime_per_worker']:.0f}x per worker)",
-              flush=True)
-    base = rows[0]["x_realtime_excl_startup"]
-    for r in rows:
-        r["speedup_vs_first"] = r["x_realtime_excl_startup"] / base
-    out = {"machine": {"cpus": ncpu, "platform": platform.platform(), "python": platform.python_version()},
-           "preset": a.preset, "corpus_hours": audio_s / 3600, "ray_startup_s": startup, "points": rows}
+    workers = [int(w) for w in a.workers.split(",")]
+    if a.replot:
+        saved = json.loads(Path(a.json).read_text())
+        plot(saved["summary"], workers, Path(a.plot), saved["machine"])
+        return 0
+    if a.discovery_files:
+        tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-discovery-"))
+        try:
+            res = measure_discovery(a.discovery_files, tmp, a.rounds)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(json.dumps(res, indent=1))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"machine": a.machine, "command": " ".join(sys.argv), **res}, indent=1))
+        return 0
+    if a.make_ogg:
+        make_ogg(a.wav_corpus, a.ogg_corpus)
+    tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
+    corpora = {}
+    for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
+        if not root.is_dir():
+            raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
+        corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
+    audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
+    rounds: list[dict] = []
+    try:
+        for rnd in range(a.rounds):
+            res: dict = {}
+            for c, root in corpora.items():
+                files = corpus_files(root)
+                steps = [("floor", 1, None)] + [(kind, w, tar) for w in workers
+                                                 for kind, tar in (("handwritten", None), ("audiopipe", True),
+                                                                   ("audiopipe", False))]
+                k = rnd % len(steps)
+                steps = steps[k:] + steps[:k]  # rotate the order from round to round
+                r: dict = {}
+                for kind, w, tar in steps:
+                    if kind == "floor":
+                        t = measure_floor(files)
+                        r["floor"] = {**t, "x_rt": audio_s[c] / sum(t.values()),
+                                      "decode_x_rt": audio_s[c] / t["decode"]}
+                    elif kind == "handwritten":
+                        wall = run_handwritten(files, tmp / "npy", w)
+                        shutil.rmtree(tmp / "npy", ignore_errors=True)
+                        r[f"handwritten_w{w}"] = {"wall_s": wall, "x_rt": audio_s[c] / wall}
+                    else:
+                        t = run_audiopipe(root, tmp / "out", w, tar)
+                        r[f"audiopipe_w{w}_{'tar' if tar else 'notar'}"] = {**t, "x_rt": audio_s[c] / t["extract_s"]}
+                    print(f"round {rnd} {c} {kind} w{w} {'' if tar is None else ('tar' if tar else 'notar')}: "
+                          f"{json.dumps({k2: round(v, 3) for k2, v in list(r.values())[-1].items()})}", flush=True)
+                res[c] = r
+            rounds.append(res)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = summarise(rounds, list(corpora), workers)
+    machine = f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})"
+    out = {"machine": machine, "command": " ".join(sys.argv), "files_per_corpus": a.files,
+           "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
-    print("\n| workers | wall s | x real time | x RT excl. Ray start | x RT per worker | speed-up |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['workers']} | {r['wall_s']:.1f} | {r['x_realtime']:.0f} | {r['x_realtime_excl_startup']:.0f} | "
-              f"{r['x_realtime_per_worker']:.0f} | {r['speedup_vs_first']:.2f} |")
-    shutil.rmtree(tmp, ignore_errors=True)
+    print(table(summary, workers))
+    for c, d in summary.items():
+        print(f"{c}: floor {d['floor_x_rt']['median']:.0f}x RT per core; start-up {d['startup_s']['median']:.1f} s "
+              f"(discovery {d['discovery_s']['median']:.2f} s); scaling 1->2 "
+              + ", ".join(f"{k[len('scaling_1_to_2_'):]} {v['median']:.2f}" for k, v in d.items()
+                          if k.startswith("scaling")))
+    if a.plot:
+        plot(summary, workers, Path(a.plot), machine)
     return 0
 
 

@@ -201,6 +201,7 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     (["--out", "/proc/audiopipe-cannot-write"], "cannot write to output folder"),
     (["--preset", "ns2"], "needs codec weights"),
     (["--workers", "0"], "--workers must be at least 1"),
+    (["--nice", "25"], "--nice must be between -20 and 19"),
 ])
 def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path, capsys):
     from audiopipe.cli import main
@@ -277,3 +278,25 @@ def test_default_shard_size_gives_small_corpora_several_shards():
     huge = [PlannedUtt(f"u{i:07d}", "", "", "", "", 5.0) for i in range(200_000)]  # 278 h, ~37 GB
     assert auto_shard_bytes(huge, bps) == AUTO_MAX_BYTES
     assert plan_units(small, bps, size) == plan_units(list(small), bps, auto_shard_bytes(small, bps))
+
+
+_NICE_PROBE = """
+import json, os, sys
+from shard_helpers import make_job
+from audiopipe.shard.run import run_job
+import ray
+run_job(make_job(sys.argv[1], sys.argv[2], [("vocos_mel", {})]), workers=1, show_progress=False, nice=int(sys.argv[3]))
+seen = ray.get([ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote() for _ in range(2)])
+print(json.dumps(seen))
+"""
+
+
+def test_workers_run_at_the_niceness_asked_for_not_rays_15(asterisk_corpus, tmp_path):
+    env = dict(os.environ, RAY_AUTH_MODE="disabled",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    r = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(asterisk_corpus.root), str(tmp_path / "o"), "3"],
+                       capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [3, 3]
+    h = _cli("shard", "--help", timeout=60).stdout
+    assert "--nice" in h and "15" in h

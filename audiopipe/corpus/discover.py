@@ -7,6 +7,7 @@ audio file. Layouts, transcript precedence and speaker rules are described in do
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Iterable
@@ -14,6 +15,7 @@ from typing import Any, Iterable
 import soundfile as sf
 
 from audiopipe.corpus.transcripts import (
+    METADATA_NAME,
     MetadataIndex,
     ManifestRow,
     TranscriptError,
@@ -129,11 +131,12 @@ def _walk(root: str, exts: frozenset[str]) -> tuple[list[_Candidate], list[Rejec
         # Hidden entries (.git, macOS ._x.wav resource forks) are never corpus audio.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = set(filenames)
+        rel_dir = _rel(folder, root)  # once per folder: path arithmetic per file costs as much as its header
         for name in sorted(filenames):
             if name.startswith(".") or "." not in name or name.rsplit(".", 1)[1].lower() not in exts:
                 continue
             path = os.path.join(folder, name)
-            source = _rel(path, root)
+            source = name if rel_dir == "." else f"{rel_dir}/{name}"
             found.append(_Candidate(path, source, source.rsplit(".", 1)[0], names))
     return found, unlisted
 
@@ -189,13 +192,44 @@ def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataI
     return folders[0] if folders else ""
 
 
+# Header reads are small blocking reads (a page from local disk, a round trip on NFS/Lustre/FUSE mounts of
+# object storage); libsndfile runs without the GIL, so threads overlap them. Below this many files a pool
+# costs more than it saves.
+PARALLEL_HEADERS_FROM = 64
+DEFAULT_HEADER_THREADS = 16
+
+
+def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
+    """(info or RejectError, own transcript, TranscriptError): everything per file that touches storage."""
+    try:
+        info = read_info(c.path)
+    except RejectError as e:
+        return e, None, None
+    if info.frames <= 0:
+        return info, None, None
+    try:
+        return info, _own_transcript(c), None
+    except TranscriptError as e:
+        return info, None, e
+
+
+def _read_all(cands: list[_Candidate], threads: int) -> list[tuple[Any, str | None, Exception | None]]:
+    """_read_one for every candidate, in the candidates' order (so the result never depends on timing)."""
+    if threads <= 1 or len(cands) < PARALLEL_HEADERS_FROM:
+        return [_read_one(c) for c in cands]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="headers") as pool:
+        return list(pool.map(_read_one, cands, chunksize=64))
+
+
 def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
-             speaker: str = "auto", exts: Iterable[str] | None = None, layout: str = "auto") -> Discovery:
+             speaker: str = "auto", exts: Iterable[str] | None = None, layout: str = "auto",
+             header_threads: int = DEFAULT_HEADER_THREADS) -> Discovery:
     """Describe the corpus under `root`: sorted utterances and the files that were refused.
 
     manifest: JSONL/CSV/TSV listing the files to use (then nothing is walked); speaker: 'auto', 'dir:N' or
     'none'; exts: audio extensions to walk for (default: every format libsndfile reads); layout: 'auto'
-    (detect a Kaldi, AISHELL-3 or Emilia layout, else walk), 'files' (walk), or a layout name.
+    (detect a Kaldi, AISHELL-3 or Emilia layout, else walk), 'files' (walk), or a layout name; header_threads:
+    headers and sidecar transcripts read at once (1: one by one; the result is the same either way).
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -223,28 +257,29 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
     utterances: list[Utterance] = []
     seen: dict[str, str] = {}
     # Sorting by source makes the duplicate rule deterministic: of a.flac and a.wav, a.wav is refused.
-    for c in sorted(cands, key=lambda c: (c.source, c.id)):
+    cands = sorted(cands, key=lambda c: (c.source, c.id))
+    # metadata.csv lookups cost ~0.3 ms of path arithmetic per file: skip them when no folder from the root
+    # down to the audio holds one (files listed by a manifest outside the root are always looked up).
+    csv_folders = _folders_with_metadata(root, cands)
+    # Storage is read for all files first, in parallel; the decisions below stay sequential and in order.
+    for c, (info, text, text_error) in zip(cands, _read_all(cands, header_threads)):
         if c.id in seen:
             rejects.append(Reject(c.path, c.source, "duplicate_id",
                                   f"id {c.id!r} is already used by {seen[c.id]}"))
             continue
-        try:
-            info = read_info(c.path)
-        except RejectError as e:
-            rejects.append(Reject(c.path, c.source, e.reason, e.detail))
+        if isinstance(info, RejectError):
+            rejects.append(Reject(c.path, c.source, info.reason, info.detail))
             continue
         if info.frames <= 0:
             rejects.append(Reject(c.path, c.source, "empty", "the header declares no audio frames"))
             continue
-        try:
-            text = _own_transcript(c)
-        except TranscriptError as e:  # an unreadable sidecar concerns one file only
-            rejects.append(Reject(c.path, c.source, "bad_transcript", str(e)))
+        if text_error is not None:  # an unreadable sidecar concerns one file only
+            rejects.append(Reject(c.path, c.source, "bad_transcript", str(text_error)))
             continue
         if text is None:
             # A malformed metadata.csv is not caught: it concerns every file it lists, so discovery stops
             # with its file:line message instead of refusing each file.
-            text = meta.lookup(c.path, root) or ""
+            text = (meta.lookup(c.path, root) or "") if csv_folders or not c.inside else ""
         if c.row is not None and c.row.speaker is not None:
             spk = c.row.speaker
         else:
@@ -260,6 +295,17 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
     utterances.sort(key=lambda u: u.id)
     rejects.sort(key=lambda r: (r.source, r.reason))
     return Discovery(root=root, utterances=utterances, rejects=rejects)
+
+
+def _folders_with_metadata(root: str, cands: list[_Candidate]) -> bool:
+    """Whether a metadata.csv sits in the root or any folder between it and a candidate (a stat per folder)."""
+    folders = {root}
+    for c in cands:
+        d = os.path.dirname(c.path)
+        while c.inside and d not in folders and len(d) > len(root):
+            folders.add(d)
+            d = os.path.dirname(d)
+    return any(os.path.isfile(os.path.join(d, METADATA_NAME)) for d in folders)
 
 
 def _own_transcript(c: _Candidate) -> str | None:

@@ -85,20 +85,34 @@ def check_header(info: Any, limits: DecodeLimits | None = None) -> None:
         raise RejectError("too_long", f"{duration:.3f} s is longer than the maximum {limits.max_duration} s")
 
 
-def read_info(path: str | os.PathLike[str]) -> Any:
-    """soundfile.info() with every failure turned into a RejectError (missing, empty, unreadable)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise RejectError("missing", f"no such file: {path}")
+def _checked_size(path: str) -> int:
     try:
-        size = os.path.getsize(path)
+        size = os.stat(path).st_size  # one stat: discovery calls this for every file of the corpus
+    except FileNotFoundError:
+        raise RejectError("missing", f"no such file: {path}") from None
     except OSError as e:
         raise RejectError("unreadable", f"cannot stat the file: {e}") from None
     if size == 0:
         raise RejectError("empty", "the file is 0 bytes")
+    return size
+
+
+def read_info(path: str | os.PathLike[str]) -> Any:
+    """soundfile.info() with every failure turned into a RejectError (missing, empty, unreadable)."""
+    path = os.fspath(path)
+    size = _checked_size(path)
     try:
         return sf.info(path)
     except (RuntimeError, OSError, ValueError, TypeError) as e:  # LibsndfileError is a RuntimeError
+        raise RejectError("unreadable", f"libsndfile cannot read the header ({size} bytes): {e}") from None
+
+
+def _open(path: str) -> sf.SoundFile:
+    """The file opened for decoding, with read_info's refusals: one open serves header and samples."""
+    size = _checked_size(path)
+    try:
+        return sf.SoundFile(path)
+    except (RuntimeError, OSError, ValueError, TypeError) as e:
         raise RejectError("unreadable", f"libsndfile cannot read the header ({size} bytes): {e}") from None
 
 
@@ -143,21 +157,26 @@ def _declared_frames(path: str, info: Any) -> int:
     return int(info.frames)
 
 
-def _decode(path: str, channels: int) -> tuple[np.ndarray, str | None]:
-    """Decode block by block so that frames decoded before a mid-stream error are counted."""
+def _decode(f: sf.SoundFile) -> tuple[np.ndarray, str | None]:
+    """Decode block by block so that frames decoded before a mid-stream error are counted.
+
+    Mono comes out 1-D straight from libsndfile (no [N, 1] copy); more channels as [N, C]."""
     blocks: list[np.ndarray] = []
     error = None
-    with sf.SoundFile(path) as f:
-        while True:
-            try:
-                block = f.read(1 << 16, dtype="float32", always_2d=True)
-            except (RuntimeError, OSError, ValueError) as e:
-                error = str(e)
-                break
-            if len(block) == 0:
-                break
-            blocks.append(block)
-    data = np.concatenate(blocks) if blocks else np.zeros((0, channels), np.float32)
+    two_d = f.channels > 1
+    while True:
+        try:
+            block = f.read(1 << 16, dtype="float32", always_2d=two_d)
+        except (RuntimeError, OSError, ValueError) as e:
+            error = str(e)
+            break
+        if len(block) == 0:
+            break
+        blocks.append(block)
+    if not blocks:
+        data = np.zeros((0, f.channels) if two_d else 0, np.float32)
+    else:
+        data = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
     return data, error
 
 
@@ -168,22 +187,22 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
     """
     limits = limits or DecodeLimits()
     path = os.fspath(path)
-    info = read_info(path)
-    check_header(info, limits)
-    try:
-        data, error = _decode(path, int(info.channels))
-    except (RuntimeError, OSError, ValueError) as e:
-        raise RejectError("unreadable", f"libsndfile cannot open the file for decoding: {e}") from None
-
-    declared = _declared_frames(path, info)
+    with _open(path) as info:  # the open file is its own header: samplerate, channels, frames, format
+        check_header(info, limits)
+        try:
+            data, error = _decode(info)
+        except (RuntimeError, OSError, ValueError) as e:
+            raise RejectError("unreadable", f"libsndfile cannot open the file for decoding: {e}") from None
+        samplerate, fmt = int(info.samplerate), info.format
+        declared = _declared_frames(path, info)
     decoded = len(data)
     slack = 0
-    if info.format == "MP3":
+    if fmt == "MP3":
         slack = max(_MP3_SLACK_FRAMES, int(declared * _MP3_SLACK_FRACTION))
     if decoded + slack < declared or (error is not None and decoded < declared):
         why = f" (decoder stopped: {error})" if error else ""
         raise RejectError("truncated", f"decoded {decoded} of the {declared} frames the header declares "
-                                       f"({decoded / info.samplerate:.3f} of {declared / info.samplerate:.3f} s)"
+                                       f"({decoded / samplerate:.3f} of {declared / samplerate:.3f} s)"
                                        f"{why}")
     if decoded == 0:
         raise RejectError("empty", "no audio frames could be decoded")
@@ -193,11 +212,11 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
         bad = int(data.size - np.count_nonzero(finite))
         raise RejectError("nan_inf", f"{bad} of {data.size} samples are NaN or infinite")
 
-    wav = data[:, 0].copy() if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
+    wav = data if data.ndim == 1 else data.mean(axis=1, dtype=np.float32)
     wav = np.ascontiguousarray(wav, dtype=np.float32)
 
     # Re-check the duration on what was actually decoded (MP3 headers may estimate it).
-    duration = len(wav) / info.samplerate
+    duration = len(wav) / samplerate
     if duration < limits.min_duration:
         raise RejectError("too_short", f"{duration:.3f} s decoded is shorter than the minimum "
                                        f"{limits.min_duration} s")
@@ -210,7 +229,7 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
     if peak_dbfs < limits.silence_dbfs:
         shown = "-inf" if peak == 0 else f"{peak_dbfs:.1f}"
         raise RejectError("silent", f"peak {shown} dBFS is below the {limits.silence_dbfs} dBFS silence threshold")
-    return wav, int(info.samplerate)
+    return wav, samplerate
 
 
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 from audiopipe.features.base import FeatureSpec
-from audiopipe.features.mel import magnitude_spectrogram, stft_num_frames
+from audiopipe.features.mel import stft_magnitude, stft_num_frames
 from audiopipe.features.pcm import check_waveform
+from audiopipe.features.spectral import StftKey
 
 
 class Energy:
@@ -48,14 +49,16 @@ class Energy:
         p = self.params
         return stft_num_frames(num_samples, p["n_fft"], p["hop_length"], p["padding"])
 
-    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
-        x = check_waveform(wav, self.kind)
+    @property
+    def stft_key(self) -> StftKey:
+        """The framing of the |STFT| this energy sums: a mel with an equal key shares it."""
         p = self.params
-        with torch.inference_mode():
-            # float64 for the same reason as the mel: the quietest frames stay exact.
-            mag = magnitude_spectrogram(
-                torch.from_numpy(x.astype(np.float64))[None], n_fft=p["n_fft"], hop_length=p["hop_length"],
-                win_length=p["win_length"], padding=p["padding"],
-            )[0]
-            energy = torch.linalg.vector_norm(mag, dim=0)
+        return StftKey(p["sample_rate"], p["n_fft"], p["hop_length"], p["win_length"], p["padding"], 0.0)
+
+    def from_magnitude(self, mag: np.ndarray) -> dict[str, np.ndarray]:
+        # float64 for the same reason as the mel: the quietest frames stay exact.
+        energy = torch.linalg.vector_norm(torch.from_numpy(mag), dim=0)
         return {"energy": energy.numpy().astype(np.float32)}
+
+    def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
+        return self.from_magnitude(stft_magnitude(check_waveform(wav, self.kind), self.stft_key))

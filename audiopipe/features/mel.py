@@ -17,6 +17,7 @@ import torch
 
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.pcm import check_waveform
+from audiopipe.features.spectral import SparseMel, StftKey, abs_complex
 
 MelScale = Literal["htk", "slaney"]
 Padding = Literal["center", "hifigan"]
@@ -159,6 +160,27 @@ def magnitude_spectrogram(
     return torch.sqrt(spec.real.square() + spec.imag.square())
 
 
+def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
+    """One float32 waveform -> float64 [n_fft // 2 + 1, T]: `magnitude_spectrogram` in float64 (to 1 ulp), in
+    one pass after the FFT (the offline path; features sharing `key` share its result)."""
+    need = stft_min_samples(key.n_fft, key.hop_length, key.padding)
+    if len(x) < need:
+        raise ValueError(f"waveform of {len(x)} samples is too short for this STFT framing (needs >= {need})")
+    w = torch.from_numpy(np.asarray(x, dtype=np.float64))[None]
+    with torch.inference_mode():
+        if key.padding == "hifigan":
+            pad = (key.n_fft - key.hop_length) // 2
+            w = torch.nn.functional.pad(w.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
+        elif key.padding != "center":
+            raise ValueError(f"unknown padding {key.padding!r}: expected 'center' or 'hifigan'")
+        spec = torch.stft(w, key.n_fft, hop_length=key.hop_length, win_length=key.win_length,
+                          window=_hann(key.win_length, w.device, torch.float64), center=key.padding == "center",
+                          pad_mode="reflect", normalized=False, onesided=True, return_complex=True)[0]
+        # torch.stft lays frames out outermost: [F, T] with strides (1, F). Read it in that order, return [F, T]
+        # as the transposed view of the [T, F] result (SparseMel reads it frames-outer too).
+        return abs_complex(torch.view_as_real(spec.transpose(0, 1)).numpy(), float(key.magnitude_eps)).T
+
+
 def mel_spectrogram(
     wav: torch.Tensor,
     *,
@@ -234,7 +256,8 @@ class _LogMel:
             raise ValueError(f"{self.kind}: unknown padding {p['padding']!r}: expected 'center' or 'hifigan'")
         if p["hop_length"] <= 0 or p["n_mels"] <= 0:
             raise ValueError(f"{self.kind}: hop_length and n_mels must be positive")
-        mel_filterbank(p["sample_rate"], p["n_fft"], p["n_mels"], p["fmin"], p["fmax"], p["mel_scale"], p["norm"])
+        fb = mel_filterbank(p["sample_rate"], p["n_fft"], p["n_mels"], p["fmin"], p["fmax"], p["mel_scale"], p["norm"])
+        self._sparse = SparseMel(fb, p["log_floor"])
         self.params = p
         self.specs = (
             FeatureSpec(
@@ -247,11 +270,22 @@ class _LogMel:
         p = self.params
         return stft_num_frames(num_samples, p["n_fft"], p["hop_length"], p["padding"])
 
+    @property
+    def stft_key(self) -> StftKey:
+        """The framing of this mel's |STFT|: features with an equal key can share it."""
+        p = self.params
+        return StftKey(p["sample_rate"], p["n_fft"], p["hop_length"], p["win_length"], p["padding"],
+                       p["magnitude_eps"])
+
+    def from_magnitude(self, mag: np.ndarray) -> dict[str, np.ndarray]:
+        """The mel of a float64 |STFT| from `stft_magnitude(x, self.stft_key)`."""
+        if self.params["power"] != 1.0:
+            mag = np.power(mag, self.params["power"])
+        return {"mel": self._sparse(mag)}
+
     def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
-        x = check_waveform(wav, self.kind)
-        with torch.inference_mode():
-            mel = mel_spectrogram(torch.from_numpy(x.astype(np.float64))[None], **self.params)[0]
-        return {"mel": mel.numpy().astype(np.float32)}
+        # mel_spectrogram's maths on one utterance, in fewer passes (audiopipe/features/spectral.py).
+        return self.from_magnitude(stft_magnitude(check_waveform(wav, self.kind), self.stft_key))
 
 
 class VocosMel(_LogMel):

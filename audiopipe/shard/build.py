@@ -18,6 +18,8 @@ import pyarrow as pa
 from audiopipe.decode.audio import DecodeLimits, RejectError, resample_to
 from audiopipe.decode.segments import RecordingCache
 from audiopipe.features.base import FeatureSpec
+from audiopipe.features.mel import stft_magnitude
+from audiopipe.features.pcm import check_waveform
 from audiopipe.features.registry import build_feature
 from audiopipe.features.trim import trim_silence
 from audiopipe.shard.checksum import sha256_file
@@ -63,8 +65,32 @@ class _Renamed:
     def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
         return {self.specs[0].name: self._f(wav)[self._from]}
 
+    @property
+    def stft_key(self) -> Any:
+        return getattr(self._f, "stft_key", None)
+
+    def from_magnitude(self, mag: np.ndarray) -> dict[str, np.ndarray]:
+        return {self.specs[0].name: self._f.from_magnitude(mag)[self._from]}
+
     def num_frames(self, n: int) -> int:
         return self._f.num_frames(n)
+
+
+def compute_features(features: list[Any], by_rate: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every feature of one utterance. Features at the same rate share the resampled waveform in `by_rate`,
+    and those with the same STFT framing (`stft_key`: a mel and an energy, say) share one |STFT|."""
+    arrays: dict[str, np.ndarray] = {}
+    mags: dict[Any, np.ndarray] = {}
+    for f in features:
+        x = by_rate[f.specs[0].sample_rate]
+        key = getattr(f, "stft_key", None)
+        if key is None:
+            arrays.update(f(x))
+            continue
+        if key not in mags:
+            mags[key] = stft_magnitude(check_waveform(x, f.specs[0].kind), key)
+        arrays.update(f.from_magnitude(mags[key]))
+    return arrays
 
 
 def make_feature(kind: str, params: dict[str, Any]) -> Any:
@@ -207,9 +233,7 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
                     raise RejectError("too_short", f"{len(wav) / sr:.2f} s after trimming silence "
                                                    f"< {limits.min_duration} s")
             by_rate = resample_to(wav, sr, rates)
-            arrays: dict[str, np.ndarray] = {}
-            for f in ex.features:
-                arrays.update(f(by_rate[f.specs[0].sample_rate]))
+            arrays = compute_features(ex.features, by_rate)
             for s in ex.specs:
                 a = arrays[s.name]
                 if a.dtype != np.dtype(s.dtype):

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,12 @@ class Summary:
     hours: float
     seconds: float
     up_to_date: bool = False
+    # Start-up, reported apart from extraction: finding and reading the corpus headers, and starting Ray and
+    # its workers (side by side); startup_s is the wall time from the command's start to the first shard task.
+    discovery_s: float = 0.0
+    ray_start_s: float = 0.0
+    warmup_s: float = 0.0
+    startup_s: float = 0.0
 
     def lines(self) -> list[str]:
         if self.up_to_date:
@@ -47,7 +54,9 @@ class Summary:
         rate = self.hours / self.seconds if self.seconds > 0 else 0.0
         out = [f"discovered {self.discovered}, written {self.written}, rejected {self.rejected}",
                f"{self.shards} shards ({self.shards_built} built now), {self.hours:.3f} h of audio in "
-               f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)"]
+               f"{self.seconds:.1f} s ({rate * 3600:.1f}x real time)",
+               f"start-up {self.startup_s:.1f} s (included above): discovery {self.discovery_s:.1f} s, "
+               f"Ray start {self.ray_start_s:.1f} s, worker warm-up {self.warmup_s:.1f} s, side by side"]
         if self.reject_reasons:
             out.append("rejects: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reject_reasons.items()))
                        + " (see rejects.jsonl)")
@@ -122,7 +131,12 @@ def _clean_temporaries(out: Path) -> None:
 
 # ---------------------------------------------------------------- Ray
 
-def _init_ray(workers: int, address: str | None) -> None:
+def default_niceness() -> int:
+    """The driver's own niceness: `nice audiopipe shard ...` then means what it says for the workers too."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _init_ray(workers: int, address: str | None, nice: int) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     import ray
@@ -140,39 +154,37 @@ def _init_ray(workers: int, address: str | None) -> None:
         runtime_env["py_modules"] = [os.path.dirname(audiopipe.__file__)]
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
     else:
+        # Ray starts workers at niceness 15 by default, so any other process on the box (a trainer, another
+        # job) starves them; the local raylet starts them at the niceness asked for instead.
         ray.init(num_cpus=workers, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                 logging_level="WARNING", configure_logging=True)
+                 logging_level="WARNING", configure_logging=True, _system_config={"worker_niceness": nice})
+
+
+def _set_niceness(nice: int) -> None:
+    """Give this worker process the niceness asked for (a cluster's raylet started it at its own, 15 by default).
+
+    Raising it is always allowed; lowering it needs CAP_SYS_NICE, and without it the worker keeps the
+    cluster's setting (documented in docs/extraction.md) rather than failing the shard."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass
 
 
 def _remote_defs():
     import ray
 
-    @ray.remote(num_cpus=0)
-    class ProgressCounter:
-        def __init__(self) -> None:
-            self.seconds = 0.0
-
-        def add(self, seconds: float) -> None:
-            self.seconds += seconds
-
-        def get(self) -> float:
-            return self.seconds
-
+    # No actor takes part in progress or completion: progress is counted from finished tasks in the driver,
+    # so losing any non-head node loses nothing a retried task cannot rebuild. System failures (a dead
+    # worker or node) are retried on the surviving nodes; exceptions too, for transient storage errors.
     @ray.remote(max_retries=3, retry_exceptions=True)
-    def shard_task(unit_dict: dict, job_dict: dict, counter, codec_actors, codec_spec, codec_batch: int) -> dict:
+    def shard_task(unit_dict: dict, job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int) -> dict:
         import torch
 
+        _set_niceness(nice)
         torch.set_num_threads(1)
         unit, job = WorkUnit.from_dict(unit_dict), Job.from_dict(job_dict)
-        pending = [0.0, time.monotonic()]
-
-        def progress(seconds: float) -> None:
-            # Batch the updates: one actor call per second, not one per utterance.
-            pending[0] += seconds
-            if time.monotonic() - pending[1] > 1.0:
-                counter.add.remote(pending[0])
-                pending[0], pending[1] = 0.0, time.monotonic()
-
         encode = None
         if codec_actors:
             actor = codec_actors[unit.index % len(codec_actors)]
@@ -182,11 +194,14 @@ def _remote_defs():
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
                 return [c for part in ray.get(refs) for c in part]
 
-        rec = build_shard(unit, job, encode=encode, codec_spec=codec_spec, progress=progress)
-        counter.add.remote(pending[0])
-        return rec
+        return build_shard(unit, job, encode=encode, codec_spec=codec_spec)
 
-    return ProgressCounter, shard_task
+    return shard_task
+
+
+# A codec actor on a lost node is restarted elsewhere (its state is only the model, reloaded on start), and
+# calls that were in flight are retried on the new one; a shard task that still sees the actor fail is retried.
+CODEC_ACTOR_RESTARTS = 4
 
 
 def _codec_actors(job: Job, workers: int):
@@ -197,11 +212,12 @@ def _codec_actors(job: Job, workers: int):
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     settings = asdict(job.codec)
+    opts = dict(max_restarts=CODEC_ACTOR_RESTARTS, max_task_retries=CODEC_ACTOR_RESTARTS)
     if gpus:
-        cls = ray.remote(num_gpus=1, num_cpus=1)(CodecWorker)
+        cls = ray.remote(num_gpus=1, num_cpus=1, **opts)(CodecWorker)
         actors = [cls.remote(settings) for _ in range(gpus)]
     else:
-        cls = ray.remote(num_cpus=1)(CodecWorker)
+        cls = ray.remote(num_cpus=1, **opts)(CodecWorker)
         actors = [cls.remote(settings)]
     spec = ray.get(actors[0].spec.remote())
     # Batching pays on a GPU; on a CPU padding to the longest clip only adds work (benchmarks/bench_codec.py).
@@ -212,8 +228,11 @@ def _codec_actors(job: Job, workers: int):
 
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
             manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
-            layout: str = "auto") -> Summary:
-    """Run the job while holding the lock of its --out: a second job on the same folder fails at once."""
+            layout: str = "auto", nice: int | None = None) -> Summary:
+    """Extract `job` while holding the lock of its --out: a second job on the same folder fails at once.
+
+    nice: niceness of the Ray workers (default: this process's own, see default_niceness).
+    """
     out = Path(job.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -224,16 +243,17 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
     with lock:
         return _run_job(job, workers=workers, ray_address=ray_address, manifest=manifest, speaker=speaker,
-                        show_progress=show_progress, layout=layout)
+                        show_progress=show_progress, layout=layout, nice=nice)
 
 
 def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest: str | None, speaker: str,
-             show_progress: bool, layout: str) -> Summary:
+             show_progress: bool, layout: str, nice: int | None) -> Summary:
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
     out = Path(job.out)
     workers = workers or os.cpu_count() or 1
+    nice = default_niceness() if nice is None else nice
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-probe-{os.getpid()}"
@@ -261,7 +281,12 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
         from audiopipe.shard.codec_stage import codec_spec_estimate
 
         specs.append(codec_spec_estimate())
-    plan = make_plan(job, manifest, speaker, specs, layout)
+    # Ray starts and its workers import torch & co. while the corpus is discovered: neither needs the other.
+    need_ray = old_plan is None or not all(_shard_finished(out, u["name"]) for u in old_plan["units"])
+    with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
+        planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs, layout)
+        ray_start_s = _start_ray(job, workers, ray_address, nice) if need_ray else 0.0
+        plan, discovery_s = planned.result()
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete {plan_path} to start over")
@@ -272,8 +297,14 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
     # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
     units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
     todo = [u for u in units if not _shard_finished(out, u.name)]
+    warmup_s = 0.0
     if todo:
-        _run_units(job, todo, workers, ray_address, show_progress)
+        warmup_s = _await_warmups()
+    startup_s = time.monotonic() - t0
+    if todo:
+        _run_units(job, todo, workers, ray_address, show_progress, nice)
+        # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
+        _clean_temporaries(out)
 
     records = [json.loads(done_path(out, u.name).read_text()) for u in units]
     from audiopipe.index.lengths import build_index
@@ -300,7 +331,8 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
                           len(plan["discovery_rejects"]), index_path, extra)
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
-                   len(units), len(todo), t["hours"], time.monotonic() - t0)
+                   len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
+                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s)
 
 
 def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -315,33 +347,99 @@ def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, An
     return json.loads(meta)["features"]
 
 
-def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool) -> None:
+def _timed(fn, *args):
+    t = time.monotonic()
+    return fn(*args), time.monotonic() - t
+
+
+def _start_ray(job: Job, workers: int, address: str | None, nice: int) -> float:
+    """Start (or join) Ray and send every CPU a warm-up task; return the seconds ray.init took.
+
+    The warm-up imports what a shard task needs and runs the job's features once on a short noise clip, so
+    that the compiled kernels are loaded; it runs while the driver discovers the corpus, and the shard tasks
+    then land on warm worker processes. Nothing waits for it."""
+    import ray
+
+    t = time.monotonic()
+    _init_ray(workers, address, nice)
+    started = time.monotonic() - t
+    cpus = int(ray.cluster_resources().get("CPU", workers))
+    warm = ray.remote(num_cpus=1, max_retries=0)(_warm_worker)
+    _WARMUPS[:] = [warm.remote(job.to_dict(), nice) for _ in range(max(1, cpus))]
+    _WARMUPS_SENT[0] = time.monotonic()
+    return started
+
+
+_WARMUPS: list[Any] = []  # the warm-up tasks in flight
+_WARMUPS_SENT = [0.0]
+
+
+def _await_warmups(timeout: float = 120.0) -> float:
+    """Wait for the warm-up tasks (the shard tasks would wait for those workers anyway), so that worker start-up
+    is counted as start-up; return the seconds they took from being sent. A failed or lost warm-up is ignored:
+    the shard tasks report real problems."""
+    import ray
+
+    if not _WARMUPS:
+        return 0.0
+    ready, _ = ray.wait(_WARMUPS, num_returns=len(_WARMUPS), timeout=timeout)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:
+            pass
+    _WARMUPS.clear()
+    return time.monotonic() - _WARMUPS_SENT[0]
+
+
+def _warm_worker(job_dict: dict, nice: int) -> None:
+    import numpy as np
+    import torch
+
+    from audiopipe.decode.audio import resample_to
+    from audiopipe.shard.build import compute_features, extractors_for
+
+    _set_niceness(nice)
+    torch.set_num_threads(1)
+    ex = extractors_for(Job.from_dict(job_dict))
+    noise = np.random.default_rng(0).uniform(-0.3, 0.3, 16000).astype(np.float32)
+    try:
+        compute_features(ex.features, resample_to(noise, 16000, {s.sample_rate for s in ex.specs}))
+    except Exception:  # a warm-up only: the shard task reports any real problem with its utterance
+        pass
+
+
+def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
+               nice: int) -> None:
     import ray
     from tqdm import tqdm
 
-    _init_ray(workers, address)
-    ProgressCounter, shard_task = _remote_defs()
-    counter = ProgressCounter.remote()
+    _init_ray(workers, address, nice)  # already started by _start_ray; kept for callers that did not
+    shard_task = _remote_defs()
     codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
-    refs = {shard_task.remote(u.to_dict(), job_dict, counter, codec_actors, codec_spec, codec_batch): u
+    refs = {shard_task.remote(u.to_dict(), job_dict, nice, codec_actors, codec_spec, codec_batch): u
             for u in todo}
     total_s = sum(u.duration for u in todo)
-    # Progress in audio seconds; the postfix gives audio-hours per second and the real-time factor.
+    # Progress in audio seconds of finished shards; the postfix gives audio-hours per second and the real-time
+    # factor. Counting finished tasks costs nothing on the workers and needs no actor that a lost node could
+    # take down with it.
     bar = tqdm(total=round(total_s), unit="audio-s", desc="shard", disable=not show_progress, file=sys.stderr,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} audio-s "
                           "[{elapsed}<{remaining}{postfix}]")
     t_start = time.monotonic()
     pending = list(refs)
     failures: list[str] = []
+    seconds = 0.0
     while pending:
-        done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+        # The driver sleeps inside ray.wait until a shard finishes; the timeout only keeps the bar's clock moving.
+        done, pending = ray.wait(pending, num_returns=1, timeout=10.0 if show_progress else None)
         for ref in done:
             try:
                 ray.get(ref)
             except Exception as e:  # after Ray's retries: report, keep building the other shards
                 failures.append(f"{refs[ref].name}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-        seconds = min(ray.get(counter.get.remote()), total_s)
+            seconds += refs[ref].duration
         elapsed = max(time.monotonic() - t_start, 1e-9)
         bar.n = round(seconds)
         bar.set_postfix_str(f"{seconds / 3600 / elapsed:.4f} audio-h/s, {seconds / elapsed:.0f}x real time",
