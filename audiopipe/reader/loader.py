@@ -7,6 +7,9 @@
             ...
             ckpt["sampler"] = loader.state_dict(consumed_batches=step + 1)
 
+`prefetch=K` builds the next K batches in a background thread while the step runs (audiopipe/reader/prefetch.py);
+`device="cuda"` also hands them over already on the GPU (pinned buffers, side-stream copy).
+
 Reading is a slice of an mmap, so workers are rarely needed: num_workers=0 keeps everything in one process and
 uses no shared memory at all. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
 `shm_bytes_per_worker()` says how much, so the 3D-Speaker-style SIGBUS (a full /dev/shm) can be planned away.
@@ -14,7 +17,8 @@ uses no shared memory at all. With workers, each batch in flight lives in /dev/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -23,6 +27,7 @@ import torch
 
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.sampler.bucket import BucketBatchSampler
 
 
@@ -72,9 +77,23 @@ class Loader:
     sampler: BucketBatchSampler
     collate: PadCollator
     dataloader: torch.utils.data.DataLoader
+    prefetch: int = 0
+    device: torch.device | None = None
+    _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.dataloader)
+        if self.prefetch == 0 and self.device is None:
+            return iter(self.dataloader)
+        self._close_active()  # one pass at a time: the previous pass' thread must not draw from the sampler
+        it = PrefetchIterator(iter(self.dataloader), max(self.prefetch, 1), self.device)
+        self._active = weakref.ref(it)
+        return it
+
+    def _close_active(self) -> None:
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+        self._active = None
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -92,6 +111,12 @@ class Loader:
                 t.set_epoch(epoch)
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The sampler's state after `consumed_batches` of this pass (default with prefetch: the batches the
+        trainer took from the prefetch iterator, not the ones built ahead)."""
+        if consumed_batches is None and self._active is not None:
+            it = self._active()
+            if it is not None:
+                consumed_batches = it.consumed
         return self.sampler.state_dict(consumed_batches=consumed_batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -118,7 +143,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
-                files_cache: str | Path | None = None, read_ahead: int = 2) -> Loader:
+                files_cache: str | Path | None = None, read_ahead: int = 2, prefetch: int = 0,
+                device: str | torch.device | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -134,7 +160,16 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     read_ahead: batches whose rows are announced to the kernel (madvise WILLNEED, from a background thread)
              before they are read, so a cold shard is fetched from disk in parallel with the copy of the
              current batch; 0 turns it off (mmap reader only).
+    prefetch: batches built ahead in a background thread while the step runs (0: built on the caller's
+             thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
+    device: hand batches over on this device ("cuda", "cuda:1"); with CUDA the collator writes into pinned
+             buffers and the prefetch thread copies on a side stream (with prefetch=0, one batch ahead).
     """
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here")
     if reader == "mmap":
         ds = ShardDataset(shards_dir, features, expect=expect, verify=verify)
     elif reader == "files":
@@ -156,7 +191,11 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     view = _View(ds, subset, item_transform)
     if read_ahead and hasattr(ds, "read_ahead"):
         sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
-    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple)
+    # Batches alive at once with prefetch: K queued + 1 being built + 1 held by the step.
+    ring = prefetch + 2 if prefetch else 2
+    pinned = dev is not None and dev.type == "cuda"
+    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
+                          pin_memory=pinned)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
@@ -165,4 +204,4 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
                                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
-    return Loader(ds, sampler, collate, dl)
+    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev)
