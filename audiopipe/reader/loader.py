@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from audiopipe.collate.kernels import wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.prefetch import PrefetchIterator
@@ -186,6 +187,12 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
             lengths = lengths[subset]
     sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
                                  max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    if num_workers == 0:
+        # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2).
+        # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
+        warm_up_in_background()
+    else:
+        wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
         raise ValueError(f"read_ahead must be >= 0 batches, got {read_ahead!r}")
     view = _View(ds, subset, item_transform)
