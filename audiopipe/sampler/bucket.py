@@ -15,7 +15,7 @@ import numpy as np
 
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.plan import (
-    BatchBudget, choose_pools, pack_pools, pair_overlap, split_to_efficiency, validate_lengths,
+    BatchBudget, batch_stats, choose_pools, pack_pools, pair_overlap, split_to_efficiency, validate_lengths,
 )
 
 STATE_FORMAT = "audiopipe.BucketBatchSampler/2"
@@ -285,9 +285,9 @@ class BucketBatchSampler:
         split, repeated = split + current.split, repeated + current.repeated
         dropped.append(current.dropped)
         dropped_uneven = np.concatenate(dropped) if dropped else np.empty(0, dtype=np.int64)
-        sizes = np.fromiter((b.size for b in trained), dtype=np.float64, count=len(trained))
-        longest = np.fromiter((self.lengths[b].max() for b in trained), dtype=np.float64, count=len(trained))
-        real = float(sum(self.lengths[b].sum() for b in trained))
+        sizes, longest, frames = batch_stats(trained, self.lengths)
+        sizes, longest = sizes.astype(np.float64), longest.astype(np.float64)
+        real = float(frames.sum())
         padded = float((sizes * longest).sum())
         cost = self.budget.cost(sizes, longest) / self.budget.max_frames
         return SamplerDiagnostics(

@@ -100,6 +100,16 @@ def pack_greedy(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
 
 
 
+def batch_stats(batches: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(items, longest, real frames) of every batch, without a Python step per batch."""
+    sizes = np.fromiter((b.size for b in batches), dtype=np.int64, count=len(batches))
+    if not batches:
+        return sizes, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    flat = lengths[np.concatenate(batches)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return sizes, np.maximum.reduceat(flat, offsets), np.add.reduceat(flat, offsets)
+
+
 # ---- pooled planning: sort inside random pools, pack, split the most wasteful batches ----------------------
 
 MAX_POOLS = 16
@@ -112,9 +122,8 @@ def sorted_efficiency(lengths: np.ndarray, budget: BatchBudget) -> tuple[float, 
         return 1.0, 0
     order = np.argsort(lengths, kind="stable")
     batches = pack_greedy(order, lengths, budget)
-    longest = np.fromiter((lengths[b[-1]] for b in batches), dtype=np.float64, count=len(batches))
-    sizes = np.fromiter((b.size for b in batches), dtype=np.float64, count=len(batches))
-    return float(lengths.sum()) / float((sizes * longest).sum()), len(batches)
+    sizes, longest, _ = batch_stats(batches, lengths)
+    return float(lengths.sum()) / float((sizes * longest.astype(np.float64)).sum()), len(batches)
 
 
 def choose_pools(lengths: np.ndarray, budget: BatchBudget, target: float, rng: np.random.Generator) -> int:
@@ -185,8 +194,9 @@ def split_to_efficiency(batches: list[np.ndarray], lengths: np.ndarray, target: 
     """
     if not batches or target <= 0:
         return batches, 0
-    real = float(sum(float(lengths[b].sum()) for b in batches))
-    padded = float(sum(float(b.size * lengths[b[-1]]) for b in batches))
+    sizes, longest, frames = batch_stats(batches, lengths)
+    real = float(frames.sum())
+    padded = float((sizes * longest.astype(np.float64)).sum())
     if real >= target * padded:
         return batches, 0
     out = list(batches)
