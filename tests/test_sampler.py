@@ -259,7 +259,8 @@ def test_same_seed_and_epoch_same_plan_new_epoch_new_composition():
     assert {frozenset(b) for bs in other_seed for b in bs} != sets0
 
 
-rich_configs = configs | st.builds(
+# Corpora big enough for pools to hold several batches (pools=None/1 is one sorted pool: see below).
+rich_configs = st.builds(
     lambda cfg, n, spread, max_frames, pools: {**cfg, "n": n, "spread": spread, "max_frames": max_frames,
                                                "max_items": None, "pools": pools},
     configs, st.integers(150, 400), st.sampled_from(["lognormal", "uniform", "tiny"]), st.integers(300, 3000),
@@ -271,7 +272,6 @@ rich_configs = configs | st.builds(
 @given(rich_configs)
 def test_new_epoch_changes_composition(cfg):
     # Random pools redraw the composition (pools=1 is one sorted pool: only ties change, as in F5's plan).
-    assume(cfg["pools"] not in (None, 1))
     e0, e1 = epoch_batches(cfg, 0), epoch_batches(cfg, 1)
     sets0 = {frozenset(b) for bs in e0 for b in bs}
     sets1 = {frozenset(b) for bs in e1 for b in bs}
