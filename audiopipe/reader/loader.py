@@ -105,6 +105,7 @@ class Loader:
         Workers are persistent, so a transform used in workers must keep its epoch where they see it (e.g. a
         shared-memory tensor, as trainers/speaker.py's SpeakerCrops does).
         """
+        self._close_active()  # a prefetch thread still drawing the previous epoch stops first
         self.sampler.set_epoch(epoch)
         view, collate = self.dataloader.dataset, self.dataloader.collate_fn
         for t in (view.item_transform, collate.batch_transform):
