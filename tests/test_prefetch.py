@@ -83,6 +83,7 @@ def test_resume_counts_consumed_not_prefetched_batches(shards, stop_at):
     assert state["segments"][-1] == [1, stop_at]
     del it
     _wait_no_thread()
+    assert loader.state_dict() == state  # still right once the iterator is gone (a `break` out of the loop)
 
     resumed = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=9, prefetch=k)
     resumed.load_state_dict(state)

@@ -81,13 +81,14 @@ class Loader:
     prefetch: int = 0
     device: torch.device | None = None
     _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
+    _progress: Any = field(default=None, repr=False)  # its consumed count, kept after the iterator is dropped
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.prefetch == 0 and self.device is None:
             return iter(self.dataloader)
         self._close_active()  # one pass at a time: the previous pass' thread must not draw from the sampler
         it = PrefetchIterator(iter(self.dataloader), max(self.prefetch, 1), self.device)
-        self._active = weakref.ref(it)
+        self._active, self._progress = weakref.ref(it), it.progress
         return it
 
     def _close_active(self) -> None:
@@ -106,6 +107,7 @@ class Loader:
         shared-memory tensor, as trainers/speaker.py's SpeakerCrops does).
         """
         self._close_active()  # a prefetch thread still drawing the previous epoch stops first
+        self._progress = None
         self.sampler.set_epoch(epoch)
         view, collate = self.dataloader.dataset, self.dataloader.collate_fn
         for t in (view.item_transform, collate.batch_transform):
@@ -115,13 +117,13 @@ class Loader:
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The sampler's state after `consumed_batches` of this pass (default with prefetch: the batches the
         trainer took from the prefetch iterator, not the ones built ahead)."""
-        if consumed_batches is None and self._active is not None:
-            it = self._active()
-            if it is not None:
-                consumed_batches = it.consumed
+        if consumed_batches is None and self._progress is not None:
+            consumed_batches = self._progress.consumed
         return self.sampler.state_dict(consumed_batches=consumed_batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._close_active()
+        self._progress = None
         self.sampler.load_state_dict(state)
 
     def shm_bytes_per_worker(self) -> int:

@@ -33,6 +33,13 @@ import torch
 _POLL_S = 0.05  # how often a blocked put/get looks at the stop flag / the thread's liveness
 
 
+class Progress:
+    """Batches handed to the consumer in one pass; kept by the loader, so it outlives a dropped iterator."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+
+
 class PrefetchError(RuntimeError):
     """A batch could not be built in the prefetch thread; the cause is chained (`__cause__`)."""
 
@@ -100,7 +107,7 @@ class PrefetchIterator:
             raise ValueError(f"prefetch depth must be >= 1 batch, got {depth!r}")
         self.depth = int(depth)
         self.device = torch.device(device) if device is not None else None
-        self.consumed = 0
+        self.progress = Progress()
         self.finished = False
         stream = None
         if self.device is not None and self.device.type == "cuda":
@@ -138,8 +145,12 @@ class PrefetchIterator:
             for v in item.values():
                 if isinstance(v, torch.Tensor) and v.is_cuda:
                     v.record_stream(current)
-        self.consumed += 1
+        self.progress.consumed += 1
         return item
+
+    @property
+    def consumed(self) -> int:
+        return self.progress.consumed
 
     def close(self) -> None:
         """Stop the thread (the batches built ahead are dropped; `consumed` stays what the consumer took)."""
