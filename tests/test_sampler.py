@@ -478,3 +478,17 @@ def test_efficiency_splits_only_when_needed_and_counted():
     assert off.diagnostics.efficiency_splits == 0 and off.diagnostics.padding_efficiency < 0.97
     assert on.diagnostics.padding_efficiency >= 0.97
     assert on.diagnostics.efficiency_splits == on.diagnostics.num_batches - off.diagnostics.num_batches > 0
+
+
+@FAST
+@given(st.lists(st.integers(1, 3000), max_size=300), st.integers(20, 4000), st.sampled_from([0.0, 1e-3, 2e-4]),
+       st.sampled_from([None, 1, 3, 16]))
+def test_vectorized_sorted_packing_equals_the_greedy_packer(lengths, max_frames, quadratic, max_items):
+    from audiopipe.sampler.plan import pack_greedy, pack_sorted
+
+    budget = BatchBudget(max_frames, quadratic, max_items)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[budget.fits_alone(lengths)]
+    order = np.argsort(lengths, kind="stable")
+    want, got = pack_greedy(order, lengths, budget), pack_sorted(order, lengths, budget)
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))

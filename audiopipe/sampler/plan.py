@@ -100,6 +100,37 @@ def pack_greedy(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
 
 
 
+def pack_sorted(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> list[np.ndarray]:
+    """pack_greedy for an `order` sorted by length (ascending), with no Python step per item or window.
+
+    In a sorted run, a batch that ends at position j has its longest item there, so it may hold at most
+    cap[j] = how many items of that length fit. The batch from i to j is valid iff g[j] = j + 1 - cap[j] <= i,
+    and g strictly increases with j (j grows, cap does not), so the greedy end of the batch that starts at i
+    is one searchsorted for every i at once. The batches are then found by following those ends from 0.
+    """
+    n = order.size
+    if n == 0:
+        return []
+    seq = lengths[order].astype(np.float64)
+    cap = np.asarray(budget.capacity(seq), dtype=np.float64)
+    # capacity() divides; make it exact against cost() as pack_greedy compares it, at the float boundary too.
+    cap = np.where(budget.cost(cap + 1, seq) <= budget.max_frames, cap + 1, cap)
+    cap = np.where(budget.cost(cap, seq) > budget.max_frames, cap - 1, cap)
+    if budget.max_items is not None:
+        cap = np.minimum(cap, budget.max_items)
+    if cap.min() < 1:
+        i = int(np.argmax(cap < 1))
+        raise AssertionError(f"item {int(order[i])} does not fit alone; filter with BatchBudget.fits_alone")
+    g = np.arange(1, n + 1, dtype=np.float64) - cap
+    end = np.searchsorted(g, np.arange(n, dtype=np.float64), side="right")
+    cuts = [0]
+    i = 0
+    while i < n:  # one step per batch; indexing the array beats converting a million ends to a list
+        i = int(end[i])
+        cuts.append(i)
+    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
 def batch_stats(batches: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(items, longest, real frames) of every batch, without a Python step per batch."""
     sizes = np.fromiter((b.size for b in batches), dtype=np.int64, count=len(batches))
@@ -121,7 +152,7 @@ def sorted_efficiency(lengths: np.ndarray, budget: BatchBudget) -> tuple[float, 
     if lengths.size == 0:
         return 1.0, 0
     order = np.argsort(lengths, kind="stable")
-    batches = pack_greedy(order, lengths, budget)
+    batches = pack_sorted(order, lengths, budget)
     sizes, longest, _ = batch_stats(batches, lengths)
     return float(lengths.sum()) / float((sizes * longest.astype(np.float64)).sum()), len(batches)
 
@@ -155,12 +186,12 @@ def pack_pools(indices: np.ndarray, lengths: np.ndarray, budget: BatchBudget, po
     if indices.size == 0:
         return []
     if rng is None:
-        return pack_greedy(indices[np.argsort(lengths[indices], kind="stable")], lengths, budget)
+        return pack_sorted(indices[np.argsort(lengths[indices], kind="stable")], lengths, budget)
     shuffled = indices[rng.permutation(indices.size)]
     out: list[np.ndarray] = []
     leftovers: list[np.ndarray] = []
     for pool in np.array_split(shuffled, max(1, min(pools, indices.size))):
-        batches = pack_greedy(pool[np.argsort(lengths[pool], kind="stable")], lengths, budget)
+        batches = pack_sorted(pool[np.argsort(lengths[pool], kind="stable")], lengths, budget)
         if len(batches) == 1:
             out += batches  # a pool of one batch is kept whole: merging it would undo its random draw
             continue
@@ -168,7 +199,7 @@ def pack_pools(indices: np.ndarray, lengths: np.ndarray, budget: BatchBudget, po
         leftovers.append(batches[-1])
     if leftovers:
         rest = np.concatenate(leftovers)
-        out += pack_greedy(rest[np.argsort(lengths[rest], kind="stable")], lengths, budget)
+        out += pack_sorted(rest[np.argsort(lengths[rest], kind="stable")], lengths, budget)
     return out
 
 
