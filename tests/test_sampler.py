@@ -331,6 +331,12 @@ def test_bad_input_gives_clear_errors():
         BucketBatchSampler(np.array([3]), 100, seed=-1)
     with pytest.raises(ValueError, match="uneven"):
         BucketBatchSampler(np.array([3]), 100, uneven="pad")
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="pools must be None"):
+            BucketBatchSampler(np.array([3]), 100, pools=bad)
+    for bad in (1.0, -0.1, 1.2):
+        with pytest.raises(ValueError, match="min_efficiency"):
+            BucketBatchSampler(np.array([3]), 100, min_efficiency=bad)
     s = BucketBatchSampler(np.arange(1, 50), 100)
     state = s.state_dict()
     with pytest.raises(ValueError, match="other lengths"):
