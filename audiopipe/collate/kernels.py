@@ -47,23 +47,24 @@ _warm = {"started": False, "ready": threading.Event()}
 _warm_lock = threading.Lock()
 
 
-def _load_kernels() -> None:
-    # One call per variant loads it (from numba's cache, or compiles it). Mapped shard columns are read-only,
-    # which is its own numba type: warm that one first, for the item size of float32/int32 features first.
+def _load_kernels(itemsizes: tuple[int, ...]) -> None:
+    # One call per variant loads it (from numba's cache, or compiles it). Only the variants the features need,
+    # for read-only sources (mapped shard columns are read-only, a numba type of its own): each load holds the
+    # GIL for a while, and the batches copied meanwhile need it too.
     try:
-        for size in (4, 2, 1, 8):
+        for size in itemsizes:
             uint = _UINT[size]
-            for writable in (False, True):
-                src = np.zeros(2, dtype=uint)
-                src.setflags(write=writable)
-                idx = np.zeros(1, dtype=np.int64)
-                _pad_rows(src, idx, np.ones(1, dtype=np.int64), idx, 1, 2, uint(0), np.zeros(2, dtype=uint))
+            src = np.zeros(2, dtype=uint)
+            src.setflags(write=False)
+            idx = np.zeros(1, dtype=np.int64)
+            _pad_rows(src, idx, np.ones(1, dtype=np.int64), idx, 1, 2, uint(0), np.zeros(2, dtype=uint))
     finally:
         _warm["ready"].set()
 
 
-def warm_up_in_background() -> None:
-    """Load the compiled kernels in a daemon thread (once per process); pad_rows_into uses numpy meanwhile.
+def warm_up_in_background(itemsizes: Sequence[int] = (4,)) -> None:
+    """Load the compiled kernels for these item sizes (bytes per value of the padded features) in a daemon
+    thread, once per process; pad_rows_into uses numpy meanwhile. Another variant loads on its first use.
 
     Not for a process that is about to fork DataLoader workers: a fork during the load could leave numba's
     compiler lock held in the child. make_loader calls it only with num_workers=0.
@@ -72,7 +73,8 @@ def warm_up_in_background() -> None:
         if _warm["started"]:
             return
         _warm["started"] = True
-    threading.Thread(target=_load_kernels, name="audiopipe-kernel-load", daemon=True).start()
+    sizes = tuple(sorted({int(s) for s in itemsizes if int(s) in _UINT})) or (4,)
+    threading.Thread(target=_load_kernels, args=(sizes,), name="audiopipe-kernel-load", daemon=True).start()
 
 
 def kernels_ready() -> bool:

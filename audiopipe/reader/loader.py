@@ -193,7 +193,9 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     if num_workers == 0:
         # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2).
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
-        warm_up_in_background()
+        feats = ds.manifest["features"] if reader == "mmap" else {}
+        warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
+                               if f in feats and "dtype" in feats[f]])
     else:
         wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
