@@ -161,6 +161,20 @@ def test_bad_prefetch_and_device_arguments(shards):
             make_loader(shards.root, ["mel"], max_frames=BUDGET, device="cuda")
 
 
+def test_device_alone_builds_one_batch_ahead_without_overwriting_a_held_batch(shards):
+    loader = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=6, device="cpu")
+    plain = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=6)
+    assert loader.collate.ring_size >= 3  # 1 queued + 1 being built + 1 held
+    it = iter(loader)
+    held = next(it)
+    want = next(iter(plain))
+    _wait_yielded(loader, 3)  # the thread has built the next batch and started the one after
+    time.sleep(0.5)  # ...and copied it (it then blocks on the full queue)
+    assert _summary(held) == _summary(want)
+    del it
+    _wait_no_thread()
+
+
 def test_device_hands_over_tensors_on_that_device(shards):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     loader = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=2, prefetch=2, device=device)

@@ -203,8 +203,10 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     view = _View(ds, subset, item_transform)
     if read_ahead and hasattr(ds, "read_ahead"):
         sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
-    # Batches alive at once with prefetch: K queued + 1 being built + 1 held by the step.
-    ring = prefetch + 2 if prefetch else 2
+    # Batches alive at once with a prefetch thread (device alone runs one batch ahead): K queued + 1 being built
+    # + 1 held by the step. (A CUDA copy frees its ring slot at once; device="cpu" hands over the slot itself.)
+    depth = max(prefetch, 1) if prefetch or dev is not None else 0
+    ring = depth + 2 if depth else 2
     pinned = dev is not None and dev.type == "cuda"
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
                           pin_memory=pinned)
