@@ -80,7 +80,7 @@ def loader_alone(shards: Path, name: str, budget: int, seed: int) -> tuple[float
 
 def run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int) -> dict:
     loader = make_loader(shards, ["mel"], max_frames=budget, seed=seed, **LOADERS[name])
-    waits, wall, firsts, batches, stepping = 0.0, 0.0, [], 0, 0.0
+    waits, wall, firsts, batches, stepping, each = 0.0, 0.0, [], 0, 0.0, []
     for epoch in range(passes):
         loader.set_epoch(epoch)
         t_start = time.perf_counter()
@@ -97,6 +97,7 @@ def run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int
                 break
             t1 = time.perf_counter()
             waits += t1 - t0
+            each.append(t1 - t0)
             step(batch)
             stepping += time.perf_counter() - t1
             batches += 1
@@ -105,11 +106,16 @@ def run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int
     return {"loader": name, "step_kind": step.kind, "step_ms": step.ms, "batches": batches,
             "wait_share": waits / wall if wall else 0.0, "wait_ms_per_batch": 1e3 * waits / max(batches, 1),
             "step_ms_measured": 1e3 * stepping / max(batches, 1),
+            # A few long waits (the thread got no CPU on a busy machine) or many short ones?
+            "wait_ms_median": 1e3 * float(np.median(each)) if each else 0.0,
+            "wait_ms_p95": 1e3 * float(np.percentile(each, 95)) if each else 0.0,
+            "wait_ms_max": 1e3 * max(each) if each else 0.0,
             "first_batch_ms": 1e3 * float(np.median(firsts))}
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("step", "step ms measured", "loader", "loader ms/batch alone", "data-wait share", "wait ms/batch", "range over rounds",
+    head = ("step", "step ms measured", "loader", "loader ms/batch alone", "data-wait share", "wait ms/batch",
+            "wait ms median / p95 / max", "range over rounds",
             "epoch start ms", "target met")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -118,6 +124,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['step_kind']} {r['step_ms']:g} ms | {r['step_ms_measured']:.1f} | {r['loader']} | "
                      f"{r['loader_ms']:.1f} | "
                      f"{r['wait_share']:.2%} | {r['wait_ms_per_batch']:.2f} | "
+                     f"{r['wait_ms_median']:.2f} / {r['wait_ms_p95']:.1f} / {r['wait_ms_max']:.0f} | "
                      f"{r['wait_share_min']:.2%}-{r['wait_share_max']:.2%} | {r['first_batch_ms']:.0f} | {met} |")
     return "\n".join(lines)
 
