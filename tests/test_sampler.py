@@ -498,3 +498,14 @@ def test_vectorized_sorted_packing_equals_the_greedy_packer(lengths, max_frames,
     order = np.argsort(lengths, kind="stable")
     want, got = pack_greedy(order, lengths, budget), pack_sorted(order, lengths, budget)
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_tiny_corpus_is_not_cut_into_pools_of_single_items():
+    # 12 equal crops, 4 per batch, 2 ranks: pools of under one batch would leave batches of one item (a
+    # BatchNorm in training mode refuses those).
+    lengths = np.full(12, 16000, dtype=np.int64)
+    s = BucketBatchSampler(lengths, 4 * 16000, seed=0, rank=0, world_size=2)
+    assert s.pools == 1
+    sizes = sorted(len(b) for r in (0, 1) for b in BucketBatchSampler(lengths, 4 * 16000, seed=0, rank=r,
+                                                                      world_size=2))
+    assert sizes == [2, 2, 4, 4]

@@ -144,6 +144,7 @@ def batch_stats(batches: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndar
 # ---- pooled planning: sort inside random pools, pack, split the most wasteful batches ----------------------
 
 MAX_POOLS = 16
+MIN_POOL_BATCHES = 4
 _POOL_CHOICES = (16, 12, 8, 6, 4, 3, 2, 1)
 
 
@@ -158,7 +159,8 @@ def sorted_efficiency(lengths: np.ndarray, budget: BatchBudget) -> tuple[float, 
 
 
 def choose_pools(lengths: np.ndarray, budget: BatchBudget, target: float, rng: np.random.Generator) -> int:
-    """The most pools (<= MAX_POOLS) whose sorted packing still reaches `target` padding efficiency.
+    """The most pools (<= MAX_POOLS) whose sorted packing still reaches `target` padding efficiency, each pool
+    filling at least MIN_POOL_BATCHES batches.
 
     One pool of N/P random items sorted and packed is what every pool of an epoch looks like, so its efficiency,
     measured on a random subsample of that size, predicts the epoch's. More pools mean more random batch
@@ -168,7 +170,11 @@ def choose_pools(lengths: np.ndarray, budget: BatchBudget, target: float, rng: n
         return 1
     sample = lengths[rng.permutation(lengths.size)]
     for p in _POOL_CHOICES:
-        if p == 1 or sorted_efficiency(sample[: lengths.size // p], budget)[0] >= target:
+        if p == 1:
+            return 1
+        efficiency, batches = sorted_efficiency(sample[: lengths.size // p], budget)
+        # A pool must fill a few batches: pools of a batch or less would make every batch partial.
+        if batches >= MIN_POOL_BATCHES and efficiency >= target:
             return p
     return 1
 
