@@ -235,12 +235,14 @@ def test_row_batch_errors_are_clear():
     st.sampled_from(["float32", "int16", "int64", "uint8"]),
     st.integers(1, 4),
     st.integers(0, 1000),
+    st.sampled_from([0, 3]),
 )
-def test_numpy_copy_used_while_the_kernel_loads_writes_the_same_bytes(lengths, channels, dtype, n_shards, seed):
+def test_numpy_copy_used_while_the_kernel_loads_writes_the_same_bytes(lengths, channels, dtype, n_shards, seed,
+                                                                      extra):
     from audiopipe.collate.kernels import _UINT, _pad_rows, _pad_rows_numpy
 
     rows, _ = _row_batch(lengths, channels, dtype, n_shards, seed)
-    width, t_max = max(channels, 1), max(lengths) + 3
+    width, t_max = max(channels, 1), max(lengths) + extra
     uint = _UINT[np.dtype(dtype).itemsize]
     pad = uint(7)
     outs = []

@@ -37,6 +37,8 @@ def _pad_rows(src, starts, frames, positions, channels, t_max, pad, dst):  # pra
 
 def _pad_rows_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> None:
     """_pad_rows without the compiled kernel: one numpy copy and one fill per row."""
+    if t_max == 0:  # every row is empty: nothing to write (and a [-1, C, 0] view has no defined batch size)
+        return
     box = dst.reshape(-1, channels, t_max)
     for s, t, p in zip(starts.tolist(), frames.tolist(), positions.tolist()):
         box[p, :, :t] = src[s:s + channels * t].reshape(channels, t)
