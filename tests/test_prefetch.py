@@ -186,3 +186,17 @@ def test_device_hands_over_tensors_on_that_device(shards):
         np.testing.assert_array_equal(got["mel"].cpu().numpy(), want["mel"].numpy())
         assert got["index"] == want["index"]
     _wait_no_thread()
+
+
+def test_prefetch_over_worker_processes_yields_the_same_batches(shards):
+    plain = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=8, num_workers=2)
+    ahead = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=8, num_workers=2, prefetch=2)
+    want = [_summary(b) for b in plain]
+    got = [_summary(b) for b in ahead]
+    assert got == want
+    it = iter(ahead)
+    next(it)
+    state = ahead.state_dict()
+    del it
+    _wait_no_thread()
+    assert state["segments"][-1] == [1, 1]
