@@ -1,17 +1,21 @@
-"""Batching strategies compared on one length distribution, plus the cost of resuming and of collating.
+"""Batching strategies compared on the same length arrays, over corpus sizes and length distributions.
 
-    python benchmarks/bench_batching.py --json out.json
+    python benchmarks/bench_batching.py --json benchmarks/results/batching.json --plot docs/img/batching.png
 
-Strategies (all under the same budget, 38,400 frames by default):
-  audiopipe  BucketBatchSampler, padded budget, dealt to --world-size ranks (all ranks' batches counted)
-  random     items shuffled every epoch, greedily packed to the same PADDED budget
-  f5_sort    F5-TTS style: sort by length once, pack greedily while the SUM of frames fits, keep these batches
-             and only shuffle their order each epoch (padding is not counted when packing)
+Strategies (all under the same budget, 38,400 frames by default), each on the SAME length array:
+  audiopipe  BucketBatchSampler defaults (random pools sorted and packed, min_efficiency 0.97), dealt to
+             --world-size ranks (all ranks' batches counted)
+  f5_sort    F5-TTS DynamicBatchSampler: sort by length once, pack greedily while the SUM of frames fits, keep
+             these batches and only shuffle their order each epoch (padding is not counted when packing)
   lhotse     lhotse DynamicBucketingSampler (30 buckets, max_duration = budget / frame rate; counts padding)
+  random     (--random) items shuffled every epoch, greedily packed to the same PADDED budget
 
-Default corpus: LibriTTS-like, durations log-normal (median 5.5 s, sigma 0.7 in log space) kept within
-1-20 s, at 93.75 frames/s (hop 256 at 24 kHz). --lengths file.npy or --index shards/ --feature mel use
-real lengths instead.
+Corpora (audiopipe/bench/synthetic_lengths.py, seeded): short_clip (median 3 s, 0.5-15 s) and libritts_like
+(median 5.5 s, 1-20 s), --sizes items each, at 93.75 frames/s (hop 256 at 24 kHz). --lengths file.npy or
+--index shards/ --feature mel benchmark one real corpus instead.
+
+Epoch 0 is measured; "pairs together again" is the share of epoch 1's item pairs that shared a batch in
+epoch 0. --resume and --collate add the resume-cost and collate-throughput measurements on the largest corpus.
 """
 
 from __future__ import annotations
@@ -27,20 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from audiopipe.bench.loaders import f5_sort_plan as f5_sort_batches  # F5-TTS DynamicBatchSampler
+from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, synthetic_lengths
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
 Batches = list[np.ndarray]
-
-
-def libritts_like_lengths(n: int, frame_rate: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    seconds = np.empty(0)
-    while seconds.size < n:
-        draw = np.exp(rng.normal(np.log(5.5), 0.7, 2 * n))
-        seconds = np.concatenate([seconds, draw[(draw >= 1.0) & (draw <= 20.0)]])
-    return np.round(seconds[:n] * frame_rate).astype(np.int64)
 
 
 # ---- strategies: (lengths, epoch) -> the epoch's global batches -------------------------------------------
@@ -225,102 +221,153 @@ def bench_collate(lengths: np.ndarray, max_frames: int, seed: int, channels: int
     }
 
 
-def sweep(lengths: np.ndarray, max_frames: int, seed: int) -> list[dict]:
-    """The padding / randomness trade-off of the two bucketing knobs (world size 1)."""
+def sweep(lengths: np.ndarray, max_frames: int, seed: int, world: int) -> list[dict]:
+    """The pools knob: more pools, fresher pairs; the padding they cost is split away (lower fill) where the
+    epoch would fall below min_efficiency (0.97)."""
     rows = []
-    for width in (0.01, 0.03, 0.1):
-        for min_batches in (1.0, 2.0, 8.0):
-            plan = audiopipe_batches(lengths, max_frames, seed, 1, bucket_width=width, min_bucket_batches=min_batches)
-            row = evaluate(f"bucket_width={width}, min_bucket_batches={min_batches:g}", plan, lengths, max_frames)
-            row["buckets"] = plan.samplers[0].diagnostics.num_buckets  # type: ignore[attr-defined]
-            rows.append(row)
+    for pools in (1, 2, 4, 8, 12, 16, 24, 32):
+        plan = audiopipe_batches(lengths, max_frames, seed, world, pools=pools)
+        rows.append({"pools": pools, **evaluate(f"pools={pools}", plan, lengths, max_frames)})
     return rows
 
 
 def markdown_sweep(rows: list[dict]) -> str:
-    lines = ["| setting | buckets | padding eff. | fill | pairs still together next epoch |", "|---|---|---|---|---|"]
+    lines = ["| pools | batches | padding eff. | fill | pairs together again |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['strategy']} | {r['buckets']} | {r['padding_efficiency']:.2%} | {r['fill_ratio']:.2%} | "
+        lines.append(f"| {r['pools']} | {r['batches']} | {r['padding_efficiency']:.2%} | {r['fill_ratio']:.2%} | "
                      f"{r['pairs_together_next_epoch']:.1%} |")
     return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("strategy", "batches", "padding eff.", "fill", "over budget", "worst padded/budget",
-            "same batches next epoch", "pairs still together", "missing / repeated", "plan s/epoch")
+    head = ("corpus", "items", "strategy", "batches", "padding eff.", "fill", "over budget", "worst padded/budget",
+            "pairs together again", "missing / repeated", "plan s/epoch")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(
-            f"| {r['strategy']} | {r['batches']} | {r['padding_efficiency']:.2%} | {r['fill_ratio']:.2%} | "
-            f"{r['over_budget_batches']} | {r['worst_padded_over_budget']:.2f} | {r['same_batches_next_epoch']:.1%} | "
+            f"| {r['corpus']} | {r['items']:,} | {r['strategy']} | {r['batches']:,} | {r['padding_efficiency']:.2%} | "
+            f"{r['fill_ratio']:.2%} | {r['over_budget_batches']} | {r['worst_padded_over_budget']:.3f} | "
             f"{r['pairs_together_next_epoch']:.1%} | {r['items_missing']} / {r['items_repeated']} | "
             f"{r['plan_seconds']:.2f} |"
         )
     return "\n".join(lines)
 
 
+def plot(rows: list[dict], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corpora = sorted({r["corpus"] for r in rows})
+    fig, axes = plt.subplots(2, len(corpora), figsize=(5.5 * len(corpora), 7.5), squeeze=False)
+    for c, corpus in enumerate(corpora):
+        for strategy in sorted({r["strategy"] for r in rows if r["corpus"] == corpus}):
+            pts = sorted((r["items"], r["padding_efficiency"], r["pairs_together_next_epoch"]) for r in rows
+                         if r["corpus"] == corpus and r["strategy"] == strategy)
+            n = [p[0] for p in pts]
+            axes[0][c].plot(n, [p[1] for p in pts], "o-", label=strategy)
+            axes[1][c].plot(n, [p[2] for p in pts], "o-", label=strategy)
+        for target, lo, hi in ((0.97, 1_000, 10_000), (0.985, 100_000, 1_000_000)):
+            axes[0][c].hlines(target, lo, hi, colors="grey", linestyles="dashed")
+        axes[1][c].axhline(0.05, color="grey", linestyle="dashed")
+        axes[0][c].set_title(f"{corpus}: padding efficiency (dashed: targets)")
+        axes[1][c].set_title(f"{corpus}: pairs together again next epoch (dashed: 5 %)")
+        for ax in (axes[0][c], axes[1][c]):
+            ax.set_xscale("log")
+            ax.set_xlabel("utterances")
+            ax.grid(alpha=0.3)
+        axes[0][c].set_ylim(0.85, 1.0)
+        axes[1][c].set_yscale("log")
+        axes[0][c].legend(fontsize=8)
+    fig.suptitle(f"bench_batching, budget 38,400 padded frames; {machine}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-items", type=int, default=100_000)
+    p.add_argument("--sizes", default="1000,3000,10000,100000,1000000", help="comma-separated corpus sizes")
+    p.add_argument("--distributions", default=",".join(DISTRIBUTIONS), help=f"of {sorted(DISTRIBUTIONS)}")
     p.add_argument("--max-frames", type=int, default=38_400)
     p.add_argument("--frame-rate", type=float, default=24_000 / 256)
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lengths", type=Path, help="a .npy of frame counts instead of the synthetic corpus")
+    p.add_argument("--lengths", type=Path, help="a .npy of frame counts instead of the synthetic corpora")
     p.add_argument("--index", type=Path, help="a shard folder: read <feature>_frames from its index.arrow")
     p.add_argument("--feature", default="mel")
     p.add_argument("--no-lhotse", action="store_true")
-    p.add_argument("--no-collate", action="store_true")
-    p.add_argument("--sweep", action="store_true", help="also sweep bucket_width x min_bucket_batches")
+    p.add_argument("--lhotse-max-items", type=int, default=1_000_000, help="skip lhotse above this corpus size")
+    p.add_argument("--random", action="store_true", help="also the random-packing baseline")
+    p.add_argument("--resume", action="store_true", help="also time load_state_dict + first batch")
+    p.add_argument("--collate", action="store_true", help="also the collate throughput against memcpy")
+    p.add_argument("--sweep", action="store_true", help="also sweep pools on the corpora of 3,000 and 100,000 items")
+    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)",
+                   help="label for the JSON and the plot")
     p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path)
     args = p.parse_args()
 
     if args.index is not None:
         from audiopipe.index.lengths import LengthIndex
 
-        lengths, source = LengthIndex.open(args.index).frames(args.feature).astype(np.int64), str(args.index)
+        corpora = [(str(args.index), LengthIndex.open(args.index).frames(args.feature).astype(np.int64))]
     elif args.lengths is not None:
-        lengths, source = np.load(args.lengths).astype(np.int64), str(args.lengths)
+        corpora = [(str(args.lengths), np.load(args.lengths).astype(np.int64))]
     else:
-        lengths = libritts_like_lengths(args.num_items, args.frame_rate, args.seed)
-        source = "libritts-like log-normal, median 5.5 s, sigma 0.7, 1-20 s"
-    print(f"{lengths.size} items ({source}), {lengths.sum() / args.frame_rate / 3600:.1f} h, "
-          f"budget {args.max_frames} frames, world size {args.world_size}")
-
-    ours = audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size)
-    strategies = [
-        (f"audiopipe (W={args.world_size})", ours),
-        ("random", random_batches(lengths, args.max_frames, args.seed)),
-        ("f5_sort", f5_sort_batches(lengths, args.max_frames, args.seed)),
-    ]
-    if not args.no_lhotse:
-        strategies.append(("lhotse_dynamic_bucketing", lhotse_batches(lengths, args.max_frames, args.seed,
-                                                                      args.frame_rate)))
-    rows = [evaluate(name, plan, lengths, args.max_frames) for name, plan in strategies]
-    rows[0]["plan_seconds"] /= args.world_size  # every rank plans the whole epoch: report one rank's time
-    first = ours.samplers[0]  # type: ignore[attr-defined]
-    first.set_epoch(0)
-    diag = first.diagnostics  # the epoch of the table
+        corpora = [(kind, synthetic_lengths(kind, int(n), args.seed, args.frame_rate))
+                   for kind in args.distributions.split(",") for n in args.sizes.split(",")]
+    rows: list[dict] = []
+    diagnostics = []
+    sweeps = {}
+    for name, lengths in corpora:
+        print(f"{name}: {lengths.size} items, {lengths.sum() / args.frame_rate / 3600:.1f} h, "
+              f"median {np.median(lengths) / args.frame_rate:.1f} s", flush=True)
+        ours = audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size)
+        strategies = [(f"audiopipe (W={args.world_size})", ours),
+                      ("f5_sort", f5_sort_batches(lengths, args.max_frames, args.seed))]
+        if args.random:
+            strategies.append(("random", random_batches(lengths, args.max_frames, args.seed)))
+        if not args.no_lhotse and lengths.size <= args.lhotse_max_items:
+            strategies.append(("lhotse_dynamic_bucketing (30 buckets)",
+                               lhotse_batches(lengths, args.max_frames, args.seed, args.frame_rate)))
+        for j, (label, plan) in enumerate(strategies):
+            row = {"corpus": name, "items": int(lengths.size), **evaluate(label, plan, lengths, args.max_frames)}
+            if j == 0:
+                row["plan_seconds"] /= args.world_size  # every rank plans the whole epoch: one rank's time
+            rows.append(row)
+            print("  " + markdown([row]).splitlines()[-1], flush=True)
+        first = ours.samplers[0]  # type: ignore[attr-defined]
+        first.set_epoch(0)
+        diag = first.diagnostics
+        diagnostics.append({"corpus": name, "items": int(lengths.size),
+                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray)}})
+        print("  " + diag.summary(), flush=True)
+        if args.sweep and lengths.size in (3_000, 100_000):
+            sweeps[f"{name} {lengths.size}"] = sweep(lengths, args.max_frames, args.seed, args.world_size)
+            print(markdown_sweep(sweeps[f"{name} {lengths.size}"]), flush=True)
     result = {
         "command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
-        "corpus": {"source": source, "items": int(lengths.size), "hours": float(lengths.sum() / args.frame_rate / 3600),
-                   "frames_min": int(lengths.min()), "frames_median": float(np.median(lengths)),
-                   "frames_max": int(lengths.max())},
+        "machine": {"label": args.machine, "python": platform.python_version(),
+                    "cpu": platform.processor() or platform.machine()},
         "budget_frames": args.max_frames,
-        "strategies": rows,
-        "audiopipe_diagnostics": {k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray)},
-        "resume": bench_resume(lengths, args.max_frames, args.seed, args.world_size),
+        "world_size": args.world_size,
+        "corpora": {k: {"median_s": v[0], "sigma": v[1], "min_s": v[2], "max_s": v[3]} for k, v in DISTRIBUTIONS.items()},
+        "rows": rows,
+        "audiopipe_diagnostics": diagnostics,
     }
-    if not args.no_collate:
-        result["collate"] = bench_collate(lengths, args.max_frames, args.seed)
-    if args.sweep:
-        result["sweep"] = sweep(lengths, args.max_frames, args.seed)
+    name, largest = max(corpora, key=lambda c: c[1].size)
+    if args.resume:
+        result["resume"] = bench_resume(largest, args.max_frames, args.seed, args.world_size)
+    if args.collate:
+        result["collate"] = bench_collate(largest, args.max_frames, args.seed)
+    if sweeps:
+        result["sweep"] = sweeps
     print(markdown(rows))
-    print(diag.summary())
-    r = result["resume"]
-    print(f"resume: load_state_dict + first batch at step 0: {r['resume_at_first_step_seconds'] * 1e3:.1f} ms, "
-          f"at step {r['steps_per_rank'] - 1}: {r['resume_at_last_step_seconds'] * 1e3:.1f} ms")
+    if "resume" in result:
+        r = result["resume"]
+        print(f"resume ({name}): load_state_dict + first batch at step 0: {r['resume_at_first_step_seconds'] * 1e3:.1f} ms, "
+              f"at step {r['steps_per_rank'] - 1}: {r['resume_at_last_step_seconds'] * 1e3:.1f} ms")
     if "collate" in result:
         c = result["collate"]
         print(f"collate ({c['collate_batches']} batches, {c['collate_items_gb']:.2f} GB of [100, T] float32 items): "
@@ -328,11 +375,12 @@ def main() -> None:
               f"PadCollator {c['pad_collator_gb_s']:.2f} GB/s ({c['pad_collator_vs_memcpy']:.0%}; with ring_size=1 "
               f"{c['pad_collator_ring1_gb_s']:.2f} GB/s, {c['pad_collator_ring1_vs_memcpy']:.0%}), "
               f"fresh zeroed tensor per batch {c['fresh_zeroed_gb_s']:.2f} GB/s ({c['fresh_zeroed_vs_memcpy']:.0%})")
-    if args.sweep:
-        print(markdown_sweep(result["sweep"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, args.plot, args.machine)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":

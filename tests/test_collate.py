@@ -226,3 +226,59 @@ def test_row_batch_errors_are_clear():
         PadCollator(["mel"])(rows)
     with pytest.raises(IndexError):
         rows[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from(["float32", "int16", "int64", "uint8"]),
+    st.integers(1, 4),
+    st.integers(0, 1000),
+    st.sampled_from([0, 3]),
+)
+def test_numpy_copy_used_while_the_kernel_loads_writes_the_same_bytes(lengths, channels, dtype, n_shards, seed,
+                                                                      extra):
+    from audiopipe.collate.kernels import _UINT, _pad_rows, _pad_rows_numpy
+
+    rows, _ = _row_batch(lengths, channels, dtype, n_shards, seed)
+    width, t_max = max(channels, 1), max(lengths) + extra
+    uint = _UINT[np.dtype(dtype).itemsize]
+    pad = uint(7)
+    outs = []
+    for kernel in (_pad_rows, _pad_rows_numpy):
+        dst = np.full(len(lengths) * width * t_max, 55, dtype=uint)
+        for part in rows.arrays["feat"]:
+            kernel(part.values.view(uint), part.starts, part.frames, part.positions, width, t_max, pad, dst)
+        outs.append(dst)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_make_loader_first_batch_does_not_wait_for_the_kernel(tmp_path):
+    """In a fresh process the first batch is copied (correctly) while the kernel still loads in the background."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_reader import write_shards
+
+    w = write_shards(tmp_path / "s", (6, 5), seed=3, tars=False)
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from audiopipe.collate import kernels
+        from audiopipe.reader.loader import make_loader
+        from audiopipe.reader.arrow_dataset import ShardDataset
+        loader = make_loader({str(w.root)!r}, ["mel"], max_frames=4000, seed=0)
+        batch = next(iter(loader))
+        ready_at_first = kernels.kernels_ready()
+        kernels.wait_for_kernels()
+        ds = ShardDataset({str(w.root)!r}, ["mel"])
+        for row, i in enumerate(batch["index"]):
+            mel = ds[i]["mel"]
+            assert np.array_equal(batch["mel"][row, :, :mel.shape[1]].numpy(), mel)
+            assert not batch["mel"][row, :, mel.shape[1]:].any()
+        print("READY_AT_FIRST", ready_at_first, "READY_AFTER", kernels.kernels_ready())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "READY_AT_FIRST False READY_AFTER True" in out.stdout

@@ -186,23 +186,13 @@ def test_loss_and_terms_are_read_back_only_at_log_lines(mel_shards, tmp_path):
     assert last == logs[-1]
 
 
-def test_prefetch_reaches_a_loader_that_takes_it(mel_shards, tmp_path, monkeypatch):
-    """--prefetch (default 2) goes to make_loader together with the device when make_loader accepts it; a
-    make_loader without it (today's) is called as before."""
-    real = core.make_loader
-    seen = {}
-
-    def make_loader_with_prefetch(*args, prefetch: int = 0, device=None, **kw):
-        seen.update(prefetch=prefetch, device=device)
-        return real(*args, **kw)
-
+def test_prefetch_reaches_the_loader(mel_shards, tmp_path):
+    """--prefetch (default 2) goes to make_loader together with the device: the real loader builds ahead."""
     cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--prefetch", "3"))
-    monkeypatch.setattr(core, "make_loader", make_loader_with_prefetch)
-    core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
-    assert seen == {"prefetch": 3, "device": torch.device("cpu")}
+    loader = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    assert (loader.prefetch, loader.device) == (3, torch.device("cpu"))
+    assert len(loader) > 0 and next(iter(loader))["mel"].device == torch.device("cpu")
     assert core.parse_args("t", argv=[])[0].prefetch == 2
-    monkeypatch.setattr(core, "make_loader", real)
-    assert len(core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)) > 0
     with pytest.raises(SystemExit):
         core.parse_args("t", argv=["--prefetch", "-1"])
 

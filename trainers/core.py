@@ -12,7 +12,6 @@ before anything from audiopipe; this file is the one place that puts the reposit
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -373,19 +372,13 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
             export_per_utterance(cfg.shards, features, files_cache)
         if d.world > 1:
             dist.barrier()
-    kw: dict[str, Any] = {}
-    # A loader that builds batches ahead in a background thread (and moves them to the device itself) takes
-    # `prefetch`; an older one does not, and then the batches are built on this thread as before.
-    accepted = inspect.signature(make_loader).parameters
-    if "prefetch" in accepted:
-        kw["prefetch"] = cfg.prefetch
-        if "device" in accepted:
-            kw["device"] = d.device
+    # prefetch: the next batches are padded in a background thread (and, on CUDA, copied on a side stream) while
+    # this step runs, so the step waits only for a batch that is truly late; the loader hands them on d.device.
     return make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
                        quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                        num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
                        pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
-                       on_corrupt=cfg.on_corrupt, **kw, **loader_kw)
+                       on_corrupt=cfg.on_corrupt, prefetch=cfg.prefetch, device=d.device, **loader_kw)
 
 
 def _fail(message: str, d: Dist) -> None:

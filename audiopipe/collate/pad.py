@@ -48,9 +48,10 @@ class CollateStats:
 class _Ring:
     """`size` flat buffers used in turn; a slot is reallocated only when a batch needs more room."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, pin_memory: bool = False):
         self.slots: list[torch.Tensor | None] = [None] * size
         self.next = 0
+        self.pin_memory = pin_memory
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         i = self.next
@@ -58,7 +59,7 @@ class _Ring:
         buf = self.slots[i]
         if buf is None or buf.dtype != dtype or buf.numel() < numel:
             # Headroom so that a slowly growing longest item does not reallocate every batch.
-            buf = torch.empty(int(numel * 1.25) + 64, dtype=dtype)
+            buf = torch.empty(int(numel * 1.25) + 64, dtype=dtype, pin_memory=self.pin_memory)
             self.slots[i] = buf
         return buf[:numel]
 
@@ -97,6 +98,7 @@ class PadCollator:
         pad_to_multiple: int = 1,
         pad_value: float | Mapping[str, float] = 0,
         ring_size: int = 2,
+        pin_memory: bool = False,
     ):
         if isinstance(features, str) or not features:
             raise ValueError(f"features must be a non-empty list of feature names, got {features!r}")
@@ -116,6 +118,8 @@ class PadCollator:
         else:
             self.pad_value = {f: pad_value for f in self.features}
         self.ring_size = ring_size
+        # Page-locked ring buffers (CUDA only): a host-to-device copy from them can run asynchronously.
+        self.pin_memory = bool(pin_memory)
         self.stats = CollateStats()
         self._rings: dict[tuple[str, str], _Ring] = {}
         self._reserved = {"padding_ratio"} | {f"{f}_{s}" for f in self.features for s in ("lengths", "mask")}
@@ -264,7 +268,7 @@ class PadCollator:
     def _ring(self, feature: str, role: str) -> _Ring:
         key = (feature, role)
         if key not in self._rings:
-            self._rings[key] = _Ring(self.ring_size)
+            self._rings[key] = _Ring(self.ring_size, self.pin_memory)
         return self._rings[key]
 
 

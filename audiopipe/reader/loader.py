@@ -7,6 +7,9 @@
             ...
             ckpt["sampler"] = loader.state_dict(consumed_batches=step + 1)
 
+`prefetch=K` builds the next K batches in a background thread while the step runs (audiopipe/reader/prefetch.py);
+`device="cuda"` also hands them over already on the GPU (pinned buffers, side-stream copy).
+
 Reading is a slice of an mmap, so workers are rarely needed: num_workers=0 keeps everything in one process and
 uses no shared memory at all. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
 `shm_bytes_per_worker()` says how much, so the 3D-Speaker-style SIGBUS (a full /dev/shm) can be planned away.
@@ -14,15 +17,18 @@ uses no shared memory at all. With workers, each batch in flight lives in /dev/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from audiopipe.collate.kernels import wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.sampler.bucket import BucketBatchSampler
 
@@ -73,9 +79,24 @@ class Loader:
     sampler: BucketBatchSampler
     collate: PadCollator
     dataloader: torch.utils.data.DataLoader
+    prefetch: int = 0
+    device: torch.device | None = None
+    _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
+    _progress: Any = field(default=None, repr=False)  # its consumed count, kept after the iterator is dropped
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.dataloader)
+        if self.prefetch == 0 and self.device is None:
+            return iter(self.dataloader)
+        self._close_active()  # one pass at a time: the previous pass' thread must not draw from the sampler
+        it = PrefetchIterator(iter(self.dataloader), max(self.prefetch, 1), self.device)
+        self._active, self._progress = weakref.ref(it), it.progress
+        return it
+
+    def _close_active(self) -> None:
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+        self._active = None
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -86,6 +107,8 @@ class Loader:
         Workers are persistent, so a transform used in workers must keep its epoch where they see it (e.g. a
         shared-memory tensor, as trainers/speaker.py's SpeakerCrops does).
         """
+        self._close_active()  # a prefetch thread still drawing the previous epoch stops first
+        self._progress = None
         self.sampler.set_epoch(epoch)
         view, collate = self.dataloader.dataset, self.dataloader.collate_fn
         for t in (view.item_transform, collate.batch_transform):
@@ -93,9 +116,15 @@ class Loader:
                 t.set_epoch(epoch)
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The sampler's state after `consumed_batches` of this pass (default with prefetch: the batches the
+        trainer took from the prefetch iterator, not the ones built ahead)."""
+        if consumed_batches is None and self._progress is not None:
+            consumed_batches = self._progress.consumed
         return self.sampler.state_dict(consumed_batches=consumed_batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._close_active()
+        self._progress = None
         self.sampler.load_state_dict(state)
 
     def shm_bytes_per_worker(self) -> int:
@@ -114,7 +143,7 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
-                max_open: int = 128) -> Loader:
+                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -133,7 +162,16 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its rows
              leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()).
     max_open: shards kept mapped per process (least recently used closed beyond it; mmap reader only).
+    prefetch: batches built ahead in a background thread while the step runs (0: built on the caller's
+             thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
+    device: hand batches over on this device ("cuda", "cuda:1"); with CUDA the collator writes into pinned
+             buffers and the prefetch thread copies on a side stream (with prefetch=0, one batch ahead).
     """
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here")
     if reader == "mmap":
         ds = ShardDataset(shards_dir, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
                           max_open=max_open)
@@ -154,12 +192,26 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
         subset, lengths = ds.without_skipped(subset, lengths)
     sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
                                  max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    if num_workers == 0:
+        # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2).
+        # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
+        feats = ds.manifest["features"] if reader == "mmap" else {}
+        warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
+                               if f in feats and "dtype" in feats[f]])
+    else:
+        wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
         raise ValueError(f"read_ahead must be >= 0 batches, got {read_ahead!r}")
     view = _View(ds, subset, item_transform)
     if read_ahead and hasattr(ds, "read_ahead"):
         sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
-    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple)
+    # Batches alive at once with a prefetch thread (device alone runs one batch ahead): K queued + 1 being built
+    # + 1 held by the step. (A CUDA copy frees its ring slot at once; device="cpu" hands over the slot itself.)
+    depth = max(prefetch, 1) if prefetch or dev is not None else 0
+    ring = depth + 2 if depth else 2
+    pinned = dev is not None and dev.type == "cuda"
+    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
+                          pin_memory=pinned)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
@@ -168,4 +220,4 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
                                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
-    return Loader(ds, sampler, collate, dl)
+    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev)

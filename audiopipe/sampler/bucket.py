@@ -1,4 +1,4 @@
-"""A global, length-bucketed, padded-budget batch sampler for data-parallel training.
+"""A global, length-sorted-in-random-pools, padded-budget batch sampler for data-parallel training.
 
 Driven only by a per-utterance length array (the `<feature>_frames` column of index.arrow); it never opens
 payloads. Use it as `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`.
@@ -15,12 +15,14 @@ import numpy as np
 
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
-from audiopipe.sampler.plan import BatchBudget, estimate_boundaries, plan_epoch, validate_lengths
+from audiopipe.sampler.plan import (
+    BatchBudget, batch_stats, choose_pools, pack_pools, pair_overlap, split_to_efficiency, validate_lengths,
+)
 
-STATE_FORMAT = "audiopipe.BucketBatchSampler/1"
+STATE_FORMAT = "audiopipe.BucketBatchSampler/2"
 
 # Stream ids keep the random draws of different purposes independent of each other.
-_BOUNDARIES, _PLAN, _DEAL = 0, 1, 2
+_POOLS, _PLAN, _DEAL = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,12 @@ class SamplerDiagnostics:
     dropped_uneven: int  # left out to equalize ranks (only uneven="drop" with items < ranks needed)
     repeated: int  # extra occurrences added to equalize ranks (only uneven="repeat", same condition)
     split: int  # batches cut in two to make the batch count divisible by the world size
+    efficiency_splits: int  # batches cut in two to reach min_efficiency (small corpora)
     num_batches: int  # global batches of the epoch
     batches_per_rank: int  # under the current world size
-    num_buckets: int
+    pools: int  # random pools the epoch is sorted and packed in
     padding_efficiency: float  # sum of real frames / sum of padded frames (n * longest) over the epoch
+    pair_overlap: float  # share of item pairs sharing a batch that already shared one the epoch before
     fill_ratio: float  # mean batch cost / max_frames
     max_fill: float  # largest batch cost / max_frames (<= 1 by construction)
     too_long_indices: np.ndarray = field(repr=False)
@@ -55,8 +59,10 @@ class SamplerDiagnostics:
         return (
             f"epoch {self.epoch}: {self.kept}/{self.num_items} items in {self.num_batches} batches "
             f"({self.batches_per_rank}/rank x {self.world_size}), padding efficiency "
-            f"{self.padding_efficiency:.2%}, fill {self.fill_ratio:.2%}; dropped {self.dropped_too_long} too long, "
-            f"{self.dropped_empty} empty, {self.dropped_uneven} uneven; repeated {self.repeated}; split {self.split}"
+            f"{self.padding_efficiency:.2%}, fill {self.fill_ratio:.2%}, pairs together again {self.pair_overlap:.1%} "
+            f"({self.pools} pools); dropped {self.dropped_too_long} too long, "
+            f"{self.dropped_empty} empty, {self.dropped_uneven} uneven; repeated {self.repeated}; split {self.split} (ranks) "
+            f"+ {self.efficiency_splits} (padding)"
         )
 
 
@@ -77,11 +83,15 @@ class BucketBatchSampler:
     optional attention term) and never exceeds max_frames; n never exceeds max_items. Items that exceed the
     budget alone, and empty items, are dropped and counted in `diagnostics`.
 
-    Plan: bucket edges come from a random sample of the lengths (see plan.estimate_boundaries). Every epoch,
-    from (seed, epoch) only, the edges are shifted, items are shuffled within their bucket and packed greedily
-    in bucket order, so batch composition changes every epoch while padding stays small. The global batches
-    are then dealt to ranks (deal.deal): biggest batches are split until the count divides by world_size, so
-    every rank gets the same number of batches; the batches of one step have similar cost.
+    Plan (plan.pack_pools), from (seed, epoch) only: the items are cut into `pools` random pools, each pool is
+    sorted by length and packed greedily, so a batch holds neighbours in length (little padding) drawn from a
+    new random 1/pools of the corpus every epoch (new composition: pairs of items meet again with probability
+    ~0.7/pools). pools=None picks the most pools (<= 16) whose packing still reaches min_efficiency + 1.5 points
+    (plan.choose_pools). If the epoch's padding efficiency is still below min_efficiency (small corpora: few
+    items of similar length), the most wasteful batches are cut in two until it is not
+    (plan.split_to_efficiency). The global batches are then dealt to ranks (deal.deal): biggest batches are
+    split until the count divides by world_size, so every rank gets the same number of batches; the batches of
+    one step have similar cost.
 
     Epochs: call set_epoch(epoch) before iterating (like DistributedSampler). Each iter() is one pass over
     the epoch; only the first pass after load_state_dict() resumes mid-epoch.
@@ -108,9 +118,8 @@ class BucketBatchSampler:
         *,
         quadratic: float = 0.0,
         max_items: int | None = None,
-        bucket_width: float = 0.03,
-        min_bucket_batches: float = 2.0,
-        boundary_sample_size: int = 20_000,
+        pools: int | None = None,
+        min_efficiency: float = 0.97,
         seed: int = 0,
         shuffle: bool = True,
         uneven: Uneven = "repeat",
@@ -120,19 +129,15 @@ class BucketBatchSampler:
         self.lengths = validate_lengths(lengths)
         self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
                                   float(quadratic), max_items)
-        if not bucket_width > 0:
-            raise ValueError(f"bucket_width must be > 0 (relative width of a bucket), got {bucket_width!r}")
-        if not min_bucket_batches >= 0:
-            raise ValueError(f"min_bucket_batches must be >= 0, got {min_bucket_batches!r}")
-        if boundary_sample_size < 1:
-            raise ValueError(f"boundary_sample_size must be >= 1, got {boundary_sample_size!r}")
+        if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
+            raise ValueError(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
+        if not 0 <= min_efficiency < 1:
+            raise ValueError(f"min_efficiency must be in [0, 1) (0 turns it off), got {min_efficiency!r}")
         if int(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed!r}")
         if uneven not in ("repeat", "drop"):
             raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
-        self.bucket_width = float(bucket_width)
-        self.min_bucket_batches = float(min_bucket_batches)
-        self.boundary_sample_size = int(boundary_sample_size)
+        self.min_efficiency = float(min_efficiency)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.uneven: Uneven = uneven
@@ -142,10 +147,11 @@ class BucketBatchSampler:
         fits = self.budget.fits_alone(self.lengths)
         self._too_long = np.flatnonzero(~fits & (self.lengths > 0))
         self._candidates = np.flatnonzero(fits & (self.lengths > 0))
-        self.boundaries = estimate_boundaries(
-            self.lengths[self._candidates], self.budget, self.bucket_width, self.min_bucket_batches,
-            self.boundary_sample_size, self._rng(_BOUNDARIES),
-        )
+        self.requested_pools = None if pools is None else int(pools)
+        if pools is None:
+            target = min(self.min_efficiency + 0.015, 0.995)
+            pools = choose_pools(self.lengths[self._candidates], self.budget, target, self._rng(_POOLS))
+        self.pools = int(pools)
         self._fingerprint = hashlib.sha256(self.lengths.tobytes()).hexdigest()[:16]
         self.epoch = 0
         self._pending: _Position | None = None  # set by load_state_dict, consumed by the next iter()
@@ -280,9 +286,9 @@ class BucketBatchSampler:
         split, repeated = split + current.split, repeated + current.repeated
         dropped.append(current.dropped)
         dropped_uneven = np.concatenate(dropped) if dropped else np.empty(0, dtype=np.int64)
-        sizes = np.fromiter((b.size for b in trained), dtype=np.float64, count=len(trained))
-        longest = np.fromiter((self.lengths[b].max() for b in trained), dtype=np.float64, count=len(trained))
-        real = float(sum(self.lengths[b].sum() for b in trained))
+        sizes, longest, frames = batch_stats(trained, self.lengths)
+        sizes, longest = sizes.astype(np.float64), longest.astype(np.float64)
+        real = float(frames.sum())
         padded = float((sizes * longest).sum())
         cost = self.budget.cost(sizes, longest) / self.budget.max_frames
         return SamplerDiagnostics(
@@ -295,10 +301,12 @@ class BucketBatchSampler:
             dropped_uneven=int(dropped_uneven.size),
             repeated=int(repeated),
             split=int(split),
+            efficiency_splits=int(self._plan(epoch)[1]),
             num_batches=len(trained),
             batches_per_rank=int(current.steps.shape[0]),
-            num_buckets=int(self.boundaries.size + 1) if self._candidates.size else 0,
+            pools=self.pools,
             padding_efficiency=real / padded if padded else 1.0,
+            pair_overlap=self._pair_overlap(epoch),
             fill_ratio=float(cost.mean()) if cost.size else 0.0,
             max_fill=float(cost.max()) if cost.size else 0.0,
             too_long_indices=self._too_long,
@@ -311,15 +319,29 @@ class BucketBatchSampler:
     def _rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *stream])
 
-    def _plan(self, epoch: int) -> list[np.ndarray]:
+    def _plan(self, epoch: int) -> tuple[list[np.ndarray], int]:
+        """The epoch's global batches before dealing, and how many of them were split for min_efficiency."""
         key = ("plan", epoch)
         if key not in self._cache:
             self._trim_cache(epoch)
-            rng = self._rng(_PLAN, epoch) if self.shuffle else None
-            self._cache[key] = plan_epoch(
-                self._candidates, self.lengths, self.budget, self.boundaries, self.bucket_width, rng
-            )
+            self._cache[key] = self._plan_uncached(epoch)
         return self._cache[key]
+
+    def _plan_uncached(self, epoch: int) -> tuple[list[np.ndarray], int]:
+        rng = self._rng(_PLAN, epoch) if self.shuffle else None
+        batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
+        return split_to_efficiency(batches, self.lengths, self.min_efficiency)
+
+    def _pair_overlap(self, epoch: int) -> float:
+        """Pairs of this epoch's batches (as dealt to all ranks) that shared a batch in the epoch before
+        (epoch 0: epoch 1 against epoch 0)."""
+        other = epoch - 1 if epoch > 0 else epoch + 1
+        a = self._deal(epoch, ()).batches
+        # The other epoch is planned and dealt outside the cache, which holds the epoch in progress only.
+        rng = self._rng(_DEAL, other, 0) if self.shuffle else None
+        b = deal(self._plan_uncached(other)[0], self.lengths, self.budget, self.world_size, rng, self.uneven).batches
+        before, after = (b, a) if other < epoch else (a, b)
+        return pair_overlap(before, after, self.lengths.size)
 
     def _deal(self, epoch: int, segments: tuple[tuple[int, int], ...], world_size: int | None = None) -> Deal:
         """The deal of segment len(segments): the plan, re-dealt after each earlier (world_size, steps)."""
@@ -330,7 +352,7 @@ class BucketBatchSampler:
                 w, k = segments[-1]
                 batches = self._deal(epoch, segments[:-1], world_size=w).remaining(k)
             else:
-                batches = self._plan(epoch)
+                batches = self._plan(epoch)[0]
             rng = self._rng(_DEAL, epoch, len(segments)) if self.shuffle else None
             self._cache[key] = deal(batches, self.lengths, self.budget, world_size, rng, self.uneven)
         return self._cache[key]
@@ -344,9 +366,8 @@ class BucketBatchSampler:
             "max_frames": int(self.budget.max_frames),
             "quadratic": self.budget.quadratic,
             "max_items": self.budget.max_items,
-            "bucket_width": self.bucket_width,
-            "min_bucket_batches": self.min_bucket_batches,
-            "boundary_sample_size": self.boundary_sample_size,
+            "pools": self.pools,
+            "min_efficiency": self.min_efficiency,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "uneven": self.uneven,

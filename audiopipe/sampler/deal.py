@@ -8,7 +8,7 @@ from typing import Literal
 
 import numpy as np
 
-from audiopipe.sampler.plan import BatchBudget
+from audiopipe.sampler.plan import BatchBudget, batch_stats
 
 Uneven = Literal["repeat", "drop"]
 
@@ -100,8 +100,7 @@ def deal(
     if rng is None:
         steps = np.arange(n, dtype=np.int64).reshape(-1, world_size)
     else:
-        sizes = np.fromiter((b.size for b in out), dtype=np.int64, count=n)
-        longest = np.fromiter((lengths[b].max() for b in out), dtype=np.int64, count=n)
+        sizes, longest, _ = batch_stats(out, lengths)
         cost = budget.cost(sizes, longest)
         perm = rng.permutation(n)
         order = perm[np.argsort(cost[perm], kind="stable")]

@@ -1,0 +1,162 @@
+"""Build the next batches in a background thread while the training step runs (make_loader's `prefetch=K`).
+
+With `num_workers=0` a batch is read, copied and padded on the training thread, so the accelerator idles
+while it is built. A `PrefetchIterator` runs the DataLoader's iterator in one daemon thread, K batches
+ahead. The copy-and-pad kernel is compiled with `nogil=True` and numpy releases the GIL in its big copies,
+so the thread really runs in parallel with a step that releases the GIL (CUDA kernel launches and syncs,
+a CPU GEMM, time.sleep).
+
+With a CUDA `device`, the collator writes into pinned buffers and the thread copies each batch to the
+device on its own side stream and waits for that copy (only the thread waits): the consumer gets tensors
+already on the device, and the pinned buffer is free for the next batch. Each device tensor is then
+marked as used by the consumer's stream (`record_stream`), so the caching allocator does not hand its
+memory to the side stream while the step still reads it.
+
+Rules that keep it exact and leak-free:
+- `consumed` counts the batches handed to the consumer, never the ones built ahead: the loader's
+  `state_dict()` saves that count, so a resume yields exactly the batches not yet trained on.
+- The thread holds no reference to the iterator object: when the iterator is dropped (or `close()`d, or the
+  loader starts another pass), the thread sees the stop flag within 50 ms and ends.
+- An exception in the thread is re-raised in the consumer (`PrefetchError` chained to it), never a hang; a
+  thread that dies without a word is reported too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from typing import Any, Iterator
+
+import torch
+
+_POLL_S = 0.05  # how often a blocked put/get looks at the stop flag / the thread's liveness
+
+
+class Progress:
+    """Batches handed to the consumer in one pass; kept by the loader, so it outlives a dropped iterator."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+
+
+class PrefetchError(RuntimeError):
+    """A batch could not be built in the prefetch thread; the cause is chained (`__cause__`)."""
+
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _copy_to_device(batch: Any, device: torch.device, stream: Any) -> Any:
+    """Every tensor of the batch dict on `device`; on CUDA copied on `stream`, which this call waits for."""
+    if not isinstance(batch, dict):
+        return batch
+    if stream is None:
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    with torch.cuda.stream(stream):
+        out = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    # Waiting here (this thread only, GIL released) makes the hand-over safe by construction: the consumer
+    # never sees a batch whose copy is still running, and the pinned source buffer may be rewritten at once.
+    stream.synchronize()
+    return out
+
+
+def _produce(source: Iterator, out: queue.Queue, stop: threading.Event, device: torch.device | None,
+             stream: Any) -> None:
+    """Thread body: build batches into `out` until the source ends, fails or `stop` is set."""
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for batch in source:
+            if stop.is_set():
+                return
+            if device is not None:
+                batch = _copy_to_device(batch, device, stream)
+            if not put(batch):
+                return
+        put(_End())
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+        put(_Failed(exc))
+
+
+def _stop(stop: threading.Event, thread: threading.Thread) -> None:
+    stop.set()
+    if thread is not threading.current_thread():
+        thread.join(timeout=5.0)
+
+
+class PrefetchIterator:
+    """Yields `source`'s batches, built `depth` batches ahead in a background thread (optionally on `device`)."""
+
+    def __init__(self, source: Iterator, depth: int, device: torch.device | str | None = None):
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1 batch, got {depth!r}")
+        self.depth = int(depth)
+        self.device = torch.device(device) if device is not None else None
+        self.progress = Progress()
+        self.finished = False
+        stream = None
+        if self.device is not None and self.device.type == "cuda":
+            stream = torch.cuda.Stream(device=self.device)
+        self._queue: queue.Queue = queue.Queue(maxsize=self.depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=_produce, name="audiopipe-prefetch", daemon=True,
+                                        args=(source, self._queue, self._stop, self.device, stream))
+        self._thread.start()
+        # Ends the thread when this iterator is garbage collected (the thread only holds the queue and flag).
+        self._finalizer = weakref.finalize(self, _stop, self._stop, self._thread)
+
+    def __iter__(self) -> PrefetchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self.close()
+                    raise PrefetchError("the prefetch thread ended without finishing the pass") from None
+        if isinstance(item, _End):
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self.close()
+            raise PrefetchError(f"building a batch failed in the prefetch thread: {item.exc!r}") from item.exc
+        if self.device is not None and self.device.type == "cuda" and isinstance(item, dict):
+            current = torch.cuda.current_stream(self.device)
+            for v in item.values():
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    v.record_stream(current)
+        self.progress.consumed += 1
+        return item
+
+    @property
+    def consumed(self) -> int:
+        return self.progress.consumed
+
+    def close(self) -> None:
+        """Stop the thread (the batches built ahead are dropped; `consumed` stays what the consumer took)."""
+        self.finished = True
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
