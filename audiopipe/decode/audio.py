@@ -189,16 +189,20 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
     path = os.fspath(path)
     with _open(path) as info:  # the open file is its own header: samplerate, channels, frames, format
         check_header(info, limits)
-        try:
-            data, error = _decode(info)
-        except (RuntimeError, OSError, ValueError) as e:
-            raise RejectError("unreadable", f"libsndfile cannot open the file for decoding: {e}") from None
-        samplerate, fmt = int(info.samplerate), info.format
-        declared = _declared_frames(path, info)
+        return decode_checked(info, _declared_frames(path, info), limits)
+
+
+def decode_checked(f: sf.SoundFile, declared: int, limits: DecodeLimits,
+                   what: str = "decoded audio") -> tuple[np.ndarray, int]:
+    """Decode an open file (a path, a tar member, a recording) to (float32 mono, rate) with every check after
+    the header's: unreadable, truncated (with MP3's slack), empty, NaN/inf, then duration and silence."""
+    try:
+        data, error = _decode(f)
+    except (RuntimeError, OSError, ValueError) as e:
+        raise RejectError("unreadable", f"libsndfile cannot open the file for decoding: {e}") from None
+    samplerate = int(f.samplerate)
     decoded = len(data)
-    slack = 0
-    if fmt == "MP3":
-        slack = max(_MP3_SLACK_FRAMES, int(declared * _MP3_SLACK_FRACTION))
+    slack = max(_MP3_SLACK_FRAMES, int(declared * _MP3_SLACK_FRACTION)) if f.format == "MP3" else 0
     if decoded + slack < declared or (error is not None and decoded < declared):
         why = f" (decoder stopped: {error})" if error else ""
         raise RejectError("truncated", f"decoded {decoded} of the {declared} frames the header declares "
@@ -213,23 +217,25 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
         raise RejectError("nan_inf", f"{bad} of {data.size} samples are NaN or infinite")
 
     wav = data if data.ndim == 1 else data.mean(axis=1, dtype=np.float32)
-    wav = np.ascontiguousarray(wav, dtype=np.float32)
-
     # Re-check the duration on what was actually decoded (MP3 headers may estimate it).
-    duration = len(wav) / samplerate
+    return check_limits(np.ascontiguousarray(wav, dtype=np.float32), samplerate, limits, what), samplerate
+
+
+def check_limits(wav: np.ndarray, sr: int, limits: DecodeLimits, what: str = "decoded audio") -> np.ndarray:
+    """Duration and silence limits on decoded mono audio: a whole file, or a cut of a recording."""
+    duration = len(wav) / sr
     if duration < limits.min_duration:
-        raise RejectError("too_short", f"{duration:.3f} s decoded is shorter than the minimum "
+        raise RejectError("too_short", f"{what} of {duration:.3f} s is shorter than the minimum "
                                        f"{limits.min_duration} s")
     if duration > limits.max_duration:
-        raise RejectError("too_long", f"{duration:.3f} s decoded is longer than the maximum "
+        raise RejectError("too_long", f"{what} of {duration:.3f} s is longer than the maximum "
                                       f"{limits.max_duration} s")
-
-    peak = float(np.max(np.abs(wav)))
+    peak = float(np.max(np.abs(wav))) if len(wav) else 0.0
     peak_dbfs = 20.0 * math.log10(peak) if peak > 0 else -math.inf
     if peak_dbfs < limits.silence_dbfs:
         shown = "-inf" if peak == 0 else f"{peak_dbfs:.1f}"
         raise RejectError("silent", f"peak {shown} dBFS is below the {limits.silence_dbfs} dBFS silence threshold")
-    return wav, samplerate
+    return wav
 
 
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:

@@ -16,10 +16,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from audiopipe.decode.audio import DecodeLimits, RejectError, check_header
-from audiopipe.decode.segments import check_segment
-
-_MP3_SLACK_FRAMES = 2 * 1152
+from audiopipe.decode.audio import DecodeLimits, RejectError, check_header, decode_checked
 
 
 class MemberView(io.RawIOBase):
@@ -83,26 +80,5 @@ def load_member(u: Any, limits: DecodeLimits | None = None) -> tuple[np.ndarray,
     limits = limits or DecodeLimits()
     info = member_info(u.path, u.extra["member_offset"], u.extra["member_size"])
     check_header(info, limits)
-    blocks, error = [], None
     with member_view(u) as view, sf.SoundFile(view) as f:
-        while True:
-            try:
-                block = f.read(1 << 16, dtype="float32", always_2d=True)
-            except (RuntimeError, OSError, ValueError) as e:
-                error = str(e)
-                break
-            if len(block) == 0:
-                break
-            blocks.append(block)
-    data = np.concatenate(blocks) if blocks else np.zeros((0, info.channels), np.float32)
-    slack = max(_MP3_SLACK_FRAMES, int(info.frames * 0.01)) if info.format == "MP3" else 0
-    if len(data) + slack < info.frames or (error is not None and len(data) < info.frames):
-        why = f" (decoder stopped: {error})" if error else ""
-        raise RejectError("truncated", f"decoded {len(data)} of the {info.frames} frames the header declares{why}")
-    if len(data) == 0:
-        raise RejectError("empty", "no audio frames could be decoded")
-    if not np.isfinite(data).all():
-        raise RejectError("nan_inf", f"{int(data.size - np.isfinite(data).sum())} samples are NaN or infinite")
-    wav = data[:, 0].copy() if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float32)
-    sr = int(info.samplerate)
-    return check_segment(np.ascontiguousarray(wav, dtype=np.float32), sr, limits, what="tar member"), sr
+        return decode_checked(f, int(info.frames), limits, what="tar member")

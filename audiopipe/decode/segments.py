@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio
+from audiopipe.decode.audio import DecodeLimits, RejectError, check_limits, load_audio
 
 
 def is_segment(u: Any) -> bool:
@@ -36,7 +36,7 @@ class RecordingCache:
         """Any utterance's audio: a segment cut from its recording, a tar member read in place, or a file."""
         if is_segment(u):
             return self.cut(u, limits)
-        from audiopipe.decode.members import is_member, load_member  # (members imports check_segment from here)
+        from audiopipe.decode.members import is_member, load_member
 
         if is_member(u):
             return load_member(u, limits)
@@ -62,21 +62,5 @@ class RecordingCache:
         start, end = int(u.extra["start_frame"]), int(u.extra["end_frame"])
         if end > len(wav) or start >= end:
             raise RejectError("bad_segment", f"frames {start}-{end} are outside the {len(wav)} decoded frames")
-        return check_segment(wav[start:end].copy(), sr, limits), sr
+        return check_limits(wav[start:end].copy(), sr, limits, what="segment"), sr
 
-
-def check_segment(wav: np.ndarray, sr: int, limits: DecodeLimits, what: str = "segment") -> np.ndarray:
-    """Duration and silence limits on a cut (the checks load_audio makes on a whole file)."""
-    duration = len(wav) / sr
-    if duration < limits.min_duration:
-        raise RejectError("too_short", f"{what} of {duration:.3f} s is shorter than the minimum "
-                                       f"{limits.min_duration} s")
-    if duration > limits.max_duration:
-        raise RejectError("too_long", f"{what} of {duration:.3f} s is longer than the maximum "
-                                      f"{limits.max_duration} s")
-    peak = float(np.max(np.abs(wav))) if len(wav) else 0.0
-    peak_dbfs = 20.0 * math.log10(peak) if peak > 0 else -math.inf
-    if peak_dbfs < limits.silence_dbfs:
-        shown = "-inf" if peak == 0 else f"{peak_dbfs:.1f}"
-        raise RejectError("silent", f"{what} peak {shown} dBFS is below the {limits.silence_dbfs} dBFS threshold")
-    return wav
