@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +63,22 @@ def test_kaldi_data_dir_with_segments(kaldi):
                           "segments#ghost-0": "kaldi_missing_recording", "segments#late-0": "bad_segment"}
     pipe = next(r for r in d.rejects if r.reason == "kaldi_pipe")
     assert "wav.scp:" in pipe.detail and "not run" in pipe.detail
+
+
+def test_unsafe_layout_ids_are_rejected_bad_id(kaldi, tmp_path):
+    """Utterance ids from a layout's own index files become tar member names like manifest ids do: an id that
+    would escape the archive or name an absolute path is refused, the rest of the corpus is kept."""
+    root, expected = kaldi
+    copy = tmp_path / "kaldi"
+    shutil.copytree(root, copy)
+    rec = next(iter(expected.values()))[0]
+    with open(copy / "segments", "a", encoding="utf-8") as f:
+        for uid in ("../evil", "/abs", "a\\b", "x/./y"):
+            f.write(f"{uid} {rec} 0.5 1.5\n")
+    d = discover(copy)
+    assert sorted(u.id for u in d.utterances) == sorted(expected)
+    bad = sorted(r.detail.split("'")[1] for r in d.rejects if r.reason == "bad_id")
+    assert bad == sorted(["../evil", "/abs", "a\\\\b", "x/./y"]), d.rejects
 
 
 def test_segments_decode_each_recording_once(kaldi):

@@ -32,12 +32,18 @@ def pick_layout(root: str, layout: str = "auto") -> str | None:
 
 
 def discover_layout(name: str, root: str, speaker_rule: int | None):
-    """(utterances, rejects) of `root` read as layout `name`; a repeated id is a `duplicate_id` reject."""
+    """(utterances, rejects) of `root` read as layout `name`; an unsafe id is a `bad_id` reject and a repeated
+    one a `duplicate_id` reject, as for `--manifest` ids (layout ids come from the corpus's own index files)."""
     from audiopipe.corpus.discover import Reject
+    from audiopipe.corpus.transcripts import id_problem
 
     utts, rejects = _module(name).discover(root, speaker_rule)
     kept, seen = [], {}
     for u in sorted(utts, key=lambda u: (u.id, u.source)):
+        problem = id_problem(u.id)
+        if problem:
+            rejects.append(Reject(u.path, u.source, "bad_id", f"{name} id {u.id!r} {problem}"))
+            continue
         if u.id in seen:
             rejects.append(Reject(u.path, u.source, "duplicate_id", f"id {u.id!r} is already used by {seen[u.id]}"))
             continue
