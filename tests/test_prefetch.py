@@ -132,9 +132,10 @@ def test_a_corrupt_shard_surfaces_through_prefetch(shards, tmp_path):
     from test_reader import copy_shards
 
     w = copy_shards(shards, tmp_path / "s")
+    loader = make_loader(w.root, ["mel"], max_frames=BUDGET, seed=0, prefetch=2)
+    # Truncated after the loader checked it at open: the batch thread meets it, and its error reaches the loop.
     with open(w.shard_path(2), "r+b") as f:
         f.truncate(1000)
-    loader = make_loader(w.root, ["mel"], max_frames=BUDGET, seed=0, prefetch=2)
     with pytest.raises(PrefetchError, match="shard"):
         for _ in loader:
             pass
