@@ -21,7 +21,6 @@ epoch 0. --resume and --collate add the resume-cost and collate-throughput measu
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -35,6 +34,7 @@ from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, synthetic_lengths
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
+from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 Batches = list[np.ndarray]
 
@@ -375,12 +375,7 @@ def main() -> None:
               f"PadCollator {c['pad_collator_gb_s']:.2f} GB/s ({c['pad_collator_vs_memcpy']:.0%}; with ring_size=1 "
               f"{c['pad_collator_ring1_gb_s']:.2f} GB/s, {c['pad_collator_ring1_vs_memcpy']:.0%}), "
               f"fresh zeroed tensor per batch {c['fresh_zeroed_gb_s']:.2f} GB/s ({c['fresh_zeroed_vs_memcpy']:.0%})")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot(rows, args.plot, args.machine)
-        print(f"wrote {args.plot}")
+    write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 
 
 if __name__ == "__main__":

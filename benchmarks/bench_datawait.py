@@ -23,7 +23,6 @@ wait_share < 0.5 % whenever loader_ms < the step's time.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from audiopipe.reader.loader import make_loader
+from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 LOADERS = {"prefetch0": {"prefetch": 0, "num_workers": 0},
            "prefetch2": {"prefetch": 2, "num_workers": 0},
@@ -197,12 +197,7 @@ def main() -> None:
               "machine": {"label": args.machine, "python": platform.python_version(), "torch": torch.__version__,
                           "cpu": platform.processor() or platform.machine()},
               "shards": str(args.shards), "budget_frames": args.budget, "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot(rows, args.plot, args.machine)
-        print(f"wrote {args.plot}")
+    write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 
 
 if __name__ == "__main__":

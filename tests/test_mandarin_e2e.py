@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from launch import run_group
 import train_f5tts as f5  # trainers/ is on the tests' path (pyproject: pythonpath)
 from audiopipe.cli import main as cli
 from audiopipe.text.f5_pinyin import build_vocab, f5_pinyin_tokens
@@ -92,17 +91,9 @@ def _torchrun(script: str, shards: Path, out: Path, steps: int, *extra: str) -> 
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(REPO / "trainers" / script),
            "--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
            "--log-every", "1", "--ckpt-every", "2", "--warmup-steps", "100", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        stdout, stderr = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks
-        stdout, stderr = p.communicate()
-        pytest.fail(f"torchrun timed out: {stdout[-2000:]}{stderr[-2000:]}")
-    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return stdout
+    r = run_group(cmd, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
 
 
 def _log(out: Path) -> list[dict]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -22,6 +20,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from launch import run_group
 from audiopipe.decode.audio import resampler_info
 from audiopipe.features.registry import build_feature
 from audiopipe.index.lengths import build_index
@@ -414,16 +413,8 @@ def run_torchrun(script: Path, *args: str, timeout: float = 150) -> None:
     """Two CPU ranks under torchrun; kills the whole process group on timeout."""
     # --standalone picks a free rendezvous port (--master_port=0 hangs the ranks with this torch).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        pytest.fail(f"torchrun timed out: {out[-1500:]}{err[-1500:]}")
-    assert p.returncode == 0, err[-3000:]
+    r = run_group(cmd, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_torchrun_two_ranks_read_every_sample_exactly_once(shards, tmp_path):

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from launch import run_group
 import train_f5tts as f5
 from shard_helpers import shard
 
@@ -207,16 +206,8 @@ def _torchrun(shards: Path, out: Path, steps: int, *extra: str) -> None:
            "--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
            "--batch-frames", "1600", "--log-every", "1", "--ckpt-every", "2", "--lr", "1e-3",
            "--warmup-steps", "100", *extra]  # warmup > steps: the LR does not depend on --max-steps
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        stdout, stderr = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks, not just the launcher
-        stdout, stderr = p.communicate()
-        pytest.fail(f"torchrun timed out: {stdout[-2000:]}{stderr[-2000:]}")
-    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    r = run_group(cmd, timeout=240, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def _log(out: Path) -> list[dict]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from launch import run_group
 import core
 import speaker
 import speaker_data
@@ -333,23 +332,14 @@ def test_torchrun_two_processes(spk_shards, tmp_path):
     out = tmp_path / "run"
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2",
            str(ROOT / "trainers" / f"train_{name}.py"), *_argv(spk_shards, out, 3, "--heldout-speakers", "2")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    # A session of its own, so that a hung run can be ended with all its ranks.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun did not finish in 300 s:\n{stdout[-2000:]}\n{stderr[-2000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    run = run_group(cmd, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["world"] == 2 and 0 <= r["data_wait_share"] <= 1 and math.isfinite(r["loss"]) for r in recs)
     res = json.loads((out / "eer.json").read_text())
     assert 0 <= res["eer"] <= 1 and res["target_trials"] == 30 and res["nontarget_trials"] == 36
-    assert f"[{name}] EER" in stdout
+    assert f"[{name}] EER" in run.stdout
 
 
 @pytest.mark.parametrize("name", ["campplus", "eres2net"])

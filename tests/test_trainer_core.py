@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch import run_group
 import core
 from shard_helpers import shard
 
@@ -40,16 +40,7 @@ def _args(shards: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _launch(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    # A session of its own, so that a hung run is ended with all its ranks.
-    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        stdout, stderr = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        stdout, stderr = p.communicate()
-        pytest.fail(f"did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-2000:]}")
-    return subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
+    return run_group(cmd, timeout=timeout, env=ENV)
 
 
 def _run(shards: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:

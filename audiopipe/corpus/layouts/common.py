@@ -18,14 +18,16 @@ def rel(path: str, root: str) -> str:
     return PurePosixPath(*r.split(os.sep)).as_posix()
 
 
-def header(path: str, source: str) -> tuple[Any, Reject | None]:
-    """soundfile info of the file, or the Reject that says why it cannot be used."""
+def header(path: str, source: str, where: str = "") -> tuple[Any, Reject | None]:
+    """soundfile info of the file, or the Reject that says why it cannot be used (its detail starting with
+    `where`, the index line that named the file, when given)."""
+    at = f"{where}: " if where else ""
     try:
         info = read_info(path)
     except RejectError as e:
-        return None, Reject(path, source, e.reason, e.detail)
+        return None, Reject(path, source, e.reason, at + e.detail)
     if info.frames <= 0:
-        return None, Reject(path, source, "empty", "the header declares no audio frames")
+        return None, Reject(path, source, "empty", at + "the header declares no audio frames")
     return info, None
 
 

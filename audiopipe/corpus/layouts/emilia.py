@@ -106,9 +106,8 @@ def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list
                     raise ValueError(f"{jsonl}:{n}: an Emilia line needs {', '.join(_REQUIRED)}")
                 path = os.path.join(base, str(row["wav"]))
                 source = rel(path, root)
-                info, bad = header(path, source)
+                info, bad = header(path, source, f"{os.path.basename(jsonl)}:{n}")
                 if bad is not None:
-                    bad.detail = f"{os.path.basename(jsonl)}:{n}: {bad.detail}"
                     rejects.append(bad)
                     continue
                 extra = {k: v for k, v in row.items() if k not in ("id", "wav", "text", "speaker")}

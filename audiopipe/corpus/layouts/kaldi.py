@@ -91,9 +91,8 @@ def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list
             continue
         path = value if os.path.isabs(value) else os.path.join(root, value)
         source = rel(path, root)
-        info, bad = header(path, source)
+        info, bad = header(path, source, where)
         if bad is not None:
-            bad.detail = f"{where}: {bad.detail}"
             rejects.append(bad)
             continue
         recordings[rec] = (path, source, info)
