@@ -9,7 +9,6 @@ EER on the held-out speakers.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 import core
+from audiopipe.storage.atomic import write_json_atomic
 from speaker_data import SAMPLE_RATE, SpeakerData, fbank_batch
 from speaker_eval import AAMSoftmax, MarginSchedule, evaluate_eer
 
@@ -129,7 +129,7 @@ def train_and_evaluate(name: str, model: SpeakerModel, data: SpeakerData, cfg: c
     res = evaluate_eer(model.encoder, cfg.shards, data.split, d.device, data.speakers,
                        int(args.eval_max_seconds * SAMPLE_RATE))
     res["step"] = last.get("step")
-    Path(cfg.out, "eer.json").write_text(json.dumps(res, indent=1) + "\n")
+    write_json_atomic(Path(cfg.out, "eer.json"), res)
     print(f"[{name}] EER {res['eer'] * 100:.2f}% on {res['target_trials']} target / {res['nontarget_trials']} "
           f"non-target trials ({res['utterances']} utterances of held-out speakers {res['speakers']}); "
           f"wrote {Path(cfg.out, 'eer.json')}", flush=True)

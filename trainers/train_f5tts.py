@@ -20,7 +20,6 @@ the LR schedule is trainers/core's warmup + cosine rather than F5's warmup + lin
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -33,6 +32,7 @@ from torch import nn
 
 from core import count_parameters, load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
 from audiopipe.features.mel import VocosMel
+from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
 
 
 # ----------------------------------------------------------------------------- config
@@ -410,12 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     if d.main:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "model_config.json").write_text(json.dumps(
-            {"model": asdict(mcfg), "tokenizer": "byte" if tok.vocab is None else ("pinyin" if tok.split else "vocab"),
-             "mel_hash": MEL_HASH,
-             "parameters": count_parameters(model)}, indent=1) + "\n")
+        write_json_atomic(out / "model_config.json", {
+            "model": asdict(mcfg), "tokenizer": "byte" if tok.vocab is None else ("pinyin" if tok.split else "vocab"),
+            "mel_hash": MEL_HASH, "parameters": count_parameters(model)})
         if tok.vocab is not None:
-            (out / "vocab.txt").write_text("".join(s + "\n" for s in tok.vocab), encoding="utf-8")
+            write_text_atomic(out / "vocab.txt", "".join(s + "\n" for s in tok.vocab))
         print(f"[f5tts] {count_parameters(model) / 1e6:.2f} M parameters, config {cfg.config}, "
               f"vocab {tok.size}, world {d.world}", flush=True)
         if getattr(tok, "report", None):
