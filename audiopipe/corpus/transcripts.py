@@ -11,7 +11,7 @@ import os
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 METADATA_NAME = "metadata.csv"
 # Sidecar names tried beside `x.wav`, in order. LibriTTS ships x.normalized.txt and x.original.txt.
@@ -23,6 +23,21 @@ MANIFEST_KNOWN_KEYS = ("path", "audio", "id", "text", "speaker")
 
 class TranscriptError(ValueError):
     """A transcript source that cannot be parsed; the message names the file and line."""
+
+
+def json_lines(path: str, f: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is a
+    TranscriptError naming `path:line` (one bad line concerns the whole index, so it is not skipped)."""
+    for lineno, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TranscriptError(f"{path}:{lineno}: not a JSON object per line ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise TranscriptError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        yield lineno, rec
 
 
 def read_text_file(path: str) -> str:
@@ -218,15 +233,7 @@ def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
                 for rec in reader:
                     rows.append(_row(rec, base, path, reader.line_num))
             elif ext in ("jsonl", "ndjson", "json"):
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise TranscriptError(f"{path}:{lineno}: not a JSON object per line ({e.msg})") from None
-                    if not isinstance(rec, dict):
-                        raise TranscriptError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+                for lineno, rec in json_lines(path, f):
                     rows.append(_row(rec, base, path, lineno))
             else:
                 raise TranscriptError(f"{path}: unknown manifest type '.{ext}' (use .jsonl, .csv or .tsv)")

@@ -25,6 +25,7 @@ import tarfile
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.corpus.transcripts import json_lines
 
 NAME = "emilia"
 EXPECTS = "JSONL files (id, wav, text, ...) beside their audio folders, in the folder or one level below"
@@ -95,14 +96,8 @@ def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list
     for jsonl in _jsonl_files(root):
         base = os.path.dirname(jsonl)
         with open(jsonl, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{jsonl}:{n}: not JSON: {e.msg}") from None
-                if not isinstance(row, dict) or any(k not in row for k in _REQUIRED):
+            for n, row in json_lines(jsonl, f):
+                if any(k not in row for k in _REQUIRED):
                     raise ValueError(f"{jsonl}:{n}: an Emilia line needs {', '.join(_REQUIRED)}")
                 path = os.path.join(base, str(row["wav"]))
                 source = rel(path, root)
