@@ -125,6 +125,7 @@ class BucketBatchSampler:
         uneven: Uneven = "repeat",
         rank: int | None = None,
         world_size: int | None = None,
+        epoch_items: Callable[[int], np.ndarray] | None = None,
     ):
         self.lengths = validate_lengths(lengths)
         self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
@@ -142,6 +143,10 @@ class BucketBatchSampler:
         self.shuffle = bool(shuffle)
         self.uneven: Uneven = uneven
         self.rank, self.world_size = rank_and_world(rank, world_size)
+        # epoch -> the items that epoch plans, an index repeated as often as it is to be seen (weighted corpus
+        # mixing, audiopipe/sampler/corpus_weights.py); None: every item once. Must be a pure function of the
+        # epoch (every rank, and every resume, plans the same items); its config() joins the state's config.
+        self.epoch_items = epoch_items
 
         self._empty = np.flatnonzero(self.lengths == 0)
         fits = self.budget.fits_alone(self.lengths)
@@ -295,7 +300,7 @@ class BucketBatchSampler:
             epoch=epoch,
             world_size=self.world_size,
             num_items=int(self.lengths.size),
-            kept=int(self._candidates.size - dropped_uneven.size),
+            kept=int(self._epoch_candidates(epoch).size - dropped_uneven.size),  # occurrences, with epoch_items
             dropped_too_long=int(self._too_long.size),
             dropped_empty=int(self._empty.size),
             dropped_uneven=int(dropped_uneven.size),
@@ -327,9 +332,18 @@ class BucketBatchSampler:
             self._cache[key] = self._plan_uncached(epoch)
         return self._cache[key]
 
+    def _epoch_candidates(self, epoch: int) -> np.ndarray:
+        if self.epoch_items is None:
+            return self._candidates
+        items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
+        if items.size and (items.min() < 0 or items.max() >= self.lengths.size):
+            raise ValueError(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
+        n = self.lengths[items]
+        return items[(n > 0) & self.budget.fits_alone(n)]  # empty and too-long items leave, as without it
+
     def _plan_uncached(self, epoch: int) -> tuple[list[np.ndarray], int]:
         rng = self._rng(_PLAN, epoch) if self.shuffle else None
-        batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
+        batches = pack_pools(self._epoch_candidates(epoch), self.lengths, self.budget, self.pools, rng)
         return split_to_efficiency(batches, self.lengths, self.min_efficiency)
 
     def _pair_overlap(self, epoch: int) -> float:
@@ -372,5 +386,7 @@ class BucketBatchSampler:
             "shuffle": self.shuffle,
             "uneven": self.uneven,
         }
+        if self.epoch_items is not None:
+            cfg["epoch_items"] = getattr(self.epoch_items, "config", lambda: "custom")()
         return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back
 
