@@ -179,10 +179,11 @@ def test_a_state_saved_under_other_weights_is_refused():
     ([1.0, float("nan")], "weight nan of corpus b must be a finite number >= 0"),
     ([0, 0], "all weights are 0 (a, b): an epoch would hold nothing"),
     (["1", "x"], "weight 'x' of corpus b is not a number"),
-], ids=["count", "negative", "nan", "all-zero", "not-a-number"])
+    (None, "corpus b is listed twice: list it once and give it the sum of the weights"),
+], ids=["count", "negative", "nan", "all-zero", "not-a-number", "twice"])
 def test_bad_weights_are_one_line_errors(weights, says):
     with pytest.raises(ValueError) as e:
-        check_weights(weights, ["a", "b"])
+        check_weights(weights, ["a", "b"] if weights is not None else ["b", "a", "b"])
     assert str(e.value).startswith(says) and "\n" not in str(e.value)
 
 

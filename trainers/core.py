@@ -34,6 +34,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from audiopipe.index.lengths import LengthIndex  # noqa: E402
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
 from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
@@ -141,6 +142,13 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
 def shard_dirs(cfg: RunConfig) -> list[str]:
     """The shard folders of --shards (one, or several to mix), in order."""
     return [s.strip() for s in cfg.shards.split(",")]
+
+
+def corpus_offsets(cfg: RunConfig) -> list[int]:
+    """Global index of each --shards folder's first utterance: a trainer that picks utterances per folder (a
+    subset, budget lengths, speaker labels) adds these to hand the loader indices over the union."""
+    sizes = [len(LengthIndex.open(s)) for s in shard_dirs(cfg)]
+    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
 def load_model_config(name_or_path: str, presets: dict[str, Any], cls: type) -> Any:

@@ -12,6 +12,7 @@ has the same config hash in every corpus, or opening fails with one line naming 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -35,6 +36,12 @@ def check_same_features(datasets: Sequence[ShardDataset], names: Sequence[str], 
     first = datasets[0].manifest["features"]
     for ds, name in zip(datasets[1:], names[1:]):
         specs = ds.manifest["features"]
+        if "phones" in features:  # phone ids index the manifest's table: two tables would mean two languages
+            a, b = (d.manifest.get("phones", {}).get("vocab") for d in (datasets[0], ds))
+            if a != b:
+                raise ConfigMismatch(
+                    f"feature 'phones' differs between corpora {names[0]} and {name}: their phone tables differ "
+                    f"({len(a or [])} vs {len(b or [])} symbols); extract both with the same phone set to mix them")
         for f in features:
             a, b = first.get(f), specs.get(f)
             if a is None or b is None:
@@ -43,6 +50,13 @@ def check_same_features(datasets: Sequence[ShardDataset], names: Sequence[str], 
                 raise ConfigMismatch(
                     f"feature {f!r} differs between corpora {names[0]} (config {a.get('hash')}) and {name} "
                     f"(config {b.get('hash')}): {_differing(a, b)}; extract both with the same preset to mix them")
+
+
+def open_shards(source: str | Path | Sequence[str | Path], features: Sequence[str], **kw: Any) -> Any:
+    """A ShardDataset for one folder, a MixtureDataset for a list of them (kw: ShardDataset's options)."""
+    if isinstance(source, (str, Path)):
+        return ShardDataset(source, features, **kw)
+    return MixtureDataset([ShardDataset(s, features, **kw) for s in source], [str(s) for s in source])
 
 
 class MixtureDataset:

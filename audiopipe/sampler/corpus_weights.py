@@ -34,6 +34,9 @@ _MIX_STREAM = 3  # keeps these draws independent of the sampler's own streams (p
 
 def check_weights(weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
     """Weights as floats, one per corpus (default: all 1), or a one-line ValueError saying what is wrong."""
+    twice = sorted({str(n) for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ValueError(f"corpus {twice[0]} is listed twice: list it once and give it the sum of the weights")
     if weights is None:
         return [1.0] * len(names)
     w = list(weights)
