@@ -24,7 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audiopipe.reader.errors import ConfigMismatch
+from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.loader import make_loader
+from audiopipe.reader.mixture import check_same_features
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
 from launch import run_group
@@ -223,6 +225,31 @@ def test_the_loader_reads_each_corpus_as_often_as_weighted(two):
         shares = loader.mix.shares(epoch)
         assert shares[1].extra_items == counts.count(3) and shares[1].full_repeats == 2
         assert loader.mix_summary().startswith(f"epoch {epoch} mix: {a.root}: weight 1, 9 items")
+
+
+def test_workers_and_prefetch_read_the_same_mix(two):
+    a, b = two
+    kw = dict(max_frames=2000, weights=[1, 2.5], seed=3)
+    plain = make_loader([a.root, b.root], ["mel"], **kw)
+    busy = make_loader([a.root, b.root], ["mel"], num_workers=2, prefetch=2, **kw)
+    for loader in (plain, busy):
+        loader.set_epoch(1)
+    assert [bt["index"] for bt in busy] == [bt["index"] for bt in plain]
+
+
+def test_different_phone_tables_do_not_mix(two):
+    """Phone ids index the manifest's table: two corpora with different tables would mean different phones under
+    one id. (The shards here have no phones column: the check reads the manifests, given two tables.)"""
+    a, b = two
+    ds = [ShardDataset(a.root, ["mel"]), ShardDataset(b.root, ["mel"])]
+    ds[0].manifest["phones"] = {"vocab": ["AA", "AE", "AH"]}
+    ds[1].manifest["phones"] = {"vocab": ["a1", "a2"]}
+    with pytest.raises(ConfigMismatch, match=rf"^feature 'phones' differs between corpora a and b: their phone "
+                                             rf"tables differ \(3 vs 2 symbols\)"):
+        check_same_features(ds, ["a", "b"], ["mel", "phones"])
+    check_same_features(ds, ["a", "b"], ["mel"])  # not read: not compared
+    ds[1].manifest["phones"] = {"vocab": ["AA", "AE", "AH"]}
+    check_same_features(ds, ["a", "b"], ["mel", "phones"])
 
 
 def test_one_folder_is_read_exactly_as_before(two):

@@ -113,8 +113,9 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
         if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume"):
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
+        shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name),
-                       help=f"{FLAG_HELP.get(f.name, '')} (default %(default)s)".strip())
+                       help=f"{FLAG_HELP.get(f.name, '')}{shown}".strip())
     if extra:
         extra(p)
     a = p.parse_args(argv)
