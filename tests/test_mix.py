@@ -78,6 +78,7 @@ def test_every_item_is_seen_as_often_as_its_weight_says(sizes, weights, epoch, w
     lengths, corpus = _corpora(sizes, seed)
     ranks, s0 = _epoch(lengths, corpus, weights, epoch, world, seed)
     assert len({len(r) for r in ranks}) == 1  # equal batches per rank
+    assert all(len(set(b)) == len(b) for r in ranks for b in r)  # copies of an utterance never share a batch
     seen = Counter(i for r in ranks for b in r for i in b)
     items = Counter(s0.epoch_items(epoch).tolist())
     # The sampler plans exactly the weights' items (plus copies only when items < ranks, counted).

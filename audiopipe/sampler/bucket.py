@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import (
@@ -343,7 +344,13 @@ class BucketBatchSampler:
 
     def _plan_uncached(self, epoch: int) -> tuple[list[np.ndarray], int]:
         rng = self._rng(_PLAN, epoch) if self.shuffle else None
-        batches = pack_pools(self._epoch_candidates(epoch), self.lengths, self.budget, self.pools, rng)
+        if self.epoch_items is None:
+            batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
+        else:  # repeated items: each round of copies packed on its own, so no batch holds an item twice
+            batches = []
+            for r, part in enumerate(copy_rounds(self._epoch_candidates(epoch))):
+                rr = (rng if r == 0 else self._rng(_PLAN, epoch, r)) if self.shuffle else None
+                batches += pack_pools(part, self.lengths, self.budget, self.pools, rr)
         return split_to_efficiency(batches, self.lengths, self.min_efficiency)
 
     def _pair_overlap(self, epoch: int) -> float:

@@ -17,8 +17,8 @@ re-derived on resume, never stored.
 
 The sampler (BucketBatchSampler(epoch_items=...)) plans the returned items like any other: one global plan over
 the union, equal batches per rank, exact mid-epoch resume and re-dealing under a new world size. A repeated
-utterance is just an index that occurs twice in the epoch's item list; its copies are packed independently (they
-may, rarely, share a batch).
+utterance is an index that occurs more than once in the epoch's item list; the sampler packs the first copies,
+the second copies, ... as separate rounds (copy_rounds), so a batch never holds one utterance twice.
 """
 
 from __future__ import annotations
@@ -30,6 +30,23 @@ from typing import Any, Sequence
 import numpy as np
 
 _MIX_STREAM = 3  # keeps these draws independent of the sampler's own streams (pools 0, plan 1, deal 2)
+
+
+def copy_rounds(items: np.ndarray) -> list[np.ndarray]:
+    """Split an item list with repeats into rounds without any: round r holds the (r+1)-th copy of each item.
+
+    The sampler packs each round on its own, so no batch holds one utterance twice: packed together, the copies
+    of an item (same length) would sit side by side in its sorted pool and land in the same batch.
+    """
+    items = np.asarray(items, dtype=np.int64)
+    if items.size == 0:
+        return [items]
+    order = np.argsort(items, kind="stable")
+    ranked = items[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ranked)) + 1])
+    copy = np.empty(items.size, dtype=np.int64)
+    copy[order] = np.arange(items.size) - np.repeat(starts, np.diff(np.append(starts, items.size)))
+    return [items[copy == r] for r in range(int(copy.max()) + 1)]
 
 
 def check_weights(weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
