@@ -253,6 +253,17 @@ def test_different_phone_tables_do_not_mix(two):
     check_same_features(ds, ["a", "b"], ["mel", "phones"])
 
 
+def test_a_mix_of_one_corpus_at_weight_one_is_the_plain_plan(two):
+    """The hook changes nothing by itself: [a] with weight 1 gives the plain loader's batches, every epoch."""
+    a, _ = two
+    plain = make_loader(a.root, ["mel"], max_frames=1500, seed=2, world_size=2, rank=1)
+    mixed = make_loader([a.root], ["mel"], max_frames=1500, seed=2, world_size=2, rank=1, weights=[1])
+    for epoch in (0, 3):
+        plain.set_epoch(epoch)
+        mixed.set_epoch(epoch)
+        assert list(mixed.sampler) == list(plain.sampler)
+
+
 def test_one_folder_is_read_exactly_as_before(two):
     a, _ = two
     plain = make_loader(a.root, ["mel"], max_frames=2000, seed=3)

@@ -30,8 +30,8 @@ _POOLS, _PLAN, _DEAL = 0, 1, 2
 class SamplerDiagnostics:
     """What an epoch plan does with the corpus. All counts are global (every rank), in utterances.
 
-    num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds; every kept item is
-    in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
+    num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds (with epoch_items, kept
+    counts the epoch's occurrences instead); every kept item is in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
     batches needed to give every rank the same count.
     """
 
