@@ -122,6 +122,7 @@ class CorpusWeights:
                 raise ValueError(f"corpus {name} has weight {w:g} but no utterance to train on (empty, skipped as "
                                  f"corrupt, or every one too long for the batch budget); give it weight 0 or drop it")
         self.hours = [float(seconds[m].sum()) / 3600 for m in self.members]
+        self._memo: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray]] = {}
 
     def config(self) -> dict[str, Any]:
         """What a checkpoint records: resuming under other weights would plan other epochs."""
@@ -130,7 +131,16 @@ class CorpusWeights:
         return {"weights": self.weights, "items": [int(m.size) for m in self.members]}
 
     def _corpus_items(self, k: int, epoch: int) -> tuple[np.ndarray, int, np.ndarray]:
-        """(items, full repeats, extra items) of corpus k in this epoch."""
+        """(items, full repeats, extra items) of corpus k in this epoch; the last two epochs are kept (the
+        sampler's plan and the trainer's per-epoch summary ask for the same epoch; ~2 s for 10M items)."""
+        key = (k, epoch)
+        if key not in self._memo:
+            if len(self._memo) >= 2 * len(self.names):
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = self._draw(k, epoch)
+        return self._memo[key]
+
+    def _draw(self, k: int, epoch: int) -> tuple[np.ndarray, int, np.ndarray]:
         w, m = self.weights[k], self.members[k]
         full = int(math.floor(w))
         frac = w - full
