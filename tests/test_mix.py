@@ -245,8 +245,8 @@ def test_different_phone_tables_do_not_mix(two):
     ds = [ShardDataset(a.root, ["mel"]), ShardDataset(b.root, ["mel"])]
     ds[0].manifest["phones"] = {"vocab": ["AA", "AE", "AH"]}
     ds[1].manifest["phones"] = {"vocab": ["a1", "a2"]}
-    with pytest.raises(ConfigMismatch, match=rf"^feature 'phones' differs between corpora a and b: their phone "
-                                             rf"tables differ \(3 vs 2 symbols\)"):
+    with pytest.raises(ConfigMismatch, match=r"^feature 'phones' differs between corpora a and b: their phone "
+                                             r"tables differ \(3 vs 2 symbols\)"):
         check_same_features(ds, ["a", "b"], ["mel", "phones"])
     check_same_features(ds, ["a", "b"], ["mel"])  # not read: not compared
     ds[1].manifest["phones"] = {"vocab": ["AA", "AE", "AH"]}
