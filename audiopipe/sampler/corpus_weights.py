@@ -122,7 +122,7 @@ class CorpusWeights:
                 raise ValueError(f"corpus {name} has weight {w:g} but no utterance to train on (empty, skipped as "
                                  f"corrupt, or every one too long for the batch budget); give it weight 0 or drop it")
         self.hours = [float(seconds[m].sum()) / 3600 for m in self.members]
-        self._memo: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray]] = {}
+        self._memo: dict[tuple[int, int], np.ndarray] = {}
 
     def config(self) -> dict[str, Any]:
         """What a checkpoint records: resuming under other weights would plan other epochs."""
@@ -130,9 +130,10 @@ class CorpusWeights:
         # in the sampler state already tells other corpora apart.
         return {"weights": self.weights, "items": [int(m.size) for m in self.members]}
 
-    def _corpus_items(self, k: int, epoch: int) -> tuple[np.ndarray, int, np.ndarray]:
-        """(items, full repeats, extra items) of corpus k in this epoch; the last two epochs are kept (the
-        sampler's plan and the trainer's per-epoch summary ask for the same epoch; ~2 s for 10M items)."""
+    def _extra(self, k: int, epoch: int) -> np.ndarray:
+        """Corpus k's items drawn once more in this epoch (the fractional part of its weight). The last two
+        epochs' draws are kept: the sampler's plan and the trainer's per-epoch summary ask for the same one, and
+        a draw costs ~2 s for 10M items."""
         key = (k, epoch)
         if key not in self._memo:
             if len(self._memo) >= 2 * len(self.names):
@@ -140,37 +141,35 @@ class CorpusWeights:
             self._memo[key] = self._draw(k, epoch)
         return self._memo[key]
 
-    def _draw(self, k: int, epoch: int) -> tuple[np.ndarray, int, np.ndarray]:
+    def _draw(self, k: int, epoch: int) -> np.ndarray:
         w, m = self.weights[k], self.members[k]
-        full = int(math.floor(w))
-        frac = w - full
-        extra = m[:0]
-        if frac > 0 and m.size:
-            rng = np.random.default_rng([self.seed, _MIX_STREAM, epoch, k])
-            order = m[rng.permutation(m.size)]
-            cum = np.cumsum(self.seconds[order])
-            target = frac * cum[-1]
-            # The prefix whose hours come nearest the target (within half an utterance of it): the first j+1
-            # items reach it, the first j fall short.
-            j = int(np.searchsorted(cum, target))
-            if j >= cum.size:
-                take = cum.size
-            else:
-                short = cum[j - 1] if j else 0.0
-                take = j if target - short <= cum[j] - target else j + 1
-            extra = order[:take]
-        return np.concatenate([np.tile(m, full), extra]), full, extra
+        frac = w - math.floor(w)
+        if frac == 0 or m.size == 0:
+            return m[:0]
+        rng = np.random.default_rng([self.seed, _MIX_STREAM, epoch, k])
+        order = m[rng.permutation(m.size)]
+        cum = np.cumsum(self.seconds[order])
+        target = frac * cum[-1]
+        # The prefix whose hours come nearest the target (within half an utterance of it): the first j+1 items
+        # reach it, the first j fall short.
+        j = int(np.searchsorted(cum, target))
+        if j >= cum.size:
+            return order
+        short = cum[j - 1] if j else 0.0
+        return order[: j if target - short <= cum[j] - target else j + 1]
 
     def __call__(self, epoch: int) -> np.ndarray:
-        parts = [self._corpus_items(k, epoch)[0] for k in range(len(self.names))]
+        parts = [np.concatenate([np.tile(m, int(math.floor(w))), self._extra(k, epoch)])
+                 for k, (w, m) in enumerate(zip(self.weights, self.members))]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def shares(self, epoch: int) -> list[CorpusShare]:
         """Per corpus: items, hours, repeats or subsample, realised and target share of the epoch's hours."""
         rows = []
-        for k in range(len(self.names)):
-            items, full, extra = self._corpus_items(k, epoch)
-            rows.append((k, full, extra, items.size, float(self.seconds[items].sum()) / 3600))
+        for k, (w, m) in enumerate(zip(self.weights, self.members)):
+            full, extra = int(math.floor(w)), self._extra(k, epoch)
+            hours = full * self.hours[k] + float(self.seconds[extra].sum()) / 3600
+            rows.append((k, full, extra, full * m.size + extra.size, hours))
         total = sum(r[4] for r in rows) or 1.0
         want = [w * h for w, h in zip(self.weights, self.hours)]
         return [CorpusShare(self.names[k], self.weights[k], int(self.members[k].size), self.hours[k], full,
