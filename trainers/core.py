@@ -34,8 +34,10 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from audiopipe.index.lengths import LengthIndex  # noqa: E402
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
+from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
 from audiopipe.storage.atomic import atomic_path  # noqa: E402
 
 
@@ -45,7 +47,7 @@ from audiopipe.storage.atomic import atomic_path  # noqa: E402
 class RunConfig:
     """What every trainer shares. Model sizes live in each trainer's own config."""
 
-    shards: str = "./shards"
+    shards: str = "./shards"  # one folder, or several comma-separated to mix (see weights)
     out: str = "./runs/run"
     config: str = "default"
     max_steps: int = 100_000
@@ -63,6 +65,7 @@ class RunConfig:
     prefetch: int = 2  # padded batches built ahead of the step (when the loader supports it)
     reader: str = "mmap"  # or "files": one .npy per utterance and feature (the baseline layout), for comparison
     on_corrupt: str = "fail"  # or "skip": train without the rows of shards found corrupt at open
+    weights: str = ""  # with several --shards: comma-separated factors on each corpus's hours per epoch
     seed: int = 1234
     log_every: int = 10
     ckpt_every: int = 500
@@ -83,6 +86,8 @@ FLAG_HELP = {
     "prefetch": "padded batches the loader builds ahead in a background thread while the step runs (0 = off)",
     "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
     "on_corrupt": "fail (stop at open, naming the corrupt shard) or skip (train without its rows, logged)",
+    "weights": "with --shards a,b: each corpus's hours per epoch as a factor, e.g. 1,3 (1 = every utterance once, "
+               "3 = three times, 0.5 = a random half of its hours, new each epoch; default all 1; docs/loader.md)",
     "seed": "seed for model init, batch plan and per-rank randomness",
     "log_every": "log every N steps (rank 0 prints; log.jsonl in --out)",
     "ckpt_every": "checkpoint every N steps (model, optimizer, scaler, sampler, RNG of every rank)",
@@ -94,7 +99,9 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
                argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(description=description)
     base = RunConfig(**(defaults or {}))
-    p.add_argument("--shards", default=base.shards, help=f"shard folder (default {base.shards})")
+    p.add_argument("--shards", default=base.shards,
+                   help=f"shard folder, or several comma-separated to mix in one plan (see --weights) "
+                        f"(default {base.shards})")
     p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
     p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
@@ -106,8 +113,9 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
         if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume"):
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
+        shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name),
-                       help=f"{FLAG_HELP.get(f.name, '')} (default %(default)s)".strip())
+                       help=f"{FLAG_HELP.get(f.name, '')}{shown}".strip())
     if extra:
         extra(p)
     a = p.parse_args(argv)
@@ -116,8 +124,32 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.prefetch < 0:
         p.error(f"--prefetch must be 0 (off) or more batches, got {a.prefetch}")
+    dirs = [s.strip() for s in a.shards.split(",")]
+    if any(not s for s in dirs):
+        p.error(f"--shards {a.shards!r} has an empty entry: give folders separated by single commas")
+    if len(dirs) > 1 and a.reader != "mmap":
+        p.error(f"--reader {a.reader} reads one shard folder; mixing several (--shards a,b) needs --reader mmap")
+    if a.weights:
+        if len(dirs) == 1:
+            p.error("--weights goes with several --shards (a,b,...); one folder is read as it is")
+        try:
+            check_weights(a.weights.split(","), dirs)
+        except ValueError as e:
+            p.error(f"--weights: {e}")
     cfg = RunConfig(**{f.name: getattr(a, f.name) for f in fields(RunConfig)})
     return cfg, a
+
+
+def shard_dirs(cfg: RunConfig) -> list[str]:
+    """The shard folders of --shards (one, or several to mix), in order."""
+    return [s.strip() for s in cfg.shards.split(",")]
+
+
+def corpus_offsets(cfg: RunConfig) -> list[int]:
+    """Global index of each --shards folder's first utterance: a trainer that picks utterances per folder (a
+    subset, budget lengths, speaker labels) adds these to hand the loader indices over the union."""
+    sizes = [len(LengthIndex.open(s)) for s in shard_dirs(cfg)]
+    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
 def load_model_config(name_or_path: str, presets: dict[str, Any], cls: type) -> Any:
@@ -303,6 +335,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         loader.set_epoch(epoch)
         # Every rank gets the same number of batches, so every rank stops here together, never one alone.
         batches = len(loader)
+        if d.main and loader.mix is not None:  # what each corpus gives this epoch (hours, repeats, share)
+            print(f"[{log_name}] {loader.mix_summary()}", flush=True)
         if batches < cfg.grad_accum and not resumed:  # a resumed pass may legitimately hold only a tail
             _fail(_no_step_message(loader, cfg, epoch, batches, log_name), d)
         it = iter(loader)
@@ -372,9 +406,14 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
             export_per_utterance(cfg.shards, features, files_cache)
         if d.world > 1:
             dist.barrier()
+    # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
+    dirs = shard_dirs(cfg)
+    source: Any = dirs if len(dirs) > 1 else cfg.shards
+    if len(dirs) > 1:
+        loader_kw = {"weights": [float(w) for w in cfg.weights.split(",")] if cfg.weights else None, **loader_kw}
     # prefetch: the next batches are padded in a background thread (and, on CUDA, copied on a side stream) while
     # this step runs, so the step waits only for a batch that is truly late; the loader hands them on d.device.
-    return make_loader(cfg.shards, features, max_frames=cfg.batch_frames, length_feature=length_feature,
+    return make_loader(source, features, max_frames=cfg.batch_frames, length_feature=length_feature,
                        quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                        num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
                        pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,

@@ -126,7 +126,8 @@ def train_and_evaluate(name: str, model: SpeakerModel, data: SpeakerData, cfg: c
                       optimizer=sgd(model, cfg.lr, cfg.weight_decay), log_name=name)
     if not d.main or not len(data.split.heldout):
         return last
-    res = evaluate_eer(model.encoder, cfg.shards, data.split, d.device, data.speakers,
+    dirs = core.shard_dirs(cfg)
+    res = evaluate_eer(model.encoder, dirs if len(dirs) > 1 else cfg.shards, data.split, d.device, data.speakers,
                        int(args.eval_max_seconds * SAMPLE_RATE))
     res["step"] = last.get("step")
     write_json_atomic(Path(cfg.out, "eer.json"), res)

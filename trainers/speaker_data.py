@@ -301,7 +301,13 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, *, verbose: bool
     if cfg.batch_frames < crop:
         raise SystemExit(f"--batch-frames {cfg.batch_frames} holds no crop: a batch of B crops of "
                          f"{args.crop_seconds} s is B * {crop}")
-    speakers, num_samples = read_speaker_index(cfg.shards)
+    speakers, num_samples = [], []
+    dirs = core.shard_dirs(cfg)
+    for s in dirs:  # several folders are mixed: a speaker is one of its own corpus (its labels get the folder)
+        spk, n = read_speaker_index(s)
+        speakers += [f"{s}:{x}" if x and len(dirs) > 1 else x for x in spk]
+        num_samples.append(n)
+    num_samples = np.concatenate(num_samples)
     split = split_speakers(speakers, num_samples, heldout=args.heldout_speakers, seed=cfg.seed,
                            min_samples=max(400, int(args.min_seconds * SAMPLE_RATE)))
     augment = None

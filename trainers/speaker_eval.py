@@ -17,7 +17,7 @@ from torch import nn
 
 import core  # noqa: F401  first: core puts the repo root on sys.path for audiopipe
 from audiopipe.features.pcm import INT16_SCALE
-from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.mixture import open_shards
 from speaker_data import SpeakerSplit, fbank_batch
 
 
@@ -101,10 +101,10 @@ def equal_error_rate(scores: np.ndarray, is_target: np.ndarray) -> tuple[float, 
 
 
 @torch.no_grad()
-def embed_utterances(encoder: nn.Module, shards: str | Path, indices: np.ndarray, device: torch.device,
+def embed_utterances(encoder: nn.Module, shards: str | Path | Sequence[str], indices: np.ndarray, device: torch.device,
                      max_samples: int = 0) -> torch.Tensor:
     """L2-normalised embeddings [N, D] of whole utterances (the middle max_samples when set), one at a time."""
-    ds = ShardDataset(shards, ["pcm"])
+    ds = open_shards(shards, ["pcm"])  # a list of folders (a mix): global indices over their union
     was_training = encoder.training
     encoder.eval()
     out = []
@@ -126,7 +126,7 @@ def trial_pairs(speakers: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.nda
     return i, j, (spk[i] == spk[j]).astype(bool)
 
 
-def evaluate_eer(encoder: nn.Module, shards: str | Path, split: SpeakerSplit, device: torch.device,
+def evaluate_eer(encoder: nn.Module, shards: str | Path | Sequence[str], split: SpeakerSplit, device: torch.device,
                  speakers: Sequence[str], max_samples: int = 0) -> dict[str, Any]:
     """EER of cosine scores over all target / non-target pairs of the held-out utterances."""
     emb = embed_utterances(encoder, shards, split.heldout, device, max_samples).cpu().numpy()

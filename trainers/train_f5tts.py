@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import count_parameters, load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from core import count_parameters, load_model_config, parse_args, setup_dist, shard_dirs, train  # first: core finds audiopipe
 from audiopipe.features.mel import VocosMel
 from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
 
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         from audiopipe.text.f5_vocab import pinyin_vocab_for
 
         try:
-            pv = pinyin_vocab_for(shard_texts(cfg.shards), args.vocab)
+            pv = pinyin_vocab_for([t for s in shard_dirs(cfg) for t in shard_texts(s)], args.vocab)
         except (ValueError, OSError) as e:
             raise SystemExit(f"train_f5tts: error: {e}") from None
         tok = Tokenizer(pv.vocab, split=f5_pinyin_tokens)

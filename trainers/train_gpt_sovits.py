@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train  # first: core finds audiopipe
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.tokens import token_spec
 
@@ -236,10 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
     from audiopipe.shard.manifest import read_manifest
 
-    table = read_manifest(cfg.shards).get("phones", {}).get("vocab") or []
+    # Several --shards folders are mixed: they must share one phone table (the loader refuses two).
+    table = max((read_manifest(s).get("phones", {}).get("vocab") or [] for s in shard_dirs(cfg)), key=len)
     if len(table) > c.phone_vocab:  # ids index the shards' phone table (GPT-SoVITS's has 322 symbols)
         c = replace(c, phone_vocab=len(table))
-    subset, lengths, summary = select_utterances(cfg.shards, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio)
+    parts = [select_utterances(s, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio) for s in shard_dirs(cfg)]
+    subset = np.concatenate([p[0] + off for p, off in zip(parts, corpus_offsets(cfg))])
+    lengths = np.concatenate([p[1] for p in parts])
+    summary = "; ".join(p[2] for p in parts)
     model = Text2Semantic(c)
     if d.main:
         n = sum(p.numel() for p in model.parameters())

@@ -45,7 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import count_parameters, load_model_config, parse_args, setup_dist, train  # first: core finds audiopipe
+from core import (  # first: core finds audiopipe
+    corpus_offsets, count_parameters, load_model_config, parse_args, setup_dist, shard_dirs, train,
+)
 from audiopipe.features.phones import PHONES
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
@@ -584,8 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     d = setup_dist(cfg.seed)
     mcfg = load_model_config(cfg.config, CONFIGS, NS2Config)
     # data: the utterances a prompt/target split and an alignment can use, and the split itself
-    has_column = check_shards(cfg.shards, mcfg)
-    subset, dropped, n_durations = usable_subset(cfg.shards)
+    # Per --shards folder (several are mixed): durations are read only when every folder has the column.
+    has_column = all([check_shards(s, mcfg) for s in shard_dirs(cfg)])
+    parts = [usable_subset(s) for s in shard_dirs(cfg)]
+    subset = np.concatenate([p[0] + off for p, off in zip(parts, corpus_offsets(cfg))])
+    dropped = [x for p in parts for x in p[1]]
+    n_durations = sum(p[2] for p in parts) if has_column else 0
     if len(subset) == 0:
         raise SystemExit(f"{cfg.shards}: no utterance has >= 2 frames and at least one frame per phone")
     features = FEATURES + (["durations"] if has_column else [])

@@ -10,6 +10,10 @@
 `prefetch=K` builds the next K batches in a background thread while the step runs (audiopipe/reader/prefetch.py);
 `device="cuda"` also hands them over already on the GPU (pinned buffers, side-stream copy).
 
+Several corpora: `make_loader(["./libritts", "./emilia"], ["mel"], weights=[1, 3], ...)` plans one epoch over
+their union, each corpus's hours multiplied by its weight (audiopipe/sampler/corpus_weights.py; `loader.mix`
+says per epoch what each corpus contributed).
+
 Reading is a slice of an mmap, so workers are rarely needed: num_workers=0 keeps everything in one process and
 uses no shared memory at all. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
 `shm_bytes_per_worker()` says how much, so the 3D-Speaker-style SIGBUS (a full /dev/shm) can be planned away.
@@ -28,9 +32,11 @@ import torch
 from audiopipe.collate.kernels import wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.mixture import MixtureDataset
 from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
 
 
 class _View:
@@ -83,6 +89,11 @@ class Loader:
     device: torch.device | None = None
     _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
     _progress: Any = field(default=None, repr=False)  # its consumed count, kept after the iterator is dropped
+    mix: CorpusWeights | None = None  # several corpora: mix.shares(epoch) / mix.summary(epoch) per corpus
+
+    def mix_summary(self) -> str | None:
+        """One line per epoch on what each corpus gave the epoch being planned (None for a single corpus)."""
+        return self.mix.summary(self.sampler.epoch) if self.mix is not None else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.prefetch == 0 and self.device is None:
@@ -134,7 +145,7 @@ class Loader:
                                     self.sampler.budget.max_frames, per_frame)
 
 
-def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: int,
+def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequence[str], *, max_frames: int,
                 length_feature: str | None = None, lengths: np.ndarray | None = None,
                 subset: np.ndarray | None = None, quadratic: float = 0.0, max_items: int | None = None,
                 seed: int = 0, shuffle: bool = True, num_workers: int = 0, prefetch_factor: int = 2,
@@ -143,8 +154,16 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
-                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None) -> Loader:
+                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
+                weights: Sequence[float] | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
+
+    shards_dir: one shard folder, or a list of them to mix (one global plan over their union; indices in
+             `subset`/`lengths` are then global: corpus k's item i is sum(len of corpora before k) + i).
+    weights: with a list, one per corpus (default all 1): the factor its audio hours are multiplied by in every
+             epoch. 1 = each utterance once, 3 = three times, 0.5 = a random half of its hours (another half every
+             epoch, from (seed, epoch)), 0 = left out. Exact definition: docs/loader.md, "Mixing corpora".
+             The features read must have the same config in every corpus (else a one-line ConfigMismatch).
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
     lengths: the frames the budget counts per utterance when items are transformed (e.g. 3 s crops);
@@ -172,7 +191,20 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
-    if reader == "mmap":
+    mixed = not isinstance(shards_dir, (str, Path))
+    if mixed:
+        names = [str(s) for s in shards_dir]
+        if not names:
+            raise ValueError("shards_dir is an empty list: give at least one shard folder")
+        mix_weights = check_weights(weights, names)  # before opening anything: a typo fails at once
+        if reader != "mmap":
+            raise ValueError(f"mixing corpora needs reader='mmap', got reader={reader!r}")
+        ds = MixtureDataset([ShardDataset(s, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
+                                          max_open=max_open) for s in names], names)
+        ds.skip_what_other_ranks_skip()
+    elif weights is not None:
+        raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
+    elif reader == "mmap":
         ds = ShardDataset(shards_dir, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
                           max_open=max_open)
         ds.skip_what_other_ranks_skip()  # a collective under torch.distributed: all ranks plan the same rows
@@ -192,6 +224,15 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
         subset, lengths = ds.without_skipped(subset, lengths)
     sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
                                  max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    mix = None
+    if mixed:
+        # The sampler plans positions (of the subset, when one is given): weights need each position's corpus
+        # and hours, and count only what the sampler can plan (not empty, fits the budget alone).
+        rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
+        n = sampler.lengths
+        mix = CorpusWeights(ds.corpus_of(rows), ds.durations()[rows], mix_weights, names,
+                            usable=(n > 0) & sampler.budget.fits_alone(n), seed=seed)
+        sampler.epoch_items = mix
     if num_workers == 0:
         # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2).
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
@@ -220,4 +261,4 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
                                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
-    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev)
+    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev, mix=mix)

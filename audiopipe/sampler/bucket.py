@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import (
@@ -29,8 +30,8 @@ _POOLS, _PLAN, _DEAL = 0, 1, 2
 class SamplerDiagnostics:
     """What an epoch plan does with the corpus. All counts are global (every rank), in utterances.
 
-    num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds; every kept item is
-    in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
+    num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds (with epoch_items, kept
+    counts the epoch's occurrences instead); every kept item is in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
     batches needed to give every rank the same count.
     """
 
@@ -125,6 +126,7 @@ class BucketBatchSampler:
         uneven: Uneven = "repeat",
         rank: int | None = None,
         world_size: int | None = None,
+        epoch_items: Callable[[int], np.ndarray] | None = None,
     ):
         self.lengths = validate_lengths(lengths)
         self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
@@ -142,6 +144,10 @@ class BucketBatchSampler:
         self.shuffle = bool(shuffle)
         self.uneven: Uneven = uneven
         self.rank, self.world_size = rank_and_world(rank, world_size)
+        # epoch -> the items that epoch plans, an index repeated as often as it is to be seen (weighted corpus
+        # mixing, audiopipe/sampler/corpus_weights.py); None: every item once. Must be a pure function of the
+        # epoch (every rank, and every resume, plans the same items); its config() joins the state's config.
+        self.epoch_items = epoch_items
 
         self._empty = np.flatnonzero(self.lengths == 0)
         fits = self.budget.fits_alone(self.lengths)
@@ -295,7 +301,7 @@ class BucketBatchSampler:
             epoch=epoch,
             world_size=self.world_size,
             num_items=int(self.lengths.size),
-            kept=int(self._candidates.size - dropped_uneven.size),
+            kept=int(self._epoch_candidates(epoch).size - dropped_uneven.size),  # occurrences, with epoch_items
             dropped_too_long=int(self._too_long.size),
             dropped_empty=int(self._empty.size),
             dropped_uneven=int(dropped_uneven.size),
@@ -327,9 +333,24 @@ class BucketBatchSampler:
             self._cache[key] = self._plan_uncached(epoch)
         return self._cache[key]
 
+    def _epoch_candidates(self, epoch: int) -> np.ndarray:
+        if self.epoch_items is None:
+            return self._candidates
+        items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
+        if items.size and (items.min() < 0 or items.max() >= self.lengths.size):
+            raise ValueError(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
+        n = self.lengths[items]
+        return items[(n > 0) & self.budget.fits_alone(n)]  # empty and too-long items leave, as without it
+
     def _plan_uncached(self, epoch: int) -> tuple[list[np.ndarray], int]:
         rng = self._rng(_PLAN, epoch) if self.shuffle else None
-        batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
+        if self.epoch_items is None:
+            batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
+        else:  # repeated items: each round of copies packed on its own, so no batch holds an item twice
+            batches = []
+            for r, part in enumerate(copy_rounds(self._epoch_candidates(epoch))):
+                rr = (rng if r == 0 else self._rng(_PLAN, epoch, r)) if self.shuffle else None
+                batches += pack_pools(part, self.lengths, self.budget, self.pools, rr)
         return split_to_efficiency(batches, self.lengths, self.min_efficiency)
 
     def _pair_overlap(self, epoch: int) -> float:
@@ -372,5 +393,7 @@ class BucketBatchSampler:
             "shuffle": self.shuffle,
             "uneven": self.uneven,
         }
+        if self.epoch_items is not None:
+            cfg["epoch_items"] = getattr(self.epoch_items, "config", lambda: "custom")()
         return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back
 
