@@ -1,0 +1,259 @@
+"""`audiopipe shard --out s3://...`, `verify s3://` and `inspect s3://` against a real S3 server on 127.0.0.1.
+
+The jobs run through the real CLI in subprocesses (each starts its own local Ray); the server is moto's
+ThreadedMotoServer in this process (tests/s3server.py), reached over TCP with the AWS_* environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audiopipe.storage.lock import LockHeld
+from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
+
+pytest_plugins = ["s3server"]
+
+FEATURES = "vocos_mel,f0"
+ARGS = ["--features", FEATURES, "--shard-size", "100kB", "--workers", "1", "--no-progress"]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _objects(root: str) -> dict[str, str]:
+    """Relative key -> sha256 of every object under the prefix (read back through audiopipe's own client)."""
+    from pyarrow import fs as pafs
+
+    url, fs = parse_s3(root), filesystem()
+    base = url.path + "/"
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                out[info.path[len(base):]] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _put(root: str, rel: str, data: bytes) -> None:
+    with filesystem().open_output_stream(parse_s3(root).child(rel).path) as f:
+        f.write(data)
+
+
+def _get(root: str, rel: str) -> bytes:
+    with filesystem().open_input_stream(parse_s3(root).child(rel).path) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def reference(espeak_corpus, tmp_path_factory):
+    """The same job to a local folder, through the same CLI: what every s3 run must reproduce byte for byte."""
+    out = tmp_path_factory.mktemp("s3ref") / "local"
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", str(out), *ARGS)
+    assert r.returncode == 0, r.stderr
+    digest = _digest(out)
+    assert sum(k.startswith("arrow/") for k in digest) >= 5  # enough shards for a kill to land mid-job
+    return out, digest
+
+
+def test_shard_to_s3_is_byte_identical_and_verify_inspect_read_it(s3, espeak_corpus, reference, tmp_path):
+    _, root = s3
+    local, want = reference
+    out = f"{root}/sets/v1"
+    staging = tmp_path / "staging"
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, "--staging", str(staging), *ARGS)
+    assert r.returncode == 0, r.stderr
+    assert _objects(out) == want  # every file of the local run, same key, same bytes; no lock left behind
+    assert not any(staging.iterdir())  # staged files are removed once uploaded
+    assert list(Path.cwd().glob("s3:*")) == []  # the URL never became a local folder
+
+    r = _cli("verify", out)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    png = tmp_path / "d.png"
+    r = _cli("inspect", out, "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    local_summary = json.loads(_cli("inspect", str(local), "--json", "--plot", str(tmp_path / "l.png")).stdout)
+    got.pop("plot"), local_summary.pop("plot")
+    assert got == local_summary and png.stat().st_size > 0
+
+    # A finished prefix: the rerun checks every object's sha256 and has nothing to do.
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_corrupted_object_is_named_by_verify_and_rebuilt_by_a_rerun(s3, espeak_corpus, reference):
+    _, root = s3
+    _, want = reference
+    out = f"{root}/c"
+    assert _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS).returncode == 0
+    manifest = json.loads(_get(out, "manifest.json"))
+    victim = manifest["shards"][2]
+    data = bytearray(_get(out, victim["arrow"]["path"]))
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    _put(out, victim["arrow"]["path"], bytes(data))
+
+    r = _cli("verify", out, "--no-tar")
+    assert r.returncode == 1 and f"{victim['name']}: {victim['arrow']['path']} checksum mismatch" in r.stdout, r.stdout
+    assert r.stdout.count("checksum mismatch") == 1
+
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    assert r.returncode == 0, r.stderr
+    assert "(1 built now)" in r.stdout, r.stdout
+    assert _objects(out) == want
+
+
+def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference):
+    _, root = s3
+    _, want = reference
+    out = f"{root}/k"
+    n_shards = sum(k.startswith("done/") for k in want)
+    fs = filesystem()
+    done_prefix = parse_s3(out).child("done").path
+
+    def done() -> int:
+        from pyarrow import fs as pafs
+
+        return sum(1 for i in fs.get_file_info(pafs.FileSelector(done_prefix, allow_not_found=True)))
+
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root),
+                             "--out", out, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)  # kill -9 of the group takes the driver and its Ray
+    deadline = time.monotonic() + 240
+    while done() < 2:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    at_kill = _objects(out)
+    assert 2 <= sum(k.startswith("done/") for k in at_kill) < n_shards, "the kill must land mid-job"
+    assert "manifest.json" not in at_kill
+    # Nothing partial: every object that exists is exactly the uninterrupted run's (the lock aside).
+    partial = {k for k, h in at_kill.items() if k != ".audiopipe.lock" and want.get(k) != h}
+    assert not partial, partial
+    assert ".audiopipe.lock" in at_kill  # left by the killed job; it names a dead pid on this host
+
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    assert r.returncode == 0, r.stderr
+    rebuilt = int(re.search(r"\((\d+) built now\)", r.stdout).group(1))
+    assert 0 < rebuilt <= n_shards - 2
+    assert _objects(out) == want
+
+
+def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
+    from audiopipe.storage.upload import abort_incomplete, incomplete_uploads, upload_file
+
+    server, root = s3
+    big = tmp_path / "big.bin"
+    big.write_bytes(np.random.default_rng(0).integers(0, 256, 60 << 20, dtype=np.uint8).tobytes())
+    url = parse_s3(root).child("x", "big.bin")
+    quick = S3Settings(attempts=2, connect_timeout=1.0, request_timeout=3.0)
+    result: list[BaseException | int] = []
+
+    def upload() -> None:
+        try:
+            result.append(upload_file(big, url, part_size=5 << 20, settings=quick))
+        except BaseException as e:
+            result.append(e)
+
+    t = threading.Thread(target=upload)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not incomplete_uploads(parse_s3(root)):  # stop the server once the upload has begun
+        assert time.monotonic() < deadline and t.is_alive(), result
+        time.sleep(0.005)
+    server.stop()
+    try:
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        server.start()
+    assert len(result) == 1 and isinstance(result[0], ObjectStoreError), result
+    assert str(url) in str(result[0])
+    assert filesystem().get_file_info(url.path).type.name == "NotFound"  # no object, not even a prefix of it
+    # The abort could not reach the stopped server: the parts stay invisible until a rerun aborts them.
+    assert abort_incomplete(parse_s3(root)) >= 1 and incomplete_uploads(parse_s3(root)) == []
+    # The same file uploads whole once the server is back; a file within one part is a single PUT.
+    assert upload_file(big, url, part_size=5 << 20) == big.stat().st_size
+    assert hashlib.sha256(_get(root, "x/big.bin")).digest() == hashlib.sha256(big.read_bytes()).digest()
+
+
+# ---------------------------------------------------------------- the prefix lock
+
+def test_a_live_lock_refuses_a_second_job_in_one_line(s3, espeak_corpus):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    with PrefixLock(parse_s3(root).child("busy"), "audiopipe shard", settle=0.1):
+        r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", f"{root}/busy", *ARGS, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("audiopipe: error: ") and "is in use by audiopipe shard" in lines[0]
+    assert f"pid {os.getpid()} on {socket.gethostname()}" in lines[0] and "--break-lock" in lines[0]
+    assert _objects(f"{root}/busy") == {}  # released on exit, and the refused job wrote nothing
+
+
+def _write_lock(root: str, **info) -> None:
+    _put(root, ".audiopipe.lock", (json.dumps({"command": "audiopipe shard", "since": "then", "token": "x",
+                                               **info}) + "\n").encode())
+
+
+def test_dead_stale_or_broken_locks_are_taken_over(s3):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    prefix = parse_s3(root)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _write_lock(root, pid=int(gone.stdout), host=socket.gethostname())  # killed on this host: taken at once
+    PrefixLock(prefix, "t", settle=0.1).release()
+
+    _write_lock(root, pid=1, host="other-node")  # another machine's, fresh: refused, unless broken
+    with pytest.raises(LockHeld, match=r"pid 1 on other-node.*last heartbeat \d+ s ago"):
+        PrefixLock(prefix, "t", settle=0.1)
+    PrefixLock(prefix, "t", settle=0.1, break_lock=True).release()
+
+    _write_lock(root, pid=1, host="other-node")
+    time.sleep(2.2)  # the server's clock has 1 s resolution
+    PrefixLock(prefix, "t", settle=0.1, stale_after=1.0).release()  # its heartbeat is older than stale_after
+    assert _objects(root) == {}
+
+
+def test_a_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(s3):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    lock = PrefixLock(parse_s3(root), "t", settle=0.1, heartbeat=0.3)
+    try:
+        time.sleep(2.5)
+        holder, age = lock.read()
+        assert holder["token"] == lock.info["token"] and age <= 1.0  # refreshed, not 2.5 s old
+        lock.check()
+        _write_lock(root, pid=1, host="other-node")
+        time.sleep(1.0)
+        with pytest.raises(LockHeld, match="taken over by audiopipe shard \\(pid 1 on other-node"):
+            lock.check()
+    finally:
+        lock.release()
+    assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"  # not ours: left alone
