@@ -256,3 +256,13 @@ def test_a_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(s3):
     finally:
         lock.release()
     assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"  # not ours: left alone
+
+
+def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, capsys):
+    from audiopipe.cli import main
+
+    for flag in (["--break-lock"], ["--staging", str(tmp_path / "st")]):
+        assert main(["shard", "--corpus", str(synthetic_corpus.root), "--out", str(tmp_path / "o"), *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "are for an s3:// --out" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
