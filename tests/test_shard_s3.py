@@ -22,6 +22,8 @@ import pytest
 
 from audiopipe.storage.lock import LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
+from test_shard_cluster import FEATURES as CLUSTER_FEATURES, SHARD_BYTES, _children, _kill
+from test_shard_cluster import two_node_cluster  # noqa: F401  (a fixture: the 2-node Ray cluster)
 
 pytest_plugins = ["s3server"]
 
@@ -266,3 +268,50 @@ def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, c
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "are for an s3:// --out" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, two_node_cluster,
+                                                                         tmp_path):
+    """Two Ray nodes on this machine (tests/test_shard_cluster.py; started after `s3` set the AWS_* environment,
+    which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each worker
+    uploads from its own staging; SIGKILL of the second node mid-job loses nothing, and the objects are a local
+    run's bytes."""
+    from shard_helpers import shard
+
+    _, root = s3
+    address, second_raylet, env = two_node_cluster
+    clean = tmp_path / "clean"
+    shard(espeak_corpus.root, clean, CLUSTER_FEATURES, shard_bytes=SHARD_BYTES, workers=1)
+    want = _digest(clean)
+    n_shards = sum(k.startswith("done/") for k in want)
+    out = f"{root}/cluster"
+    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out,
+           "--features", "vocos_mel,f0", "--shard-size", f"{SHARD_BYTES // 1024}kB", "--no-progress",
+           "--ray-address", address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
+    deadline = time.monotonic() + 180
+    busy = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = sum(k.startswith("done/") for k in _keys(out))
+        busy = [c for c in _children(second_raylet) if b"shard_task" in Path(f"/proc/{c}/cmdline").read_bytes()] \
+            if Path(f"/proc/{second_raylet}").exists() else []
+        if done >= n_shards // 4 and busy:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None and busy, "the node must be lost while it holds a shard"
+    workers = _children(second_raylet)
+    _kill(second_raylet)
+    for w in workers:
+        _kill(w)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    assert _objects(out) == want
+
+
+def _keys(root: str) -> list[str]:
+    from pyarrow import fs as pafs
+
+    url = parse_s3(root)
+    infos = filesystem().get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True))
+    return [i.path[len(url.path) + 1:] for i in infos if i.type == pafs.FileType.File]

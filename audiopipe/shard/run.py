@@ -289,7 +289,9 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     records = [out.read_json(f"done/{u.name}.json") for u in units]
     from audiopipe.index.lengths import INDEX_NAME, build_index
 
-    index_path = build_index(out.work, [r["arrow"]["path"] for r in records], read=out.read_arrow)
+    # A local folder's shards are memory-mapped; an s3:// prefix's are read column by column over the network.
+    index_path = build_index(out.work, [r["arrow"]["path"] for r in records],
+                             read=out.read_arrow if isinstance(out, S3Output) else None)
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out.work, rejects)
