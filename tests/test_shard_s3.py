@@ -22,7 +22,7 @@ import pytest
 
 from audiopipe.storage.lock import LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
-from test_shard_cluster import FEATURES as CLUSTER_FEATURES, SHARD_BYTES, _children, _kill
+from test_shard_cluster import _children, _kill
 from test_shard_cluster import two_node_cluster  # noqa: F401  (a fixture: the 2-node Ray cluster)
 
 pytest_plugins = ["s3server"]
@@ -270,23 +270,18 @@ def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, two_node_cluster,
-                                                                         tmp_path):
+def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, reference,
+                                                                         two_node_cluster):
     """Two Ray nodes on this machine (tests/test_shard_cluster.py; started after `s3` set the AWS_* environment,
     which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each worker
     uploads from its own staging; SIGKILL of the second node mid-job loses nothing, and the objects are a local
     run's bytes."""
-    from shard_helpers import shard
-
     _, root = s3
+    _, want = reference
     address, second_raylet, env = two_node_cluster
-    clean = tmp_path / "clean"
-    shard(espeak_corpus.root, clean, CLUSTER_FEATURES, shard_bytes=SHARD_BYTES, workers=1)
-    want = _digest(clean)
     n_shards = sum(k.startswith("done/") for k in want)
     out = f"{root}/cluster"
-    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out,
-           "--features", "vocos_mel,f0", "--shard-size", f"{SHARD_BYTES // 1024}kB", "--no-progress",
+    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS,
            "--ray-address", address]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
