@@ -160,6 +160,9 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
     assert r.returncode == 0, r.stderr
     assert f"({n_shards - len(finished) + 1} built now)" in r.stdout, r.stdout
     assert _objects(out) == want
+    from audiopipe.storage.upload import incomplete_uploads
+
+    assert incomplete_uploads(parse_s3(out)) == []  # what the killed run left half-sent was aborted
 
 
 def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
