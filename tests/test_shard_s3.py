@@ -313,3 +313,17 @@ def _keys(root: str) -> list[str]:
     url = parse_s3(root)
     infos = filesystem().get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True))
     return [i.path[len(url.path) + 1:] for i in infos if i.type == pafs.FileType.File]
+
+
+def test_verify_and_inspect_of_a_prefix_without_a_shard_set_say_so_in_one_line(s3, capsys, tmp_path, monkeypatch):
+    from audiopipe.cli import main
+
+    _, root = s3
+    monkeypatch.chdir(tmp_path)
+    for argv, needle in ((["verify", f"{root}/none"], f"{root}/none/manifest.json not found"),
+                         (["inspect", f"{root}/none"], f"{root}/none/manifest.json not found"),
+                         (["verify", "s3://no-such-bucket-x/none"], "bucket no-such-bucket-x does not exist")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("audiopipe: error: ") and needle in err[0], err
+    assert list(tmp_path.iterdir()) == []  # no histogram, no local folder named after the URL

@@ -117,6 +117,9 @@ class _Files:
 
     def manifest(self) -> dict[str, Any]:
         if self.url is not None and self.fetch(MANIFEST_NAME) is None:
+            if self.fs.get_file_info(self.url.bucket).type.name == "NotFound":
+                raise FileNotFoundError(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
+                                        f"credentials cannot see it)")
             raise FileNotFoundError(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
                                     f"{self.url}` first (or it has not finished)")
         return read_manifest(self.root)
