@@ -203,6 +203,18 @@ def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
     assert hashlib.sha256(_get(root, "x/big.bin")).digest() == hashlib.sha256(big.read_bytes()).digest()
 
 
+def test_why_uploads_avoid_pyarrow_streams_an_exception_publishes_a_prefix(s3):
+    # The reason audiopipe.storage.upload exists: pyarrow's S3 stream completes the upload when an exception
+    # closes it, so the first 1000 bytes of a file that never finished appear under the final name.
+    _, root = s3
+    url = parse_s3(root).child("partial.bin")
+    with pytest.raises(RuntimeError):
+        with filesystem().open_output_stream(url.path) as f:
+            f.write(b"a" * 1000)
+            raise RuntimeError("the writer failed half-way")
+    assert filesystem().get_file_info(url.path).size == 1000
+
+
 # ---------------------------------------------------------------- the prefix lock
 
 def test_a_live_lock_refuses_a_second_job_in_one_line(s3, espeak_corpus, capsys):
