@@ -20,9 +20,11 @@ examples:
   audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
   audiopipe shard --corpus ./aishell3 --preset f5tts,gpt_sovits --language zh   # Mandarin: GPT-SoVITS phones
   audiopipe shard --corpus ./data/train --layout kaldi --preset eres2net        # wav.scp + segments
+  audiopipe shard --corpus ./wavs --out s3://bucket/shards/v1   # upload to S3 (AWS_* env, AWS_ENDPOINT_URL)
 
 Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
-result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op.
+result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op (on s3:// it
+re-reads every object once to check its sha256 and rebuilds any that disagree).
 """
 
 
@@ -61,7 +63,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                    "presets:\n" + _presets_help(),
                        epilog=EPILOG_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--corpus", required=True, help="folder of audio (searched recursively)")
-    s.add_argument("--out", default="./shards", help="output folder (default ./shards)")
+    s.add_argument("--out", default="./shards",
+                   help="output folder, or s3://bucket/prefix for any S3-compatible store: credentials, region "
+                        "and endpoint from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_REGION, "
+                        "AWS_ENDPOINT_URL (default ./shards); see docs/shard.md")
+    s.add_argument("--staging", default=None,
+                   help="with --out s3://: local folder where each machine writes files whole before uploading "
+                        "them (default: the system temp folder; a shard's files are removed once uploaded)")
+    s.add_argument("--break-lock", action="store_true",
+                   help="with --out s3://: take over the prefix's lock although its holder looks alive (only "
+                        "when you know that job is dead; a lock goes stale by itself 2 minutes after its last "
+                        "heartbeat, at once when its holder ran on this host and is gone)")
     s.add_argument("--preset", default="f5tts", help="comma-separated presets (default f5tts); see above")
     s.add_argument("--features", default=None,
                    help="comma-separated feature kinds instead of a preset's (vocos_mel, slaney_mel, f0, "
@@ -102,13 +114,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        description="Recompute every shard's sha256, decode every record of the Arrow shards and "
                                    "the tars, and check frame counts against durations, NaN/inf, and F0 range. "
                                    "Names the shard and sample of every failure; exit 1 if any.")
-    v.add_argument("shards", nargs="?", default="./shards", help="shard folder (default ./shards)")
+    v.add_argument("shards", nargs="?", default="./shards",
+                   help="shard folder or s3://bucket/prefix (default ./shards); each s3 object is read once")
     v.add_argument("--no-tar", action="store_true", help="skip the WebDataset tars")
 
     i = sub.add_parser("inspect", help="print counts, hours, speakers; write a duration histogram PNG",
                        description="Summarise a shard folder from its manifest and length index.")
-    i.add_argument("shards", nargs="?", default="./shards", help="shard folder (default ./shards)")
-    i.add_argument("--plot", default=None, help="histogram PNG path (default <shards>/durations.png)")
+    i.add_argument("shards", nargs="?", default="./shards",
+                   help="shard folder or s3://bucket/prefix (default ./shards)")
+    i.add_argument("--plot", default=None,
+                   help="histogram PNG path (default <shards>/durations.png; ./durations.png for s3://)")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     for name, (module, help_text) in PLUGGED.items():
@@ -168,13 +183,20 @@ def _cmd_shard(a: argparse.Namespace) -> int:
                           max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
     from dataclasses import asdict
 
-    job = Job(corpus=str(corpus.resolve()), out=str(Path(a.out).resolve()),
+    from audiopipe.storage.s3 import is_s3, parse_s3
+
+    out = str(parse_s3(a.out)) if is_s3(a.out) else str(Path(a.out).resolve())
+    if (a.staging or a.break_lock) and not is_s3(out):
+        raise JobError("--staging and --break-lock are for an s3:// --out (a local folder is written in place "
+                       "and its lock is released by the kernel when its holder dies)")
+    job = Job(corpus=str(corpus.resolve()), out=out,
               presets=["custom"] if a.features else preset.description.split("+"),
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en")  # only phones read it
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
-                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice)
+                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
+                      staging=a.staging, break_lock=a.break_lock)
     for line in summary.lines():
         print(line)
     return 0
@@ -197,15 +219,21 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 # Arguments that are addresses, not paths: the only ones where `scheme://` is expected.
 _URL_ARGUMENTS = {"ray_address"}
+# (command, argument) pairs that take an s3:// URL as well as a local path; every other scheme is refused there.
+_S3_ARGUMENTS = {("shard", "out"), ("verify", "shards"), ("inspect", "shards")}
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:
-    """Refuse `s3://...` and friends wherever a path is expected, before pathlib turns them into local folders."""
+    """Refuse `gs://...` and friends wherever a path is expected, before pathlib turns them into local folders;
+    s3:// only where it is supported."""
     from audiopipe.storage.paths import require_local
+    from audiopipe.storage.s3 import require_local_or_s3
 
     for name, value in vars(args).items():
         if name not in _URL_ARGUMENTS and isinstance(value, str):
-            require_local(value, f"--{name.replace('_', '-')}" if name != "shards" else "shard folder")
+            what = f"--{name.replace('_', '-')}" if name != "shards" else "shard folder"
+            check = require_local_or_s3 if (args.command, name) in _S3_ARGUMENTS else require_local
+            check(value, what)
 
 
 def main(argv: list[str] | None = None) -> int:

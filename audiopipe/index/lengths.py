@@ -17,13 +17,23 @@ INDEX_NAME = "index.arrow"
 _KEEP = ("id", "speaker", "duration")
 
 
-def build_index(out: Path, shard_paths: list[str]) -> Path:
-    """Concatenate id/speaker/duration/<feature>_frames of every shard (in manifest order) into index.arrow."""
+def _index_column(name: str) -> bool:
+    return name in _KEEP or name.endswith("_frames")
+
+
+def build_index(out: Path, shard_paths: list[str], read=None) -> Path:
+    """Concatenate id/speaker/duration/<feature>_frames of every shard (in manifest order) into index.arrow.
+
+    read(rel, keep) -> pa.Table, when given, reads the columns whose name keep(name) accepts instead (an s3://
+    output's shards, fetching only those columns' bytes)."""
     tables = []
     for i, rel in enumerate(shard_paths):
-        with pa.memory_map(str(out / rel)) as src:
-            t = pa.ipc.open_file(src).read_all()
-        cols = [c for c in t.column_names if c in _KEEP or c.endswith("_frames")]
+        if read is not None:
+            t = read(rel, _index_column)
+        else:
+            with pa.memory_map(str(out / rel)) as src:
+                t = pa.ipc.open_file(src).read_all()
+        cols = [c for c in t.column_names if _index_column(c)]
         t = t.select(cols)
         t = t.append_column("shard", pa.array(np.full(len(t), i, dtype=np.int32)))
         t = t.append_column("row", pa.array(np.arange(len(t), dtype=np.int32)))

@@ -1,15 +1,54 @@
-"""`audiopipe inspect`: what is in a shard folder, read from the manifest and the length index only."""
+"""`audiopipe inspect`: what is in a shard folder, read from the manifest and the length index only.
+
+For an s3:// shard set those (manifest.json, index.arrow, rejects.jsonl) are downloaded into a temp folder
+first; the shards themselves are never read.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from audiopipe.index.lengths import LengthIndex
-from audiopipe.shard.manifest import REJECTS_NAME, read_manifest
+from audiopipe.index.lengths import INDEX_NAME, LengthIndex
+from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, read_manifest
+from audiopipe.storage.s3 import is_s3, parse_s3
+
+
+@contextmanager
+def _summary_files(shards_dir: str | Path) -> Iterator[Path]:
+    """A local folder holding the shard set's manifest, index and rejects: the folder itself, or for s3:// a temp
+    copy of those three objects."""
+    if not is_s3(shards_dir):
+        yield Path(shards_dir)
+        return
+    from audiopipe.storage.s3 import filesystem
+
+    url, fs = parse_s3(shards_dir), filesystem()
+    tmp = Path(tempfile.mkdtemp(prefix="audiopipe-inspect-"))
+    try:
+        for name in (MANIFEST_NAME, INDEX_NAME, REJECTS_NAME):
+            try:
+                with fs.open_input_stream(url.child(name).path) as src:
+                    (tmp / name).write_bytes(src.read())
+            except FileNotFoundError:
+                if name == MANIFEST_NAME:
+                    raise FileNotFoundError(f"{url.child(name)} not found: run `audiopipe shard --out {url}` "
+                                            f"first (or it has not finished)") from None
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _label(shards_dir: str | Path) -> str:
+    if is_s3(shards_dir):
+        return str(parse_s3(shards_dir))
+    return Path(shards_dir).resolve().name
 
 
 def summarize(shards_dir: str | Path) -> dict[str, Any]:
@@ -44,7 +83,7 @@ def summarize(shards_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def plot_durations(shards_dir: str | Path, path: str | Path) -> Path:
+def plot_durations(shards_dir: str | Path, path: str | Path, label: str | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,7 +94,7 @@ def plot_durations(shards_dir: str | Path, path: str | Path) -> Path:
     ax.hist(dur, bins=min(60, max(10, len(dur) // 5)), color="#3b75af", edgecolor="white")
     ax.set_xlabel("duration (s)")
     ax.set_ylabel("utterances")
-    ax.set_title(f"{len(dur)} utterances, {dur.sum() / 3600:.2f} h — {Path(shards_dir).resolve().name}")
+    ax.set_title(f"{len(dur)} utterances, {dur.sum() / 3600:.2f} h — {label or _label(shards_dir)}")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -63,8 +102,11 @@ def plot_durations(shards_dir: str | Path, path: str | Path) -> Path:
 
 
 def inspect_shards(shards_dir: str | Path, plot: str | None = None, as_json: bool = False) -> int:
-    s = summarize(shards_dir)
-    png = plot_durations(shards_dir, plot or Path(shards_dir) / "durations.png")
+    # An s3:// set's histogram goes to the current folder unless --plot says where: nothing is written to the store.
+    default_png = Path("durations.png") if is_s3(shards_dir) else Path(shards_dir) / "durations.png"
+    with _summary_files(shards_dir) as local:
+        s = summarize(local)
+        png = plot_durations(local, plot or default_png, label=_label(shards_dir))
     s["plot"] = str(png)
     if as_json:
         print(json.dumps(s, indent=1))

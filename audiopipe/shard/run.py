@@ -1,7 +1,8 @@
 """Run a shard job on Ray: plan, fan out one task per shard, retry failures, then write index and manifest.
 
 Ray is embedded and local by default (no cluster to set up); `ray_address` joins a real cluster, whose workers
-must see the same corpus and output paths (shared storage). Codec encoding is its own Ray stage: actors that hold
+must see the same corpus path (shared storage) and either the same output folder or an s3:// output, which each
+worker uploads to itself (audiopipe.shard.output). Codec encoding is its own Ray stage: actors that hold
 the model (on a GPU when the cluster has one) and encode batches sent by the shard tasks.
 """
 
@@ -15,16 +16,13 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from audiopipe.decode.audio import DecodeLimits, resampler_info
-from audiopipe.shard.build import build_shard, done_path
 from audiopipe.shard.job import Job, JobError
-from audiopipe.shard.manifest import MANIFEST_NAME, assemble_manifest, write_json_atomic, write_rejects
+from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
+from audiopipe.shard.output import LocalOutput, S3Output, build_unit, open_output
 from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
-from audiopipe.storage.atomic import is_temporary
-from audiopipe.storage.lock import FolderLock, LockHeld
 
 PLAN_NAME = "plan.json"
 
@@ -103,30 +101,9 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any], la
     }
 
 
-def _shard_finished(out: Path, unit_name: str) -> bool:
-    dp = done_path(out, unit_name)
-    if not dp.exists():
-        return False
-    try:
-        rec = json.loads(dp.read_text())
-    except json.JSONDecodeError:
-        return False
-    for key in ("arrow", "tar"):
-        if key in rec:
-            p = out / rec[key]["path"]
-            if not p.exists() or p.stat().st_size != rec[key]["bytes"]:
-                return False
-    return True
-
-
-def _clean_temporaries(out: Path) -> None:
-    """Remove half-written files a killed run left behind (they never carry a final name)."""
-    for sub in ("", "arrow", "wds", "done"):
-        d = out / sub
-        if d.is_dir():
-            for p in d.iterdir():
-                if is_temporary(p):
-                    p.unlink(missing_ok=True)
+def _clean_temporaries(out: str | os.PathLike[str]) -> None:
+    """Remove half-written files a killed run left in a local output folder (LocalOutput.clean)."""
+    LocalOutput(out).clean()
 
 
 # ---------------------------------------------------------------- Ray
@@ -179,7 +156,8 @@ def _remote_defs():
     # so losing any non-head node loses nothing a retried task cannot rebuild. System failures (a dead
     # worker or node) are retried on the surviving nodes; exceptions too, for transient storage errors.
     @ray.remote(max_retries=3, retry_exceptions=True)
-    def shard_task(unit_dict: dict, job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int) -> dict:
+    def shard_task(unit_dict: dict, job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int,
+                   staging: str | None) -> dict:
         import torch
 
         _set_niceness(nice)
@@ -194,7 +172,7 @@ def _remote_defs():
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
                 return [c for part in ray.get(refs) for c in part]
 
-        return build_shard(unit, job, encode=encode, codec_spec=codec_spec)
+        return build_unit(unit, job, staging, encode=encode, codec_spec=codec_spec)
 
     return shard_task
 
@@ -228,52 +206,53 @@ def _codec_actors(job: Job, workers: int):
 
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
             manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
-            layout: str = "auto", nice: int | None = None) -> Summary:
-    """Extract `job` while holding the lock of its --out: a second job on the same folder fails at once.
+            layout: str = "auto", nice: int | None = None, staging: str | None = None,
+            break_lock: bool = False) -> Summary:
+    """Extract `job` while holding the lock of its --out: a second job on the same folder or s3:// prefix fails
+    at once.
 
     nice: niceness of the Ray workers (default: this process's own, see default_niceness).
+    staging: for an s3:// out, the local folder (on every machine) where files are written whole before they
+    are uploaded (default: the system temp folder).
+    break_lock: take over the lock of an s3:// prefix whose holder is known to be dead (a local folder's flock
+    never needs it: the kernel drops it when its holder dies).
     """
-    out = Path(job.out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = FolderLock(out, "audiopipe shard")
-    except LockHeld as e:
-        raise JobError(str(e)) from None
+        out = open_output(job.out, staging)
     except OSError as e:
-        raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
-    with lock:
-        return _run_job(job, workers=workers, ray_address=ray_address, manifest=manifest, speaker=speaker,
-                        show_progress=show_progress, layout=layout, nice=nice)
+        raise JobError(f"cannot stage files for {job.out} in {staging or 'the temp folder'}: {e}") from e
+    try:
+        with out.lock("audiopipe shard", break_lock) as lock:
+            summary = _run_job(job, out, workers=workers, ray_address=ray_address, manifest=manifest,
+                               speaker=speaker, show_progress=show_progress, layout=layout, nice=nice,
+                               staging=staging, lock=lock)
+            return summary
+    finally:
+        out.close()
 
 
-def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest: str | None, speaker: str,
-             show_progress: bool, layout: str, nice: int | None) -> Summary:
+def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_address: str | None,
+             manifest: str | None, speaker: str, show_progress: bool, layout: str, nice: int | None,
+             staging: str | None, lock: Any) -> Summary:
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
-    out = Path(job.out)
     workers = workers or os.cpu_count() or 1
     nice = default_niceness() if nice is None else nice
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise JobError(f"cannot write to output folder {out}: {e.strerror or e}") from e
+    out.prepare()
 
-    plan_path = out / PLAN_NAME
-    old_plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
+    old_plan = out.read_json(PLAN_NAME)
     if old_plan and old_plan["job_identity"] != job.identity():
         raise JobError(f"{out} holds shards made with other settings (job {old_plan['job_identity']}, "
                        f"now {job.identity()}); use a new --out or delete the folder")
+    # What a previous run finished (on s3:// each object is re-read and its sha256 checked, once).
+    finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
     # A finished output answers at once, without rescanning the corpus.
-    if old_plan and (out / MANIFEST_NAME).exists():
-        names = [u["name"] for u in old_plan["units"]]
-        if all(_shard_finished(out, n) for n in names):
-            m = json.loads((out / MANIFEST_NAME).read_text())
+    if old_plan and len(finished) == len(old_plan["units"]):
+        m = out.read_json(MANIFEST_NAME)
+        if m is not None:
             t = m["totals"]
-            return Summary(t["discovered"], t["written"], t["rejected"], {}, len(names), 0, t["hours"],
+            return Summary(t["discovered"], t["written"], t["rejected"], {}, len(finished), 0, t["hours"],
                            time.monotonic() - t0, up_to_date=True)
 
     specs = [s for kind, params in job.features for s in make_feature(kind, params).specs]
@@ -282,37 +261,40 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
 
         specs.append(codec_spec_estimate())
     # Ray starts and its workers import torch & co. while the corpus is discovered: neither needs the other.
-    need_ray = old_plan is None or not all(_shard_finished(out, u["name"]) for u in old_plan["units"])
+    need_ray = old_plan is None or len(finished) < len(old_plan["units"])
     with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
         planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs, layout)
         ray_start_s = _start_ray(job, workers, ray_address, nice) if need_ray else 0.0
         plan, discovery_s = planned.result()
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
-                       f"use a new --out, or delete {plan_path} to start over")
+                       f"use a new --out, or delete its {PLAN_NAME} to start over")
     if not old_plan:
-        write_json_atomic(plan_path, plan)
-    _clean_temporaries(out)
+        write_json_atomic(out.work / PLAN_NAME, plan)
+        out.publish(PLAN_NAME)
+    out.clean()
 
     # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
     units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
-    todo = [u for u in units if not _shard_finished(out, u.name)]
+    todo = [u for u in units if u.name not in finished]
     warmup_s = 0.0
     if todo:
         warmup_s = _await_warmups()
     startup_s = time.monotonic() - t0
     if todo:
-        _run_units(job, todo, workers, ray_address, show_progress, nice)
+        _run_units(job, todo, workers, ray_address, show_progress, nice, staging)
         # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
-        _clean_temporaries(out)
+        out.clean()
 
-    records = [json.loads(done_path(out, u.name).read_text()) for u in units]
-    from audiopipe.index.lengths import build_index
+    records = [out.read_json(f"done/{u.name}.json") for u in units]
+    from audiopipe.index.lengths import INDEX_NAME, build_index
 
-    index_path = build_index(out, [r["arrow"]["path"] for r in records])
+    # A local folder's shards are memory-mapped; an s3:// prefix's are read column by column over the network.
+    index_path = build_index(out.work, [r["arrow"]["path"] for r in records],
+                             read=out.read_arrow if isinstance(out, S3Output) else None)
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
-    write_rejects(out, rejects)
+    write_rejects(out.work, rejects)
     extra = {}
     if job.phones and job.language != "en":
         from audiopipe.text.symbols import gpt_sovits_symbols
@@ -327,23 +309,23 @@ def _run_job(job: Job, *, workers: int | None, ray_address: str | None, manifest
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
         extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
-    m = assemble_manifest(out, records, features, resampler_info(), job.record(), plan["discovered"],
+    m = assemble_manifest(out.work, records, features, resampler_info(), job.record(), plan["discovered"],
                           len(plan["discovery_rejects"]), index_path, extra)
+    if hasattr(lock, "check"):
+        lock.check()  # an s3:// lock taken over by another job: stop before the manifest makes anything final
+    out.publish(REJECTS_NAME, INDEX_NAME, MANIFEST_NAME)  # the manifest last: it declares the set complete
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
                    ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s)
 
 
-def _manifest_features(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
-    import pyarrow as pa
-
+def _manifest_features(out: LocalOutput | S3Output, records: list[dict[str, Any]]) -> dict[str, Any]:
     from audiopipe.shard.writer import METADATA_KEY
 
     if not records:
         return {}
-    with pa.memory_map(str(out / records[0]["arrow"]["path"])) as src:
-        meta = pa.ipc.open_file(src).schema.metadata[METADATA_KEY]
+    meta = out.arrow_schema(records[0]["arrow"]["path"]).metadata[METADATA_KEY]
     return json.loads(meta)["features"]
 
 
@@ -410,7 +392,7 @@ def _warm_worker(job_dict: dict, nice: int) -> None:
 
 
 def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
-               nice: int) -> None:
+               nice: int, staging: str | None = None) -> None:
     import ray
     from tqdm import tqdm
 
@@ -418,7 +400,7 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     shard_task = _remote_defs()
     codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
-    refs = {shard_task.remote(u.to_dict(), job_dict, nice, codec_actors, codec_spec, codec_batch): u
+    refs = {shard_task.remote(u.to_dict(), job_dict, nice, codec_actors, codec_spec, codec_batch, staging): u
             for u in todo}
     total_s = sum(u.duration for u in todo)
     # Progress in audio seconds of finished shards; the postfix gives audio-hours per second and the real-time

@@ -4,13 +4,19 @@ Checks, in order of cost: sha256 of every file against the manifest; the Arrow s
 the manifest; every record decoded with semantic checks (array sizes match frame counts, frame counts match the
 duration, no NaN/inf, F0 inside its range); ids and sample keys unique over the whole set, also ignoring case;
 every tar member name safe (relative, no '..'), its key the id's key, decoded and compared with its Arrow twin.
+
+An s3:// shard set is checked the same way: each object is downloaded once into a private temp folder, hashed
+on the way, checked, and deleted before the next shard (so the disk holds one shard at a time).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import shutil
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +28,7 @@ import soundfile as sf
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.columns import ListColumn
-from audiopipe.shard.manifest import read_manifest
+from audiopipe.shard.manifest import MANIFEST_NAME, read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
 from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY
 
@@ -92,15 +98,79 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
             report.fail(f"{shard} {rid}: codes outside the codebook")
 
 
+class _Files:
+    """The files of a shard set by relative path. Local: in place. s3://: each object downloaded once into a
+    private temp folder and hashed on the way; `drop` deletes the copy."""
+
+    def __init__(self, shards_dir: str | Path) -> None:
+        from audiopipe.storage.s3 import is_s3, parse_s3
+
+        self.url = parse_s3(shards_dir) if is_s3(shards_dir) else None
+        self._sha: dict[str, str] = {}
+        if self.url is None:
+            self.root = Path(shards_dir)
+        else:
+            from audiopipe.storage.s3 import filesystem
+
+            self.fs = filesystem()
+            self.root = Path(tempfile.mkdtemp(prefix="audiopipe-verify-"))
+
+    def manifest(self) -> dict[str, Any]:
+        if self.url is not None and self.fetch(MANIFEST_NAME) is None:
+            if self.fs.get_file_info(self.url.bucket).type.name == "NotFound":
+                raise FileNotFoundError(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
+                                        f"credentials cannot see it)")
+            raise FileNotFoundError(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
+                                    f"{self.url}` first (or it has not finished)")
+        return read_manifest(self.root)
+
+    def fetch(self, rel: str) -> Path | None:
+        """The file's local path, or None when it does not exist."""
+        dst = self.root / rel
+        if self.url is None:
+            return dst if dst.exists() else None
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        try:
+            with self.fs.open_input_stream(self.url.child(rel).path) as src, open(dst, "wb") as f:
+                while block := src.read(1 << 22):
+                    h.update(block)
+                    f.write(block)
+        except FileNotFoundError:
+            dst.unlink(missing_ok=True)
+            return None
+        self._sha[rel] = h.hexdigest()
+        return dst
+
+    def sha256(self, rel: str) -> str:
+        return self._sha.pop(rel) if rel in self._sha else sha256_file(self.root / rel)
+
+    def drop(self, rel: str) -> None:
+        if self.url is not None:
+            (self.root / rel).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.url is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
 def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
-    root = Path(shards_dir)
-    m = read_manifest(root)
+    files = _Files(shards_dir)
+    try:
+        return _verify(files, tars)
+    finally:
+        files.close()
+
+
+def _verify(files: _Files, tars: bool) -> VerifyReport:
+    m = files.manifest()
     specs = m["features"]
     report = VerifyReport()
     aligned = bool(m.get("job", {}).get("align_to"))
-    idx = root / m["index"]["path"]
-    if not idx.exists() or sha256_file(idx) != m["index"]["sha256"]:
+    rel = m["index"]["path"]
+    if files.fetch(rel) is None or files.sha256(rel) != m["index"]["sha256"]:
         report.fail(f"{m['index']['path']}: missing or checksum mismatch")
+    files.drop(rel)
     version = m.get("format_version")
     if tars and version != FORMAT_VERSION:
         # Version 1 tars used another key rule: comparing them member by member would only list every dotted id.
@@ -110,71 +180,83 @@ def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
     owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
     for sh in m["shards"]:
         report.shards += 1
-        name = sh["name"]
         kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
-        intact = True
-        for kind in kinds:
-            p = root / sh[kind]["path"]
-            if not p.exists():
-                report.fail(f"{name}: {sh[kind]['path']} is missing")
-                intact = False
-            elif p.stat().st_size != sh[kind]["bytes"] or sha256_file(p) != sh[kind]["sha256"]:
-                report.fail(f"{name}: {sh[kind]['path']} checksum mismatch (corrupted, truncated or replaced)")
-                intact = False
-        if not intact:
-            continue
         try:
-            with pa.memory_map(str(root / sh["arrow"]["path"])) as src:
-                reader = pa.ipc.open_file(src)
-                table = reader.read_all()
-        except (pa.ArrowInvalid, OSError) as e:
-            report.fail(f"{name}: Arrow file unreadable: {e}")
-            continue
-        meta = json.loads(table.schema.metadata[METADATA_KEY])
-        for fname, spec in specs.items():
-            got = meta["features"].get(fname, {}).get("hash")
-            if got != spec["hash"]:
-                report.fail(f"{name}: feature {fname} hash {got} differs from manifest {spec['hash']}")
-        if table.num_rows != sh["rows"]:
-            report.fail(f"{name}: {table.num_rows} rows, manifest says {sh['rows']}")
-        array_names = [f.name for f in table.schema if pa.types.is_large_list(f.type)]
-        channels = {n: specs[n]["channels"] if n in specs else 0 for n in array_names}
-        lists = {n: ListColumn(table.column(n), zero_copy_only=False) for n in array_names}
-        arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
-        for i in range(table.num_rows):
-            row = {c: table.column(c)[i].as_py() for c in table.column_names if c not in array_names}
-            arrays = {}
-            for n in array_names:
-                flat = lists[n][i]
-                frames = row[f"{n}_frames"]
-                ch = channels[n]
-                if flat.size != max(ch, 1) * frames:
-                    report.fail(f"{name} {row['id']}: {n} holds {flat.size} values, expected {max(ch, 1)}x{frames}")
-                    continue
-                arrays[n] = flat.reshape(ch, frames) if ch else flat
-            report.records += 1
-            folded = fold(sample_key(row["id"]))
-            if folded in owner:
-                first_shard, first_id = owner[folded]
-                same = "the same id" if first_id == row["id"] else "a key differing only in case or normalisation"
-                report.fail(f"{name} {row['id']}: {same} as {first_id!r} in {first_shard}: a WebDataset reader or "
-                            f"a case-insensitive disk would merge the two samples")
-            else:
-                owner[folded] = (name, row["id"])
-            durs = arrays.get("durations")
-            if durs is not None and durs.size:
-                ref = next((n for n in ("codes", "f0", "mel") if n in arrays), None)
-                if durs.size != arrays["phones"].size:
-                    report.fail(f"{name} {row['id']}: {durs.size} durations for {arrays['phones'].size} phones")
-                elif ref and int(durs.sum()) != arrays[ref].shape[-1]:
-                    report.fail(f"{name} {row['id']}: durations sum to {int(durs.sum())} frames, {ref} has "
-                                f"{arrays[ref].shape[-1]}")
-            _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
-            if tars and "tar" in sh:
-                arrow_arrays[sample_key(row["id"])] = arrays
-        if tars and "tar" in sh:
-            _verify_tar(name, root / sh["tar"]["path"], arrow_arrays, specs, report)
+            _verify_shard(files, sh, specs, kinds, tars, aligned, owner, report)
+        finally:
+            for kind in kinds:
+                files.drop(sh[kind]["path"])
     return report
+
+
+def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kinds: list[str], tars: bool,
+                  aligned: bool, owner: dict[str, tuple[str, str]], report: VerifyReport) -> None:
+    name = sh["name"]
+    intact = True
+    paths: dict[str, Path] = {}
+    for kind in kinds:
+        p = files.fetch(sh[kind]["path"])
+        if p is None:
+            report.fail(f"{name}: {sh[kind]['path']} is missing")
+            intact = False
+        elif p.stat().st_size != sh[kind]["bytes"] or files.sha256(sh[kind]["path"]) != sh[kind]["sha256"]:
+            report.fail(f"{name}: {sh[kind]['path']} checksum mismatch (corrupted, truncated or replaced)")
+            intact = False
+        else:
+            paths[kind] = p
+    if not intact:
+        return
+    try:
+        with pa.memory_map(str(paths["arrow"])) as src:
+            reader = pa.ipc.open_file(src)
+            table = reader.read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        report.fail(f"{name}: Arrow file unreadable: {e}")
+        return
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    for fname, spec in specs.items():
+        got = meta["features"].get(fname, {}).get("hash")
+        if got != spec["hash"]:
+            report.fail(f"{name}: feature {fname} hash {got} differs from manifest {spec['hash']}")
+    if table.num_rows != sh["rows"]:
+        report.fail(f"{name}: {table.num_rows} rows, manifest says {sh['rows']}")
+    array_names = [f.name for f in table.schema if pa.types.is_large_list(f.type)]
+    channels = {n: specs[n]["channels"] if n in specs else 0 for n in array_names}
+    lists = {n: ListColumn(table.column(n), zero_copy_only=False) for n in array_names}
+    arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
+    for i in range(table.num_rows):
+        row = {c: table.column(c)[i].as_py() for c in table.column_names if c not in array_names}
+        arrays = {}
+        for n in array_names:
+            flat = lists[n][i]
+            frames = row[f"{n}_frames"]
+            ch = channels[n]
+            if flat.size != max(ch, 1) * frames:
+                report.fail(f"{name} {row['id']}: {n} holds {flat.size} values, expected {max(ch, 1)}x{frames}")
+                continue
+            arrays[n] = flat.reshape(ch, frames) if ch else flat
+        report.records += 1
+        folded = fold(sample_key(row["id"]))
+        if folded in owner:
+            first_shard, first_id = owner[folded]
+            same = "the same id" if first_id == row["id"] else "a key differing only in case or normalisation"
+            report.fail(f"{name} {row['id']}: {same} as {first_id!r} in {first_shard}: a WebDataset reader or "
+                        f"a case-insensitive disk would merge the two samples")
+        else:
+            owner[folded] = (name, row["id"])
+        durs = arrays.get("durations")
+        if durs is not None and durs.size:
+            ref = next((n for n in ("codes", "f0", "mel") if n in arrays), None)
+            if durs.size != arrays["phones"].size:
+                report.fail(f"{name} {row['id']}: {durs.size} durations for {arrays['phones'].size} phones")
+            elif ref and int(durs.sum()) != arrays[ref].shape[-1]:
+                report.fail(f"{name} {row['id']}: durations sum to {int(durs.sum())} frames, {ref} has "
+                            f"{arrays[ref].shape[-1]}")
+        _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
+        if tars and "tar" in sh:
+            arrow_arrays[sample_key(row["id"])] = arrays
+    if tars and "tar" in sh:
+        _verify_tar(name, paths["tar"], arrow_arrays, specs, report)
 
 
 def _verify_tar(name: str, path: Path, arrow_arrays: dict[str, dict[str, np.ndarray]], specs: dict[str, Any],

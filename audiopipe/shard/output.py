@@ -1,0 +1,255 @@
+"""Where a shard job's files go: a local (or mounted) folder, or an s3:// prefix fed from local staging.
+
+Both keep the same layout (arrow/, wds/, done/, plan.json, index.arrow, rejects.jsonl, manifest.json) and the
+same rule: a shard counts as finished only when its done record exists and the files it names match it.
+
+On s3:// every file is first written whole on local disk (a staging folder on the machine that made it: a Ray
+worker for shards, the driver for the rest), then uploaded so that the object appears only when complete
+(audiopipe.storage.upload). Order carries the meaning: a shard's Arrow file and tar, then its done record; the
+plan first; rejects, index.arrow and finally manifest.json last. A rerun lists the prefix and re-reads every
+object a done record names, checking size and sha256: one that disagrees is rebuilt (its done record is deleted
+first, so a run killed meanwhile still sees it as unfinished).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from audiopipe.shard.build import build_shard, done_path
+from audiopipe.shard.job import Job, JobError
+from audiopipe.shard.plan import WorkUnit
+from audiopipe.storage.atomic import is_temporary
+from audiopipe.storage.lock import FolderLock, LockHeld
+from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
+
+# Objects hashed side by side when a rerun checks what exists (each a streamed read; the client is thread-safe).
+CHECK_THREADS = 8
+
+
+def _rel_done(name: str) -> str:
+    return done_path(Path(""), name).as_posix()
+
+
+def _read_arrow(source: Any, columns: Callable[[str], bool] | None) -> pa.Table:
+    reader = pa.ipc.open_file(source)
+    if columns is None:
+        return reader.read_all()
+    keep = [i for i, f in enumerate(reader.schema) if columns(f.name)]
+    # Only the buffers of these columns are read: the index needs scalars, not the feature arrays.
+    return pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=keep)).read_all()
+
+
+class LocalOutput:
+    """A local or mounted folder: files are written in place (atomically), so publishing is nothing."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.work = self.root  # where the driver writes plan, index, rejects and manifest
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def lock(self, command: str, break_lock: bool = False) -> FolderLock:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            return FolderLock(self.root, command)  # flock: a dead holder never blocks, --break-lock not needed
+        except LockHeld as e:
+            raise JobError(str(e)) from None
+        except OSError as e:
+            raise JobError(f"cannot write to output folder {self.root}: {e.strerror or e}") from e
+
+    def prepare(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise JobError(f"cannot write to output folder {self.root}: {e.strerror or e}") from e
+
+    def read_json(self, rel: str) -> Any | None:
+        p = self.root / rel
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def finished(self, names: list[str]) -> set[str]:
+        return {n for n in names if _local_finished(self.root, n)}
+
+    def clean(self) -> None:
+        """Remove half-written files a killed run left behind (they never carry a final name)."""
+        for sub in ("", "arrow", "wds", "done"):
+            d = self.root / sub
+            if d.is_dir():
+                for p in d.iterdir():
+                    if is_temporary(p):
+                        p.unlink(missing_ok=True)
+
+    def publish(self, *rels: str) -> None:
+        pass  # already in place
+
+    def read_arrow(self, rel: str, columns: Callable[[str], bool] | None = None) -> pa.Table:
+        with pa.memory_map(str(self.root / rel)) as src:
+            return _read_arrow(src, columns)
+
+    def arrow_schema(self, rel: str) -> pa.Schema:
+        with pa.memory_map(str(self.root / rel)) as src:
+            return pa.ipc.open_file(src).schema
+
+    def close(self) -> None:
+        pass
+
+
+def _local_finished(out: Path, unit_name: str) -> bool:
+    dp = done_path(out, unit_name)
+    if not dp.exists():
+        return False
+    try:
+        rec = json.loads(dp.read_text())
+    except json.JSONDecodeError:
+        return False
+    for key in ("arrow", "tar"):
+        if key in rec:
+            p = out / rec[key]["path"]
+            if not p.exists() or p.stat().st_size != rec[key]["bytes"]:
+                return False
+    return True
+
+
+class S3Output:
+    """An s3:// prefix. The driver's own files are staged in a private folder under `staging` (default: the
+    system temp folder) and removed by close()."""
+
+    def __init__(self, url: str | S3URL, staging: str | None = None) -> None:
+        from audiopipe.storage.s3 import filesystem
+
+        self.url = url if isinstance(url, S3URL) else parse_s3(url)
+        self.fs = filesystem()
+        if staging:
+            os.makedirs(staging, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="audiopipe-driver-", dir=staging))
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    def lock(self, command: str, break_lock: bool = False):
+        from audiopipe.storage.object_lock import PrefixLock
+
+        try:
+            return PrefixLock(self.url, command, break_lock=break_lock)
+        except LockHeld as e:
+            raise JobError(str(e)) from None
+        except ObjectStoreError as e:
+            raise JobError(f"cannot write to {self.url}: {e}") from e
+
+    def prepare(self) -> None:
+        pass  # the lock object was the write probe
+
+    def _path(self, rel: str) -> str:
+        return self.url.child(rel).path
+
+    def read_json(self, rel: str) -> Any | None:
+        try:
+            with self.fs.open_input_stream(self._path(rel)) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def listing(self) -> dict[str, int]:
+        """Relative key -> size of every object under the prefix (one paginated listing)."""
+        from pyarrow import fs as pafs
+
+        base = self.url.path.rstrip("/") + "/"
+        infos = self.fs.get_file_info(pafs.FileSelector(self.url.path, recursive=True, allow_not_found=True))
+        return {i.path[len(base):]: i.size for i in infos if i.type == pafs.FileType.File}
+
+    def sha256(self, rel: str) -> str:
+        h = hashlib.sha256()
+        with self.fs.open_input_stream(self._path(rel)) as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        return h.hexdigest()
+
+    def finished(self, names: list[str]) -> set[str]:
+        sizes = self.listing()
+        claims: dict[str, list[tuple[str, str]]] = {}  # unit -> [(object, sha256 its done record names)]
+        stale: list[str] = []
+        for n in names:
+            if _rel_done(n) not in sizes:
+                continue
+            try:
+                rec = self.read_json(_rel_done(n))
+                files = [(rec[k]["path"], rec[k]["bytes"], rec[k]["sha256"]) for k in ("arrow", "tar") if k in rec]
+            except (ValueError, KeyError, TypeError):
+                stale.append(n)
+                continue
+            if all(sizes.get(p) == b for p, b, _ in files):
+                claims[n] = [(p, s) for p, _, s in files]
+            else:
+                stale.append(n)
+        checks = [(n, p, s) for n, files in claims.items() for p, s in files]
+        with ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="s3-check") as pool:
+            ok = list(pool.map(lambda c: self.sha256(c[1]) == c[2], checks))
+        bad = {n for (n, _, _), good in zip(checks, ok) if not good}
+        from audiopipe.storage.upload import delete
+
+        for n in sorted(bad) + stale:
+            delete(self.url.child(_rel_done(n)))  # the shard is redone; until then nothing claims it is finished
+        return set(claims) - bad
+
+    def clean(self) -> None:
+        """Abort the multipart uploads a killed run left under the prefix (invisible, but they cost storage)."""
+        from audiopipe.storage.upload import abort_incomplete
+
+        abort_incomplete(self.url)
+
+    def publish(self, *rels: str) -> None:
+        from audiopipe.storage.upload import upload_file
+
+        for rel in rels:  # in the order given: callers put the file that makes the others count last
+            upload_file(self.work / rel, self.url.child(rel))
+
+    def read_arrow(self, rel: str, columns: Callable[[str], bool] | None = None) -> pa.Table:
+        with self.fs.open_input_file(self._path(rel)) as f:
+            return _read_arrow(f, columns)
+
+    def arrow_schema(self, rel: str) -> pa.Schema:
+        with self.fs.open_input_file(self._path(rel)) as f:
+            return pa.ipc.open_file(f).schema
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def open_output(out: str, staging: str | None = None) -> LocalOutput | S3Output:
+    return S3Output(out, staging) if is_s3(out) else LocalOutput(out)
+
+
+def build_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) -> dict[str, Any]:
+    """Build one shard where the job's output is. For s3://, build it whole in a private staging folder on this
+    machine, upload the Arrow file and the tar, then the done record, and remove the staged files: nothing
+    local is needed afterwards, so a worker node may vanish once its task returned."""
+    if not is_s3(job.out):
+        return build_shard(unit, job, **kw)
+    from audiopipe.storage.upload import upload_file
+
+    root = parse_s3(job.out)
+    if staging:
+        os.makedirs(staging, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"audiopipe-{unit.name}-", dir=staging))
+    try:
+        rec = build_shard(unit, replace(job, out=str(tmp)), **kw)
+        rels = [rec[k]["path"] for k in ("arrow", "tar") if k in rec] + [_rel_done(unit.name)]
+        for rel in rels:  # the done record last: it is what makes the shard count as finished
+            upload_file(tmp / rel, root.child(rel))
+        return rec
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

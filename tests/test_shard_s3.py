@@ -1,0 +1,341 @@
+"""`audiopipe shard --out s3://...`, `verify s3://` and `inspect s3://` against a real S3 server on 127.0.0.1.
+
+The jobs run through the real CLI in subprocesses (each starts its own local Ray); the server is moto's
+ThreadedMotoServer in this process (tests/s3server.py), reached over TCP with the AWS_* environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audiopipe.storage.lock import LockHeld
+from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
+from test_shard_cluster import _children, _kill
+from test_shard_cluster import two_node_cluster  # noqa: F401  (a fixture: the 2-node Ray cluster)
+
+pytest_plugins = ["s3server"]
+
+FEATURES = "vocos_mel"
+ARGS = ["--features", FEATURES, "--shard-size", "200kB", "--workers", "1", "--no-progress"]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _objects(root: str) -> dict[str, str]:
+    """Relative key -> sha256 of every object under the prefix (read back through audiopipe's own client)."""
+    from pyarrow import fs as pafs
+
+    url, fs = parse_s3(root), filesystem()
+    base = url.path + "/"
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                out[info.path[len(base):]] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _put(root: str, rel: str, data: bytes) -> None:
+    with filesystem().open_output_stream(parse_s3(root).child(rel).path) as f:
+        f.write(data)
+
+
+def _get(root: str, rel: str) -> bytes:
+    with filesystem().open_input_stream(parse_s3(root).child(rel).path) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def reference(espeak_corpus, tmp_path_factory):
+    """The job the CLI builds from ARGS, run in-process to a local folder on the session's Ray: what every s3
+    run must reproduce byte for byte."""
+    from shard_helpers import shard
+
+    out = tmp_path_factory.mktemp("s3ref") / "local"
+    shard(espeak_corpus.root, out, [("vocos_mel", {})], shard_bytes=200 * 1024)
+    digest = _digest(out)
+    assert sum(k.startswith("arrow/") for k in digest) >= 6  # enough shards for a kill to land mid-job
+    return out, digest
+
+
+def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, reference, tmp_path):
+    from audiopipe.shard.inspect import summarize
+    from audiopipe.shard.verify import verify
+
+    _, root = s3
+    local, want = reference
+    out = f"{root}/sets/v1"
+    staging = tmp_path / "staging"
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, "--staging", str(staging), *ARGS)
+    assert r.returncode == 0, r.stderr
+    assert _objects(out) == want  # every file of the local run, same key, same bytes; no lock left behind
+    assert not any(staging.iterdir())  # staged files are removed once uploaded
+    assert verify(out).lines() == verify(local).lines() and verify(out).ok
+
+    png = tmp_path / "d.png"
+    r = _cli("inspect", out, "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got.pop("plot") == str(png) and png.stat().st_size > 0
+    assert got == json.loads(json.dumps(summarize(local)))
+
+    # An object corrupted on the server: verify names it, a rerun rebuilds that shard alone.
+    manifest = json.loads(_get(out, "manifest.json"))
+    victim = manifest["shards"][2]
+    data = bytearray(_get(out, victim["arrow"]["path"]))
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    _put(out, victim["arrow"]["path"], bytes(data))
+    r = _cli("verify", out, "--no-tar")
+    assert r.returncode == 1 and f"{victim['name']}: {victim['arrow']['path']} checksum mismatch" in r.stdout, r.stdout
+    assert r.stdout.count("checksum mismatch") == 1
+
+    # Put right again: a rerun on a finished prefix re-reads every object's sha256 and has nothing to do
+    # (test_kill_9_... shows a rerun rebuilding a corrupted shard).
+    _put(out, victim["arrow"]["path"], (local / victim["arrow"]["path"]).read_bytes())
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+
+
+def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference):
+    _, root = s3
+    _, want = reference
+    out = f"{root}/k"
+    n_shards = sum(k.startswith("done/") for k in want)
+    fs = filesystem()
+    done_prefix = parse_s3(out).child("done").path
+
+    def done() -> int:
+        from pyarrow import fs as pafs
+
+        return sum(1 for i in fs.get_file_info(pafs.FileSelector(done_prefix, allow_not_found=True)))
+
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root),
+                             "--out", out, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)  # kill -9 of the group takes the driver and its Ray
+    deadline = time.monotonic() + 240
+    while done() < 2:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    at_kill = _objects(out)
+    assert 2 <= sum(k.startswith("done/") for k in at_kill) < n_shards, "the kill must land mid-job"
+    assert "manifest.json" not in at_kill
+    # Nothing partial: every object that exists is exactly the uninterrupted run's (the lock aside).
+    partial = {k for k, h in at_kill.items() if k != ".audiopipe.lock" and want.get(k) != h}
+    assert not partial, partial
+    assert ".audiopipe.lock" in at_kill  # left by the killed job; it names a dead pid on this host
+
+    # One finished shard's tar also gets corrupted on the server (same size): the rerun must redo it too.
+    finished = sorted(k[len("done/"):-len(".json")] for k in at_kill if k.startswith("done/"))
+    victim = json.loads(_get(out, f"done/{finished[0]}.json"))["tar"]["path"]
+    data = bytearray(_get(out, victim))
+    data[-1000] ^= 0x01
+    _put(out, victim, bytes(data))
+
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    assert r.returncode == 0, r.stderr
+    assert f"({n_shards - len(finished) + 1} built now)" in r.stdout, r.stdout
+    assert _objects(out) == want
+    from audiopipe.storage.upload import incomplete_uploads
+
+    assert incomplete_uploads(parse_s3(out)) == []  # what the killed run left half-sent was aborted
+
+
+def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
+    from audiopipe.storage.upload import abort_incomplete, incomplete_uploads, upload_file
+
+    server, root = s3
+    big = tmp_path / "big.bin"
+    big.write_bytes(np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tobytes())
+    url = parse_s3(root).child("x", "big.bin")
+    quick = S3Settings(attempts=2, connect_timeout=1.0, request_timeout=3.0)
+    result: list[BaseException | int] = []
+
+    def upload() -> None:
+        try:
+            result.append(upload_file(big, url, part_size=5 << 20, settings=quick))
+        except BaseException as e:
+            result.append(e)
+
+    t = threading.Thread(target=upload)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not incomplete_uploads(parse_s3(root)):  # stop the server once the upload has begun
+        assert time.monotonic() < deadline and t.is_alive(), result
+        time.sleep(0.005)
+    server.stop()
+    try:
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        server.start()
+    assert len(result) == 1 and isinstance(result[0], ObjectStoreError), result
+    assert str(url) in str(result[0])
+    assert filesystem().get_file_info(url.path).type.name == "NotFound"  # no object, not even a prefix of it
+    # The abort could not reach the stopped server: the parts stay invisible until a rerun aborts them.
+    assert abort_incomplete(parse_s3(root)) >= 1 and incomplete_uploads(parse_s3(root)) == []
+    # The same file uploads whole once the server is back; a file within one part is a single PUT.
+    assert upload_file(big, url, part_size=5 << 20) == big.stat().st_size
+    assert hashlib.sha256(_get(root, "x/big.bin")).digest() == hashlib.sha256(big.read_bytes()).digest()
+
+
+def test_why_uploads_avoid_pyarrow_streams_an_exception_publishes_a_prefix(s3):
+    # The reason audiopipe.storage.upload exists: pyarrow's S3 stream completes the upload when an exception
+    # closes it, so the first 1000 bytes of a file that never finished appear under the final name.
+    _, root = s3
+    url = parse_s3(root).child("partial.bin")
+    with pytest.raises(RuntimeError):
+        with filesystem().open_output_stream(url.path) as f:
+            f.write(b"a" * 1000)
+            raise RuntimeError("the writer failed half-way")
+    assert filesystem().get_file_info(url.path).size == 1000
+
+
+# ---------------------------------------------------------------- the prefix lock
+
+def test_a_live_lock_refuses_a_second_job_in_one_line(s3, espeak_corpus, capsys):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    from audiopipe.cli import main
+
+    with PrefixLock(parse_s3(root).child("busy"), "audiopipe shard", settle=0.1):
+        assert main(["shard", "--corpus", str(espeak_corpus.root), "--out", f"{root}/busy", *ARGS]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("audiopipe: error: ") and "is in use by audiopipe shard" in lines[0]
+    assert f"pid {os.getpid()} on {socket.gethostname()}" in lines[0] and "--break-lock" in lines[0]
+    assert _objects(f"{root}/busy") == {}  # released on exit, and the refused job wrote nothing
+
+
+def _write_lock(root: str, **info) -> None:
+    _put(root, ".audiopipe.lock", (json.dumps({"command": "audiopipe shard", "since": "then", "token": "x",
+                                               **info}) + "\n").encode())
+
+
+def test_dead_stale_or_broken_locks_are_taken_over(s3):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    prefix = parse_s3(root)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _write_lock(root, pid=int(gone.stdout), host=socket.gethostname())  # killed on this host: taken at once
+    PrefixLock(prefix, "t", settle=0.1).release()
+
+    _write_lock(root, pid=1, host="other-node")  # another machine's, fresh: refused, unless broken
+    with pytest.raises(LockHeld, match=r"pid 1 on other-node.*last heartbeat \d+ s ago"):
+        PrefixLock(prefix, "t", settle=0.1)
+    PrefixLock(prefix, "t", settle=0.1, break_lock=True).release()
+
+    _write_lock(root, pid=1, host="other-node")
+    time.sleep(2.2)  # the server's clock has 1 s resolution
+    PrefixLock(prefix, "t", settle=0.1, stale_after=1.0).release()  # its heartbeat is older than stale_after
+    assert _objects(root) == {}
+
+
+def test_a_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(s3):
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    lock = PrefixLock(parse_s3(root), "t", settle=0.1, heartbeat=0.3)
+    try:
+        time.sleep(2.5)
+        holder, age = lock.read()
+        assert holder["token"] == lock.info["token"] and age <= 1.0  # refreshed, not 2.5 s old
+        lock.check()
+        _write_lock(root, pid=1, host="other-node")
+        time.sleep(1.0)
+        with pytest.raises(LockHeld, match="taken over by audiopipe shard \\(pid 1 on other-node"):
+            lock.check()
+    finally:
+        lock.release()
+    assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"  # not ours: left alone
+
+
+def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, capsys):
+    from audiopipe.cli import main
+
+    for flag in (["--break-lock"], ["--staging", str(tmp_path / "st")]):
+        assert main(["shard", "--corpus", str(synthetic_corpus.root), "--out", str(tmp_path / "o"), *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "are for an s3:// --out" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, reference,
+                                                                         two_node_cluster):
+    """Two Ray nodes on this machine (tests/test_shard_cluster.py; started after `s3` set the AWS_* environment,
+    which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each worker
+    uploads from its own staging; SIGKILL of the second node mid-job loses nothing, and the objects are a local
+    run's bytes."""
+    _, root = s3
+    _, want = reference
+    address, second_raylet, env = two_node_cluster
+    n_shards = sum(k.startswith("done/") for k in want)
+    out = f"{root}/cluster"
+    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS,
+           "--ray-address", address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
+    deadline = time.monotonic() + 180
+    busy = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = sum(k.startswith("done/") for k in _keys(out))
+        busy = [c for c in _children(second_raylet) if b"shard_task" in Path(f"/proc/{c}/cmdline").read_bytes()] \
+            if Path(f"/proc/{second_raylet}").exists() else []
+        if done >= n_shards // 4 and busy:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None and busy, "the node must be lost while it holds a shard"
+    workers = _children(second_raylet)
+    _kill(second_raylet)
+    for w in workers:
+        _kill(w)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    assert _objects(out) == want
+
+
+def _keys(root: str) -> list[str]:
+    from pyarrow import fs as pafs
+
+    url = parse_s3(root)
+    infos = filesystem().get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True))
+    return [i.path[len(url.path) + 1:] for i in infos if i.type == pafs.FileType.File]
+
+
+def test_verify_and_inspect_of_a_prefix_without_a_shard_set_say_so_in_one_line(s3, capsys, tmp_path, monkeypatch):
+    from audiopipe.cli import main
+
+    _, root = s3
+    monkeypatch.chdir(tmp_path)
+    for argv, needle in ((["verify", f"{root}/none"], f"{root}/none/manifest.json not found"),
+                         (["inspect", f"{root}/none"], f"{root}/none/manifest.json not found"),
+                         (["verify", "s3://no-such-bucket-x/none"], "bucket no-such-bucket-x does not exist")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("audiopipe: error: ") and needle in err[0], err
+    assert list(tmp_path.iterdir()) == []  # no histogram, no local folder named after the URL
