@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,106 @@ def test_read_ahead_fetches_the_announced_batches_before_they_are_asked_for(remo
     off = _loader(url, read_ahead=0)
     _batches(off)
     assert off.dataset.diagnostics()["ranges_prefetched"] == 0
+
+
+def test_two_dataloader_workers_read_the_same_batches(remote, local):
+    # Workers fork after the parent has used its client: each opens its own (pid check), none hangs.
+    server, url = remote
+    want = _batches(_loader(local.root, num_workers=2))
+    _same(want, _batches(_loader(url, num_workers=2)))
+
+
+def test_server_restarted_mid_epoch_gives_the_same_batches(remote, local):
+    import time
+
+    server, url = remote
+    want = _batches(_loader(local.root))
+    loader = _loader(url, read_ahead=0)
+    loader.set_epoch(0)
+    got, back, when = [], [], []
+
+    def start_again():
+        back.append(time.monotonic())
+        server.start()
+
+    for i, b in enumerate(loader):
+        when.append(time.monotonic())
+        got.append({k: (v.clone() if isinstance(v, torch.Tensor) else list(v)) for k, v in b.items()})
+        if i == 1:  # down for 3 s between two batches, then back with the same objects
+            server.stop()
+            threading.Timer(3.0, start_again).start()
+    _same(want, got)
+    # The third batch needed requests while the server was down: it came only once the server was back.
+    assert len(when) > 2 and when[2] >= back[0], (when, back)
+
+
+def test_the_readers_own_retries_outlast_the_client(remote, local):
+    # With the client allowed one attempt, only the reader's backoff loop can ride out the restart.
+    server, url = remote
+    want = _batches(_loader(local.root, shuffle=False))
+    ds = RemoteShardDataset(url, FEATURES, settings=S3Settings(attempts=1, connect_timeout=1.0))
+    first = ds.__getitems__([0])
+    server.stop()
+    threading.Timer(1.5, server.start).start()
+    batch = ds.__getitems__(list(range(5, 14)))
+    assert ds.diagnostics()["retries"] >= 1
+    assert np.array_equal(batch.array("mel", 0), local.rows[5]["arrays"]["mel"])
+    assert np.array_equal(first.array("f0", 0), local.rows[0]["arrays"]["f0"])
+
+
+def test_a_server_that_stays_down_is_a_named_error_in_bounded_time(remote):
+    import time
+
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES, settings=S3Settings(attempts=2, connect_timeout=1.0, request_timeout=2.0),
+                            retry=RetryPolicy(retries=2, backoff=0.1))
+    server.stop()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"s3://t-[0-9a-f]+/corpus/v1/arrow/shard-000000\.arrow: .*"
+                                                   r"failed after 3 tries"):
+            ds.__getitems__([0, 1])
+        assert time.monotonic() - t0 < 60
+    finally:
+        server.start()
+
+
+def _corrupt(server, url: str, k: int, how: str) -> None:
+    fs = _admin(server)
+    path = parse_s3(url).child(f"arrow/shard-{k:06d}.arrow").path
+    with fs.open_input_file(path) as f:
+        data = f.read()
+    data = data[:-100] if how == "truncate" else data[:-10] + b"\xff\xff\xff\x7f" + data[-6:]
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def test_a_corrupt_object_is_named_or_skipped(remote):
+    server, url = remote
+    _corrupt(server, url, 1, "truncate")
+    _corrupt(server, url, 3, "footer")
+    with pytest.raises(CorruptShardError) as e:
+        _loader(url)
+    msg = str(e.value)
+    assert "2 of 5 shards corrupt" in msg and "shard-000001" in msg and "shard-000003" in msg, msg
+    assert "manifest says" in msg and "unreadable Arrow file" in msg, msg
+    loader = _loader(url, on_corrupt="skip")
+    seen = sorted(i for b in _batches(loader) for i in b["index"])
+    bad = set(range(sum(ROWS_PER_SHARD[:1]), sum(ROWS_PER_SHARD[:2]))) | \
+        set(range(sum(ROWS_PER_SHARD[:3]), sum(ROWS_PER_SHARD[:4])))
+    assert seen == sorted(set(range(sum(ROWS_PER_SHARD))) - bad)
+    assert loader.dataset.diagnostics()["skipped_rows"] == ROWS_PER_SHARD[1] + ROWS_PER_SHARD[3]
+
+
+def test_an_object_replaced_after_open_is_a_named_error(remote):
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES)
+    _corrupt(server, url, 0, "truncate")
+    with pytest.raises(CorruptShardError, match=r"shard-000000 .*changed on the server"):
+        ds.__getitems__([0])
+
+
+def test_a_prefix_without_shards_is_a_one_line_error(s3):
+    _, bucket = s3
+    with pytest.raises(FileNotFoundError, match=r"manifest.json not found: run `audiopipe shard` first"):
+        _loader(f"{bucket}/nothing/here")

@@ -384,6 +384,7 @@ class RemoteShardDataset(ShardDataset):
         bad = [integrity.CorruptShard(k, shards[k]["name"], str(self._shard_url(k)), int(shards[k]["rows"]), r)
                for k, r in enumerate(reasons) if r is not None]
         self._hashed = self.verify == "sha256"
+        self.reader.forget()  # each shard's size is asked again when it is first read (a change since is caught)
         if bad and self.on_corrupt == "fail":
             raise CorruptShardError(
                 f"{self.root}: {integrity.summary(bad, len(shards))}; rebuild them (`audiopipe verify` lists every "

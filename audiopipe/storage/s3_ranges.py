@@ -121,6 +121,13 @@ class RangeReader:
                                 f"truncated on the server")
         return h
 
+    def forget(self) -> None:
+        """Drop the open handles: the next read of each object sends a HEAD again, so an object replaced by one
+        of another size since is caught (ObjectChanged) instead of trusted on an old size."""
+        self._check_pid()
+        with self._lock:
+            self._handles.clear()
+
     def size(self, url: S3URL) -> int:
         """The object's size (one HEAD), ObjectChanged when it does not exist."""
         self._check_pid()
