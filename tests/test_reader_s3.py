@@ -216,3 +216,86 @@ def test_a_prefix_without_shards_is_a_one_line_error(s3):
     _, bucket = s3
     with pytest.raises(FileNotFoundError, match=r"manifest.json not found: run `audiopipe shard` first"):
         _loader(f"{bucket}/nothing/here")
+
+
+def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_again(remote, local, tmp_path):
+    server, url = remote
+    want = _batches(_loader(local.root), epochs=(0, 1))
+    cache = tmp_path / "cache"
+    loader = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    ds = loader.dataset
+    got = _batches(loader, epochs=(0,))
+    assert ds.cache.wait(60)
+    entries = sorted(cache.glob("*.arrow"))
+    m = json.loads((local.root / "manifest.json").read_text())
+    assert sorted(p.name for p in entries) == sorted(f"{s['arrow']['sha256']}.arrow" for s in m["shards"])
+    before = ds.diagnostics()["requests"]
+    got += _batches(loader, epochs=(1,))
+    _same(want, got)
+    assert ds.diagnostics()["requests"] == before  # epoch 1 came from the cache alone
+    # A truncated entry (a full disk, a crash outside audiopipe) is detected by its size and fetched again.
+    victim = entries[0]
+    victim.write_bytes(victim.read_bytes()[:1000])
+    again = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    _same(want[:len(want) // 2], _batches(again, epochs=(0,)))
+    assert again.dataset.cache.wait(60)
+    d = again.dataset.diagnostics()["cache"]
+    assert d["truncated_entries_refetched"] == 1 and d["downloads"] == 1
+    assert victim.read_bytes() == (local.root / m["shards"][[f"{s['arrow']['sha256']}.arrow" for s in m["shards"]]
+                                                          .index(victim.name)]["arrow"]["path"]).read_bytes()
+
+
+def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, local, tmp_path):
+    from audiopipe.reader.shard_cache import ShardCache
+    from audiopipe.storage.s3_ranges import RangeReader
+
+    server, url = remote
+    m = json.loads((local.root / "manifest.json").read_text())
+    entry = m["shards"][1]
+    data = (local.root / entry["arrow"]["path"]).read_bytes()
+    cache = ShardCache(tmp_path / "c", max_bytes=len(data) + 10, reader=RangeReader(), chunk=4096)
+    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(data[:5000])  # a killed download
+    path = cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry)
+    assert path.read_bytes() == data
+    assert cache.reader.counters()["bytes_requested"] == len(data) - 5000 and cache.resumed_bytes == 5000
+    assert not list((tmp_path / "c").glob(".*.part"))
+    # A second shard does not fit beside the first: the least recently used entry goes.
+    other = m["shards"][3]
+    cache.download(parse_s3(url).child(other["arrow"]["path"]), other)
+    assert [p.name for p in (tmp_path / "c").glob("*.arrow")] == [f"{other['arrow']['sha256']}.arrow"]
+    assert cache.evictions == 1
+    # A part whose bytes are wrong fails the sha256 and is fetched again from zero.
+    bad = bytearray(data[:5000])
+    bad[100] ^= 0xFF
+    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(bytes(bad))
+    assert cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry).read_bytes() == data
+
+
+def test_two_ranks_train_from_s3_under_torchrun_and_resume_bit_exact(remote, tmp_path):
+    """trainers/core.py through real torchrun, --shards s3://...: a straight 2-rank run checkpointing at step 3,
+    then a run resumed from that checkpoint; both read the bucket, and the resumed steps equal the straight."""
+    from launch import run_group
+
+    server, url = remote
+    env = dict(os.environ, OMP_NUM_THREADS="1", **server.env(),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "trainers"), str(ROOT)]))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(HERE / "core_trainer_fixture.py")]
+
+    def run(out: Path, *extra: str):
+        r = run_group(torchrun + ["--shards", url, "--out", str(out), "--log-every", "1", "--warmup-steps", "2",
+                                  "--batch-frames", "1200", "--max-steps", "6", "--ckpt-every", "3", *extra],
+                      timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+    straight = run(tmp_path / "straight")
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    (resumed_dir / "ckpt-00000003.pt").write_bytes((tmp_path / "straight" / "ckpt-00000003.pt").read_bytes())
+    resumed = run(resumed_dir, "--resume")
+    assert [r["step"] for r in resumed] == [4, 5, 6] and all(r["world"] == 2 for r in straight)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[3:]]
+    a = torch.load(tmp_path / "straight" / "ckpt-00000006.pt", weights_only=True)["model"]
+    b = torch.load(resumed_dir / "ckpt-00000006.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
