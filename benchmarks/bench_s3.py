@@ -70,22 +70,51 @@ def synthetic_shards(out: Path, utterances: int, per_shard: int, seed: int = 0) 
 
 
 def start_server():
-    import logging
+    """moto's S3 server in a process of its own (in this process it would compete with the loader for the GIL),
+    on a free port of 127.0.0.1; returns (process, admin client)."""
+    import socket
+    import subprocess
 
-    from moto.server import ThreadedMotoServer
     from pyarrow import fs as pafs
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import logging, time; logging.getLogger('werkzeug').setLevel(logging.ERROR); "
+            "from moto.server import ThreadedMotoServer as S; "
+            f"S(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(1e9)")
+    proc = subprocess.Popen([sys.executable, "-c", code])
     env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     os.environ.update(env)
     admin = pafs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1",
-                              endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True)
-    admin.create_dir("bench")
-    return server, admin
+                              endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+    for _ in range(100):
+        try:
+            admin.create_dir("bench")
+            return proc, admin
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the moto S3 server did not start")
+
+
+def server_rate(url: str, seconds: float = 2.0) -> float:
+    """Ranged GETs per second the server answers (16 at a time, 40 KB each, on the first shard)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from audiopipe.storage.s3 import parse_s3
+    from audiopipe.storage.s3_ranges import RangeReader
+
+    r, u = RangeReader(), parse_s3(url)
+    size = r.size(u)
+    n = 0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        while time.perf_counter() - t0 < seconds:
+            list(pool.map(lambda i: r.read(u, (i * 7919) % max(size - 40000, 1), 40000), range(32)))
+            n += 32
+    return n / (time.perf_counter() - t0)
 
 
 def _loader(src: str, feature: str, batch_frames: int, **kw):
@@ -106,8 +135,9 @@ def throughput(src: str, feature: str, batch_frames: int) -> dict:
     return {"audio_s_per_s": audio / dt, "batches": batches, "epoch_s": dt}
 
 
-def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes: int) -> dict:
-    loader = _loader(src, feature, batch_frames, prefetch=2, read_ahead=2)
+def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes: int, prefetch: int = 2,
+              read_ahead: int = 2) -> dict:
+    loader = _loader(src, feature, batch_frames, prefetch=prefetch, read_ahead=read_ahead)
     wait = wall = 0.0
     first = []
     batches = 0
@@ -141,25 +171,35 @@ def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes:
     return out
 
 
+SOURCES = {"local": {"prefetch": 2, "read_ahead": 2}, "s3": {"prefetch": 2, "read_ahead": 2},
+           "s3_no_prefetch": {"prefetch": 0, "read_ahead": 0}}
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    srcs = ["local", "s3"]
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
-    for i, (key, label) in enumerate((("audio_s_per_s", "audio s / s (loader alone)"),
-                                      ("wait_share", f"data-wait share, {result['config']['step_ms']:.0f} ms step"))):
-        vals = [[r[s][key] * (100 if key == "wait_share" else 1) for r in result["rounds"]] for s in srcs]
-        ax[i].bar(srcs, [float(np.median(v)) for v in vals], color=["#888", "#3a7"])
+    steps = result["config"]["steps_ms"]
+    fig, ax = plt.subplots(1, 1 + len(steps), figsize=(4 + 3.2 * len(steps), 3.4))
+    names = list(SOURCES)
+    vals = [[r[n]["audio_s_per_s"] for r in result["rounds"]] for n in names[:2]]
+    ax[0].bar(names[:2], [float(np.median(v)) for v in vals], color=["#888", "#3a7"])
+    for j, v in enumerate(vals):
+        ax[0].plot([j] * len(v), v, "k.", ms=4)
+    ax[0].set_title("audio s / s, loader alone", fontsize=9)
+    for i, step in enumerate(steps, start=1):
+        vals = [[100 * r[n][f"wait_{step:g}ms"]["wait_share"] for r in result["rounds"]] for n in names]
+        ax[i].bar(names, [float(np.median(v)) for v in vals], color=["#888", "#3a7", "#c75"])
         for j, v in enumerate(vals):
             ax[i].plot([j] * len(v), v, "k.", ms=4)
-        ax[i].set_title(label + (" (%)" if key == "wait_share" else ""), fontsize=9)
-    if "wait_share" in result["summary"]:
-        ax[1].axhline(1.0, color="r", lw=0.8, ls="--", label="target 1 %")
-        ax[1].legend(fontsize=8)
-    fig.suptitle(f"make_loader: local mmap vs s3:// (moto on 127.0.0.1) - {result['machine']}", fontsize=8)
+        ax[i].axhline(1.0, color="r", lw=0.8, ls="--", label="target 1 %")
+        ax[i].set_title(f"data-wait share (%), {step:g} ms step", fontsize=9)
+        ax[i].tick_params(axis="x", labelsize=7)
+        ax[i].legend(fontsize=7)
+    fig.suptitle(f"make_loader: local mmap vs s3:// (moto S3 server on 127.0.0.1, ~{result['server_requests_per_s']:.0f} "
+                 f"ranged GETs/s) - {result['machine']}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -169,59 +209,76 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", default=None, help="local shard folder (default: a synthetic one in --work)")
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"))
-    p.add_argument("--utterances", type=int, default=2000, help="synthetic corpus size (default 2000)")
+    p.add_argument("--utterances", type=int, default=1000, help="synthetic corpus size (default 1000)")
+    p.add_argument("--per-shard", type=int, default=25,
+                   help="synthetic utterances per shard (default 25, ~6 MB shards: moto copies the whole object "
+                        "for every ranged GET, so its request rate falls with the object size)")
     p.add_argument("--feature", default="mel")
     p.add_argument("--batch-frames", type=int, default=38400)
-    p.add_argument("--step-ms", type=float, default=50.0)
-    p.add_argument("--passes", type=int, default=2, help="epochs per data-wait measurement (default 2)")
+    p.add_argument("--steps-ms", default="50,500", help="synthetic step times (default 50,500)")
+    p.add_argument("--passes", type=int, default=1, help="epochs per data-wait measurement (default 1)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="600 utterances, 1 pass, 2 rounds (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="400 utterances, a 50 ms step, 2 rounds (< 2 min)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers use the CPU at the same time")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     a = p.parse_args(argv)
+    steps = [float(x) for x in a.steps_ms.split(",")]
     if a.quick:
-        a.utterances, a.passes, a.rounds = 600, 1, 2
-    local = Path(a.shards) if a.shards else synthetic_shards(Path(a.work) / f"shards-{a.utterances}",
-                                                                a.utterances, per_shard=100)
+        a.utterances, a.rounds, steps = 400, 2, [50.0]
+    local = Path(a.shards) if a.shards else synthetic_shards(
+        Path(a.work) / f"shards-{a.utterances}-{a.per_shard}", a.utterances, per_shard=a.per_shard)
     server, admin = start_server()
     try:
         from pyarrow import fs as pafs
 
         pafs.copy_files(str(local), "bench/corpus", source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=admin)
-        srcs = {"local": str(local), "s3": "s3://bench/corpus"}
+        first = json.loads((local / "manifest.json").read_text())["shards"][0]["arrow"]["path"]
+        rate = server_rate(f"s3://bench/corpus/{first}")
+        print(f"server: {rate:.0f} ranged GETs/s (16 at a time)", flush=True)
+        srcs = {"local": str(local), "s3": "s3://bench/corpus", "s3_no_prefetch": "s3://bench/corpus"}
         rounds = []
         for k in range(a.rounds):
-            r = {}
+            r: dict = {}
             for name, src in srcs.items():
-                r[name] = {**throughput(src, a.feature, a.batch_frames),
-                           **data_wait(src, a.feature, a.batch_frames, a.step_ms, a.passes)}
-                x = r[name]
-                print(f"[{k + 1}/{a.rounds}] {name:<5} {x['audio_s_per_s']:9.0f} audio s/s  wait "
-                      f"{100 * x['wait_share']:.2f} %  first batch {x['first_batch_ms']:.0f} ms"
-                      + (f"  {x['bytes_requested_per_byte_delivered']:.3f} B asked/B delivered  "
-                         f"{x['requests_per_batch']:.1f} requests/batch" if name == "s3" else ""), flush=True)
+                x = r[name] = throughput(src, a.feature, a.batch_frames) if name != "s3_no_prefetch" else {}
+                for step in steps:
+                    x[f"wait_{step:g}ms"] = data_wait(src, a.feature, a.batch_frames, step, a.passes, **SOURCES[name])
+                    w = x[f"wait_{step:g}ms"]
+                    print(f"[{k + 1}/{a.rounds}] {name:<15} {x.get('audio_s_per_s', float('nan')):9.0f} audio s/s  "
+                          f"step {step:g} ms: wait {100 * w['wait_share']:6.2f} %  first batch "
+                          f"{w['first_batch_ms']:.0f} ms" + (
+                              f"  {w['bytes_requested_per_byte_delivered']:.3f} B asked/B delivered  "
+                              f"{w['requests_per_batch']:.1f} requests/batch" if "requests" in w else ""), flush=True)
             rounds.append(r)
     finally:
-        server.stop()
+        server.kill()
+        server.wait()
 
-    def med(src, key):
-        v = [r[src][key] for r in rounds]
-        return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+    def spread(values) -> dict:
+        return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
 
-    ratio = [r["s3"]["audio_s_per_s"] / r["local"]["audio_s_per_s"] for r in rounds]
-    summary = {"s3_vs_local_audio_s_per_s": {"median": float(np.median(ratio)), "min": min(ratio), "max": max(ratio)},
-               "local_wait_share": med("local", "wait_share"), "s3_wait_share": med("s3", "wait_share"),
-               "s3_bytes_requested_per_byte_delivered": med("s3", "bytes_requested_per_byte_delivered"),
-               "s3_requests_per_batch": med("s3", "requests_per_batch"),
-               "target_s3_wait_share_below_1pct": bool(np.median([r["s3"]["wait_share"] for r in rounds]) < 0.01)}
-    summary["wait_share"] = summary["s3_wait_share"]
+    summary: dict = {"s3_vs_local_audio_s_per_s": spread([r["s3"]["audio_s_per_s"] / r["local"]["audio_s_per_s"]
+                                                          for r in rounds])}
+    for step in steps:
+        key = f"wait_{step:g}ms"
+        for name in srcs:
+            summary[f"{name}_wait_share_{step:g}ms"] = spread([r[name][key]["wait_share"] for r in rounds])
+        summary[f"s3_bytes_requested_per_byte_delivered_{step:g}ms"] = spread(
+            [r["s3"][key]["bytes_requested_per_byte_delivered"] for r in rounds])
+        summary[f"s3_requests_per_batch_{step:g}ms"] = spread([r["s3"][key]["requests_per_batch"] for r in rounds])
+    key = f"wait_{steps[0]:g}ms"
+    need = float(np.median([r["s3"][key]["requests_per_batch"] for r in rounds])) / (steps[0] / 1e3)
+    summary[f"requests_per_s_needed_at_{steps[0]:g}ms"] = need
+    summary["target_s3_wait_share_below_1pct_at_50ms"] = (
+        bool(summary["s3_wait_share_50ms"]["median"] < 0.01) if 50.0 in steps else None)
     result = {"command": "python benchmarks/bench_s3.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": a.machine, "python": platform.python_version(), "loadavg": os.getloadavg(),
-              "config": {"utterances": a.utterances, "batch_frames": a.batch_frames, "step_ms": a.step_ms,
-                         "passes": a.passes, "rounds": a.rounds, "shards": str(local), "prefetch": 2,
-                         "read_ahead": 2},
+              "server_requests_per_s": rate,
+              "config": {"utterances": a.utterances, "per_shard": a.per_shard, "batch_frames": a.batch_frames,
+                         "steps_ms": steps, "passes": a.passes, "rounds": a.rounds, "shards": str(local),
+                         "sources": SOURCES},
               "rounds": rounds, "summary": summary}
     print(json.dumps(summary, indent=1))
     write_results(result, a.json, lambda path: plot(result, path), a.plot)
