@@ -197,15 +197,20 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 # Arguments that are addresses, not paths: the only ones where `scheme://` is expected.
 _URL_ARGUMENTS = {"ray_address"}
+# (command, argument) that read shards from object storage too: s3:// passes, any other scheme is refused.
+_S3_ARGUMENTS = {("bench-loader", "shards")}
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:
     """Refuse `s3://...` and friends wherever a path is expected, before pathlib turns them into local folders."""
     from audiopipe.storage.paths import require_local
+    from audiopipe.storage.s3 import require_local_or_s3
 
     for name, value in vars(args).items():
         if name not in _URL_ARGUMENTS and isinstance(value, str):
-            require_local(value, f"--{name.replace('_', '-')}" if name != "shards" else "shard folder")
+            what = f"--{name.replace('_', '-')}" if name != "shards" else "shard folder"
+            check = require_local_or_s3 if (args.command, name) in _S3_ARGUMENTS else require_local
+            check(value, what)
 
 
 def main(argv: list[str] | None = None) -> int:

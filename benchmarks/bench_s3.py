@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from audiopipe.bench.s3_loader import data_wait, throughput
 from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 
@@ -115,60 +116,6 @@ def server_rate(url: str, seconds: float = 2.0) -> float:
             list(pool.map(lambda i: r.read(u, (i * 7919) % max(size - 40000, 1), 40000), range(32)))
             n += 32
     return n / (time.perf_counter() - t0)
-
-
-def _loader(src: str, feature: str, batch_frames: int, **kw):
-    from audiopipe.reader.loader import make_loader
-
-    return make_loader(src, [feature], max_frames=batch_frames, rank=0, world_size=1, seed=0, **kw)
-
-
-def throughput(src: str, feature: str, batch_frames: int) -> dict:
-    loader = _loader(src, feature, batch_frames, prefetch=2)
-    loader.set_epoch(0)
-    audio = batches = 0
-    t0 = time.perf_counter()
-    for b in loader:
-        audio += float(sum(b["duration"]))
-        batches += 1
-    dt = time.perf_counter() - t0
-    return {"audio_s_per_s": audio / dt, "batches": batches, "epoch_s": dt}
-
-
-def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes: int, prefetch: int = 2,
-              read_ahead: int = 2) -> dict:
-    loader = _loader(src, feature, batch_frames, prefetch=prefetch, read_ahead=read_ahead)
-    wait = wall = 0.0
-    first = []
-    batches = 0
-    for epoch in range(passes):
-        loader.set_epoch(epoch)
-        it = iter(loader)
-        t_start = time.perf_counter()
-        next(it)
-        first.append((time.perf_counter() - t_start) * 1e3)
-        t_loop = time.perf_counter()
-        while True:
-            t = time.perf_counter()
-            try:
-                next(it)
-            except StopIteration:
-                break
-            wait += time.perf_counter() - t
-            batches += 1
-            time.sleep(step_ms / 1e3)
-        wall += time.perf_counter() - t_loop
-    out = {"wait_share": wait / wall, "wait_ms_per_batch": wait / max(batches, 1) * 1e3,
-           "first_batch_ms": float(np.median(first)), "timed_batches": batches}
-    d = loader.dataset.diagnostics()
-    if "requests" in d:
-        total = batches + passes
-        out.update(requests=d["requests"], bytes_requested=d["bytes_requested"],
-                   bytes_delivered=d["bytes_delivered"],
-                   bytes_requested_per_byte_delivered=d["bytes_requested_per_byte_delivered"],
-                   requests_per_batch=d["requests"] / total, ranges_prefetched=d["ranges_prefetched"],
-                   ranges_taken=d["ranges_taken"], retries=d["retries"])
-    return out
 
 
 SOURCES = {"local": {"prefetch": 2, "read_ahead": 2}, "s3": {"prefetch": 2, "read_ahead": 2},

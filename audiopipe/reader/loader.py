@@ -31,7 +31,7 @@ from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.sampler.bucket import BucketBatchSampler
-from audiopipe.storage.s3 import is_s3
+from audiopipe.storage.s3 import is_s3, require_local_or_s3
 
 
 class _View:
@@ -177,7 +177,7 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
-    remote = is_s3(shards_dir)
+    remote = is_s3(require_local_or_s3(shards_dir, "shard folder"))  # other schemes: one line naming s3://
     if remote and reader != "mmap":
         raise ValueError(f"reader={reader!r} reads local folders only; shards on s3:// use reader='mmap'")
     if not remote and (cache_dir is not None or max_cache_bytes is not None):

@@ -1,9 +1,9 @@
 """Byte ranges of s3 objects: retried with backoff, bounded in time, counted, one client per process.
 
-pyarrow's client already retries 5xx, throttling and dropped connections (`S3Settings.attempts`); a server that
-restarts (a few seconds of refused connections) outlasts those quick retries, so each read is tried again here
-`retries` times with exponential backoff before it becomes an `ObjectStoreError` naming the URL: an error after
-a bounded time, never a hang, and a restart of a few seconds is invisible to the caller.
+pyarrow's client already retries 5xx, throttling and dropped connections with backoff (`S3Settings.attempts`);
+what still fails (a server down for longer, a connection reset mid-body) is tried again here `retries` times with
+exponential backoff before it becomes an `ObjectStoreError` naming the URL: an error after a bounded time, never
+a hang, and a restart of a few seconds is invisible to the caller.
 
 Every request is counted (requests, bytes asked for, retries), so a reader can report how many bytes it asked
 for per byte it delivered. Counters and open handles belong to the process that made them: a forked child
@@ -41,10 +41,12 @@ def _first_line(e: BaseException) -> str:
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries on top of the client's own: `retries` more tries, sleeping backoff * 2**i (capped at max_sleep)
-    between them. The defaults wait up to ~12 s in all, which rides out a server restart."""
+    between them. With the default S3Settings (6 attempts, ~16 s of the client's own backoff against a server
+    that refuses connections), a server that stays down is an error after about 50 s; one that is back within
+    that time costs only the wait."""
 
-    retries: int = 5
-    backoff: float = 0.4
+    retries: int = 2
+    backoff: float = 1.0
     max_sleep: float = 4.0
 
 
