@@ -299,3 +299,20 @@ def test_two_ranks_train_from_s3_under_torchrun_and_resume_bit_exact(remote, tmp
     a = torch.load(tmp_path / "straight" / "ckpt-00000006.pt", weights_only=True)["model"]
     b = torch.load(resumed_dir / "ckpt-00000006.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ((), "manifest.json not found: run `audiopipe shard` first"),
+    (("--reader", "files"), "--reader files exports a local shard folder"),
+], ids=["missing-prefix", "files-reader"])
+def test_trainer_shards_s3_errors_are_one_line(s3, tmp_path, extra, says):
+    from launch import run_group
+
+    server, bucket = s3
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "trainers"), str(ROOT)]))
+    r = run_group([sys.executable, str(HERE / "core_trainer_fixture.py"), "--shards", f"{bucket}/none",
+                   "--out", str(tmp_path / "run"), "--max-steps", "1", *extra], timeout=120, env=env)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if says in x]
+    assert len(lines) == 1 and lines[0].startswith("train: error:"), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]

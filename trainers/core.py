@@ -36,6 +36,7 @@ if _ROOT not in sys.path:
 
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
+from audiopipe.storage.s3 import ObjectStoreError, is_s3  # noqa: E402
 from audiopipe.storage.atomic import atomic_path  # noqa: E402
 
 
@@ -94,7 +95,8 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
                argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(description=description)
     base = RunConfig(**(defaults or {}))
-    p.add_argument("--shards", default=base.shards, help=f"shard folder (default {base.shards})")
+    p.add_argument("--shards", default=base.shards,
+                   help=f"shard folder or s3://bucket/prefix (AWS_* environment; docs/loader.md) (default {base.shards})")
     p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
     p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
@@ -267,9 +269,10 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     model.to(d.device)
     try:
         loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
-    except (ShardError, ConfigMismatch, FileNotFoundError, ValueError) as e:
+    except (ShardError, ConfigMismatch, FileNotFoundError, ValueError, ObjectStoreError) as e:
         # The shard set cannot be read as asked (missing, corrupt with --on-corrupt fail, another feature config,
-        # a URL): the same on every rank, so every rank ends here and rank 0 says why in one line.
+        # a URL, an object store that stays down): the same on every rank, so every rank ends here and rank 0
+        # says why in one line.
         _fail(f"{log_name}: error: {e}", d)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
@@ -364,6 +367,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
                  expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
     files_cache = None
+    if cfg.reader == "files" and is_s3(cfg.shards):  # before rank 0 starts an export the others wait for
+        raise ValueError(f"--reader files exports a local shard folder; {cfg.shards} is read with --reader mmap")
     if cfg.reader == "files":  # export the baseline layout once, on rank 0, next to the run
         from audiopipe.reader.files_dataset import export_per_utterance
 
