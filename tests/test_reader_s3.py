@@ -204,6 +204,20 @@ def test_a_corrupt_object_is_named_or_skipped(remote):
     assert loader.dataset.diagnostics()["skipped_rows"] == ROWS_PER_SHARD[1] + ROWS_PER_SHARD[3]
 
 
+def test_sha256_verify_catches_a_flipped_byte_on_the_server(remote):
+    server, url = remote
+    fs = _admin(server)
+    path = parse_s3(url).child("arrow/shard-000002.arrow").path
+    with fs.open_input_file(path) as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF  # inside the values: same size, footer intact
+    with fs.open_output_stream(path) as f:
+        f.write(bytes(data))
+    _loader(url)  # the size and structure checks cannot see it
+    with pytest.raises(CorruptShardError, match=r"shard-000002 .*fails its sha256 check"):
+        _loader(url, verify="sha256")
+
+
 def test_an_object_replaced_after_open_is_a_named_error(remote):
     server, url = remote
     ds = RemoteShardDataset(url, FEATURES)
