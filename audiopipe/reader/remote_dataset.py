@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -42,13 +42,13 @@ from audiopipe.reader.arrow_dataset import ShardDataset, _META_COLUMNS, _meta_re
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.shard_cache import ShardCache
 from audiopipe.shard.manifest import read_manifest
-from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL, parse_s3
+from audiopipe.storage.s3 import S3Settings, S3URL, parse_s3
 from audiopipe.storage.s3_ranges import ObjectChanged, RangeReader, RetryPolicy
 
-_log = logging.getLogger(__name__)
 _TAIL = 64 << 10  # first guess of footer + schema size: one request covers both for any audiopipe shard
 _GAP = 4 << 10  # small buffers closer than this are fetched in one request
 _MAX_RUN = 8 << 20  # adjacent rows are merged into requests of at most this many bytes
+_MAX_OVERTAKEN = 1 << 16  # ranges remembered as fetched before their read-ahead came
 
 
 class _TailFile(io.RawIOBase):
@@ -139,8 +139,11 @@ class _Fetcher:
         self.lock = threading.Lock()
         self.pending: OrderedDict[tuple, tuple[Future, int, int]] = OrderedDict()
         self.pending_bytes = 0
+        # Ranges a batch fetched itself because their read-ahead had not come yet (a busy read-ahead thread):
+        # the late read-ahead of each is skipped once instead of fetching it a second time.
+        self.overtaken: OrderedDict[tuple, None] = OrderedDict()
         self.stats = {"bytes_delivered": 0, "ranges_taken": 0, "ranges_prefetched": 0, "ranges_waited": 0,
-                      "ranges_dropped": 0, "wait_s": 0.0}
+                      "ranges_dropped": 0, "ranges_late": 0, "wait_s": 0.0}
 
     def _submit(self, url: S3URL, size: int, ranges: list[tuple[int, int]]) -> list[tuple[Future, int, int]]:
         out: list[Any] = [None] * len(ranges)
@@ -152,7 +155,16 @@ class _Fetcher:
 
     def prefetch(self, url: S3URL, size: int, ranges: Iterable[tuple[int, int]]) -> None:
         with self.lock:
-            missing = list(dict.fromkeys(r for r in ranges if r[1] > 0 and (url.path, *r) not in self.pending))
+            missing = []
+            for r in dict.fromkeys(ranges):
+                key = (url.path, *r)
+                if r[1] <= 0 or key in self.pending:
+                    continue
+                if key in self.overtaken:
+                    del self.overtaken[key]
+                    self.stats["ranges_late"] += 1
+                    continue
+                missing.append(r)
             for r, e in zip(missing, self._submit(url, size, missing)):
                 self.pending[(url.path, *r)] = e
                 self.pending_bytes += r[1]
@@ -165,8 +177,6 @@ class _Fetcher:
              payload: bool = True) -> list[bytes | memoryview]:
         """The bytes of each range, waiting for those still in flight and fetching the rest now. payload:
         count them as rows delivered (False for a shard's small buffers read when it is opened)."""
-        import time
-
         unique = list(dict.fromkeys(r for r in ranges if r[1] > 0))
         found: dict[tuple[int, int], tuple[Future, int, int]] = {}
         with self.lock:
@@ -175,7 +185,12 @@ class _Fetcher:
                 if e is not None:
                     found[r] = e
                     self.pending_bytes -= r[1]
-        missing = [r for r in unique if r not in found]
+            missing = [r for r in unique if r not in found]
+            if payload:
+                for r in missing:
+                    self.overtaken[(url.path, *r)] = None
+                while len(self.overtaken) > _MAX_OVERTAKEN:
+                    self.overtaken.popitem(last=False)
         if payload:
             self.stats["ranges_prefetched"] += len(found)
             self.stats["ranges_waited"] += len(missing) + sum(not e[0].done() for e in found.values())
