@@ -346,3 +346,16 @@ def test_trainer_shards_s3_errors_are_one_line(s3, tmp_path, extra, says):
     lines = [x for x in r.stderr.splitlines() if says in x]
     assert len(lines) == 1 and lines[0].startswith("train: error:"), r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_bench_loader_times_make_loader_from_s3(remote, tmp_path):
+    from audiopipe.cli import main
+
+    server, url = remote
+    out = tmp_path / "s3.json"
+    assert main(["bench-loader", "--shards", url, "--batch-frames", "1500", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    w = r["wait_50ms"]
+    assert r["source"] == url and r["batches"] > 3 and r["audio_s_per_s"] > 0
+    assert w["bytes_delivered"] > 0 and w["bytes_requested"] >= w["bytes_delivered"]
+    assert w["requests_per_batch"] * (w["timed_batches"] + 1) == w["requests"]
