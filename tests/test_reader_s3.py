@@ -275,6 +275,29 @@ def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_ag
                                                           .index(victim.name)]["arrow"]["path"]).read_bytes()
 
 
+def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_sha256(remote, tmp_path):
+    server, url = remote
+    fs = _admin(server)
+    path = parse_s3(url).child("arrow/shard-000001.arrow").path
+    with fs.open_input_file(path) as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF  # same size, footer intact: only the whole bytes can tell
+    with fs.open_output_stream(path) as f:
+        f.write(bytes(data))
+    loader = _loader(url, cache_dir=tmp_path / "c", max_cache_bytes=1 << 30)
+    # Rows are read by range until the background download has seen the whole object; from then on, reading
+    # that shard is an error naming it (in epoch 0 already, or the next one).
+    with pytest.raises(CorruptShardError, match=r"shard-000001: its bytes on the server fail the manifest's "
+                                                r"sha256 .*s3://.*shard-000001\.arrow"):
+        for epoch in range(3):
+            _batches(loader, epochs=(epoch,))
+            assert loader.dataset.cache.wait(60)
+    assert loader.dataset.cache.wait(60)
+    bad_sha = loader.dataset.manifest["shards"][1]["arrow"]["sha256"]
+    leftovers = [p.name for p in (tmp_path / "c").iterdir() if bad_sha in p.name]
+    assert leftovers == []  # neither an entry nor a part of the bad object stays in the cache
+
+
 def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, local, tmp_path):
     from audiopipe.reader.shard_cache import ShardCache
     from audiopipe.storage.s3_ranges import RangeReader

@@ -428,8 +428,12 @@ class RemoteShardDataset(ShardDataset):
     def _shard(self, k: int):  # type: ignore[override]
         sh = super()._shard(k)
         if self.cache is not None and isinstance(sh, _RemoteShard):
+            entry = self.manifest["shards"][k]
+            why = self.cache.failed.get(entry["arrow"]["sha256"])
+            if why is not None:  # its whole bytes were seen not to match the manifest: stop reading it
+                raise CorruptShardError(f"shard {entry['name']}: {why}")
             # Its download finished: read the local copy from now on (the next call maps it).
-            if self.cache.ready(self.manifest["shards"][k]) is not None:
+            if self.cache.ready(entry) is not None:
                 with self._lock:
                     if self._open.get(k) is sh:
                         del self._open[k]
