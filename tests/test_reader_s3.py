@@ -218,6 +218,10 @@ def test_a_corrupt_object_is_named_or_skipped(remote):
         set(range(sum(ROWS_PER_SHARD[:3]), sum(ROWS_PER_SHARD[:4])))
     assert seen == sorted(set(range(sum(ROWS_PER_SHARD))) - bad)
     assert loader.dataset.diagnostics()["skipped_rows"] == ROWS_PER_SHARD[1] + ROWS_PER_SHARD[3]
+    # Without the open-time scan, the garbled footer is found when the shard is first read: named, no traceback.
+    unchecked = RemoteShardDataset(url, FEATURES, check_shards=False)
+    with pytest.raises(CorruptShardError, match=r"shard-000003 .*is unreadable"):
+        unchecked.__getitems__([sum(ROWS_PER_SHARD[:3])])
 
 
 def test_sha256_verify_catches_a_flipped_byte_on_the_server(remote):
@@ -382,3 +386,45 @@ def test_bench_loader_times_make_loader_from_s3(remote, tmp_path):
     assert r["source"] == url and r["batches"] > 3 and r["audio_s_per_s"] > 0
     assert w["bytes_delivered"] > 0 and w["bytes_requested"] >= w["bytes_delivered"]
     assert w["requests_per_batch"] * (w["timed_batches"] + 1) == w["requests"]
+
+
+class _BytesReader:
+    """Serves one object's bytes from memory: the byte-layout parser is what is under test here, not S3."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read_tail(self, url, n, expect_size=None):
+        return len(self.data), self.data[-n:]
+
+    def read(self, url, start, n, size=None):
+        from audiopipe.reader.ipc_layout import LayoutError
+
+        if start < 0 or start + n > len(self.data):
+            raise LayoutError("outside the object")
+        return self.data[start:start + n]
+
+
+def test_garbled_footer_or_header_bytes_are_a_layout_error_never_anything_else(local):
+    from hypothesis import given, settings, strategies as st
+
+    from audiopipe.reader.ipc_layout import LayoutError
+    from audiopipe.reader.remote_dataset import _Layout
+
+    data = (local.root / "arrow" / "shard-000001.arrow").read_bytes()
+    good = _Layout(_BytesReader(data), None, len(data))
+    assert good.rows == ROWS_PER_SHARD[1] and "mel" in good.columns
+    n = len(data)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1999), st.integers(0, 255)), min_size=1, max_size=6))
+    def check(flips):
+        d = bytearray(data)
+        for region, at, value in flips:  # the footer and schema at the end, the batch header at the start
+            d[(n - 2000 + at) if region == 0 else at] = value
+        try:
+            _Layout(_BytesReader(bytes(d)), None, n)
+        except LayoutError:
+            pass
+
+    check()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -81,34 +82,47 @@ class _TailFile(io.RawIOBase):
 
 
 class _Layout:
-    """A shard's schema and where each column's buffers lie in the object (no row payload read)."""
+    """A shard's schema and where each column's buffers lie in the object (no row payload read).
+
+    Network failures propagate as they are (ObjectStoreError, ObjectChanged); any failure to parse the bytes
+    (a garbled footer or header, whatever pyarrow or the flatbuffer walker trips on) is a LayoutError."""
 
     def __init__(self, reader: RangeReader, url: S3URL, size: int):
         _, tail = reader.read_tail(url, _TAIL, expect_size=size)
-        flen = ipc_layout.footer_length(tail[-ipc_layout.TRAILER:])
+        flen = _parsed(ipc_layout.footer_length, tail[-ipc_layout.TRAILER:])
         if flen + ipc_layout.TRAILER > size:
             raise ipc_layout.LayoutError(f"footer length {flen} exceeds the file")
         if flen + ipc_layout.TRAILER > len(tail):
             tail = reader.read(url, size - flen - ipc_layout.TRAILER, flen + ipc_layout.TRAILER, size)
         start = size - len(tail)
         footer = tail[len(tail) - ipc_layout.TRAILER - flen:len(tail) - ipc_layout.TRAILER]
-        self.schema = pa.ipc.open_file(pa.PythonFile(_TailFile(size, start, tail), mode="r")).schema
-        blocks = ipc_layout.record_batch_blocks(footer)
+        self.schema = _parsed(lambda: pa.ipc.open_file(pa.PythonFile(_TailFile(size, start, tail), mode="r")).schema)
+        blocks = _parsed(ipc_layout.record_batch_blocks, footer)
         if len(blocks) != 1:
             raise ipc_layout.LayoutError(f"{len(blocks)} record batches; an audiopipe shard has one")
         b = blocks[0]
-        if b.offset < 0 or b.offset + b.metadata_length + b.body_length > size:
+        if b.offset < 0 or b.metadata_length <= 0 or b.offset + b.metadata_length + b.body_length > size:
             raise ipc_layout.LayoutError("record batch block outside the file")
         if b.offset >= start:
             head = tail[b.offset - start:b.offset - start + b.metadata_length]
         else:
             head = reader.read(url, b.offset, b.metadata_length, size)
-        self.batch = ipc_layout.batch_layout(b, head)
-        self.columns = ipc_layout.columns(self.schema, self.batch)
+        self.batch = _parsed(ipc_layout.batch_layout, b, head)
+        self.columns = _parsed(ipc_layout.columns, self.schema, self.batch)
 
     @property
     def rows(self) -> int:
         return self.batch.rows
+
+
+def _parsed(fn, *args):
+    """fn(*args), with any parsing failure turned into a LayoutError (the bytes are in memory: no I/O here)."""
+    try:
+        return fn(*args)
+    except ipc_layout.LayoutError:
+        raise
+    except (pa.lib.ArrowException, OSError, ValueError, struct.error, IndexError, KeyError, OverflowError) as e:
+        raise ipc_layout.LayoutError(integrity.first_line(e)) from e
 
 
 def _runs(ranges: list[tuple[int, int]], gap: int, max_run: int) -> list[tuple[int, int, list[int]]]:
@@ -421,9 +435,14 @@ class RemoteShardDataset(ShardDataset):
             self.cache.request(url, entry)
         try:
             return _RemoteShard(self, k, url, self._layout(k))
+        except CorruptShardError:
+            raise
         except ObjectChanged as e:
             raise CorruptShardError(f"shard {entry['name']} ({url}) changed on the server since the open: "
                                     f"{integrity.first_line(e)}") from e
+        except (ipc_layout.LayoutError, pa.lib.ArrowException, ValueError) as e:  # bytes that do not parse
+            raise CorruptShardError(f"shard {entry['name']} ({url}) is unreadable: {integrity.first_line(e)}; "
+                                    f"run `audiopipe verify`") from e
 
     def _shard(self, k: int):  # type: ignore[override]
         sh = super()._shard(k)
