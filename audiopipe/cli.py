@@ -219,8 +219,9 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 # Arguments that are addresses, not paths: the only ones where `scheme://` is expected.
 _URL_ARGUMENTS = {"ray_address"}
-# (command, argument) pairs that take an s3:// URL as well as a local path; every other scheme is refused there.
-_S3_ARGUMENTS = {("shard", "out"), ("verify", "shards"), ("inspect", "shards")}
+# (command, argument) pairs that take an s3:// URL as well as a local path (shards written to or read from
+# object storage); every other scheme is refused there in one line.
+_S3_ARGUMENTS = {("shard", "out"), ("verify", "shards"), ("inspect", "shards"), ("bench-loader", "shards")}
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:

@@ -34,10 +34,11 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from audiopipe.index.lengths import LengthIndex  # noqa: E402
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
 from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
+from audiopipe.storage.s3 import ObjectStoreError, is_s3  # noqa: E402
+from audiopipe.shard.manifest import read_manifest  # noqa: E402
 from audiopipe.storage.atomic import atomic_path  # noqa: E402
 
 
@@ -100,8 +101,8 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     p = argparse.ArgumentParser(description=description)
     base = RunConfig(**(defaults or {}))
     p.add_argument("--shards", default=base.shards,
-                   help=f"shard folder, or several comma-separated to mix in one plan (see --weights) "
-                        f"(default {base.shards})")
+                   help=f"shard folder or s3://bucket/prefix (AWS_* environment; docs/loader.md), or several "
+                        f"comma-separated to mix in one plan (see --weights) (default {base.shards})")
     p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
     p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
@@ -148,7 +149,8 @@ def shard_dirs(cfg: RunConfig) -> list[str]:
 def corpus_offsets(cfg: RunConfig) -> list[int]:
     """Global index of each --shards folder's first utterance: a trainer that picks utterances per folder (a
     subset, budget lengths, speaker labels) adds these to hand the loader indices over the union."""
-    sizes = [len(LengthIndex.open(s)) for s in shard_dirs(cfg)]
+    # The manifest's count of rows written is the index's length, and it reads from s3:// as from a folder.
+    sizes = [read_manifest(s)["totals"]["written"] for s in shard_dirs(cfg)]
     return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
@@ -299,9 +301,10 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     model.to(d.device)
     try:
         loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
-    except (ShardError, ConfigMismatch, FileNotFoundError, ValueError) as e:
+    except (ShardError, ConfigMismatch, FileNotFoundError, ValueError, ObjectStoreError) as e:
         # The shard set cannot be read as asked (missing, corrupt with --on-corrupt fail, another feature config,
-        # a URL): the same on every rank, so every rank ends here and rank 0 says why in one line.
+        # a URL, an object store that stays down): the same on every rank, so every rank ends here and rank 0
+        # says why in one line.
         _fail(f"{log_name}: error: {e}", d)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
@@ -398,6 +401,12 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
                  expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
     files_cache = None
+    dirs = shard_dirs(cfg)
+    # Both before rank 0 starts an export the others would wait for.
+    if cfg.reader == "files" and len(dirs) > 1:
+        raise ValueError("--reader files exports one local shard folder; a mix of several is read with --reader mmap")
+    if cfg.reader == "files" and is_s3(cfg.shards):
+        raise ValueError(f"--reader files exports a local shard folder; {cfg.shards} is read with --reader mmap")
     if cfg.reader == "files":  # export the baseline layout once, on rank 0, next to the run
         from audiopipe.reader.files_dataset import export_per_utterance
 
@@ -407,7 +416,6 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         if d.world > 1:
             dist.barrier()
     # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
-    dirs = shard_dirs(cfg)
     source: Any = dirs if len(dirs) > 1 else cfg.shards
     if len(dirs) > 1:
         loader_kw = {"weights": [float(w) for w in cfg.weights.split(",")] if cfg.weights else None, **loader_kw}

@@ -38,7 +38,8 @@ TARGETS = {"mmap_vs_on_the_fly": 100.0, "mmap_vs_npy_per_utt": 10.0, "mmap_vs_np
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shards", required=True, help="shard folder written by `audiopipe shard`")
+    p.add_argument("--shards", required=True, help="shard folder written by `audiopipe shard`, or "
+                   "s3://bucket/prefix (then make_loader alone is timed: audiopipe/bench/s3_loader.py)")
     p.add_argument("--batch-frames", type=int, default=38400, help="padded frames per batch (default 38400)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers, the same for every loader (default 2)")
     p.add_argument("--feature", default="mel", help="feature to load (default mel)")
@@ -298,6 +299,12 @@ def _corpus_info(shards: Path, feature: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from audiopipe.storage.s3 import is_s3
+
+    if is_s3(args.shards):  # from a bucket only make_loader can read: audiopipe/bench/s3_loader.py times it
+        from audiopipe.bench.s3_loader import run_s3
+
+        return run_s3(args)
     shards = Path(args.shards)
     if not (shards / "manifest.json").exists():
         raise FileNotFoundError(f"{shards}/manifest.json not found: point --shards at an `audiopipe shard` output")

@@ -107,6 +107,12 @@ class _MappedShard:
         last of them is gone (pyarrow's buffers hold it), so closing never pulls memory from under a batch."""
         self._mmap.close()
 
+    def rows(self, feature: str, rows: np.ndarray, positions: np.ndarray) -> Rows:
+        """Where these rows of `feature` lie: views into the mapped column (collate copies them)."""
+        column = self.columns[feature]
+        return Rows(column.values, column.offsets[rows].astype(np.int64, copy=False),
+                    column.frames[rows].astype(np.int64, copy=False), positions)
+
     def meta_values(self, column: str, rows: np.ndarray) -> list[Any]:
         """Python values of a metadata column at `rows` (int64 array), without a pyarrow scalar per value."""
         return self._meta_get[column](rows)
@@ -193,8 +199,8 @@ class ShardDataset:
             raise ValueError(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
         if not isinstance(max_open, int) or max_open < 1:
             raise ValueError(f"max_open must be a positive number of shards, got {max_open!r}")
-        self.root = Path(require_local(shards_dir, "shard folder"))  # before pathlib turns s3:// into s3:/
-        self.manifest = read_manifest(self.root)
+        self.root = self._root(shards_dir)
+        self.manifest = self._read_manifest()
         self.features = list(features)
         self.verify, self.on_corrupt, self.max_open = verify, on_corrupt, max_open
         self.meta_columns = tuple(meta_columns)
@@ -210,7 +216,7 @@ class ShardDataset:
                     f"feature {name!r} in {self.root} was made with config {have}, but this trainer expects "
                     f"{want}; re-extract with the trainer's preset or point at matching shards")
         self.channels = {f: specs[f]["channels"] if f in specs else extra_arrays[f] for f in self.features}
-        self.index = LengthIndex.open(self.root)
+        self.index = self._open_index()
         self._shard_of = self.index.shard
         self._row_of = self.index.row
         self._open: OrderedDict[int, _MappedShard] = OrderedDict()  # least recently used first
@@ -228,6 +234,17 @@ class ShardDataset:
         self._hashed = False  # sha256 done by the open-time scan (workers inherit it and do not hash again)
         if check_shards:
             self._scan()
+
+    # ---- where the shards are (audiopipe/reader/remote_dataset.py overrides these for s3://) -----------
+
+    def _root(self, shards_dir: str | Path) -> Path:
+        return Path(require_local(shards_dir, "shard folder"))  # before pathlib turns s3:// into s3:/
+
+    def _read_manifest(self) -> dict[str, Any]:
+        return read_manifest(self.root)
+
+    def _open_index(self) -> LengthIndex:
+        return LengthIndex.open(self.root)
 
     # ---- corrupt shards ------------------------------------------------------------------------------
 
@@ -329,8 +346,10 @@ class ShardDataset:
         return sh
 
     def _map(self, k: int) -> _MappedShard:
+        return self._map_file(k, self.root / self.manifest["shards"][k]["arrow"]["path"])
+
+    def _map_file(self, k: int, path: Path) -> _MappedShard:
         entry = self.manifest["shards"][k]
-        path = self.root / entry["arrow"]["path"]
         name = entry["name"]
         # The open-time scan checked all this; a shard can still change between then and now.
         if not path.exists():
@@ -429,9 +448,7 @@ class ShardDataset:
                     for p, v in zip(positions.tolist(), sh.meta_values(c, rows)):
                         col[p] = v
             for f in self.features:
-                column = sh.columns[f]
-                arrays[f].append(Rows(column.values, column.offsets[rows].astype(np.int64, copy=False),
-                                      column.frames[rows].astype(np.int64, copy=False), positions))
+                arrays[f].append(sh.rows(f, rows, positions))
         columns = {c: columns[c] for c in (*self.meta_columns, "index") if c in columns} if n else columns
         columns["index"] = idx.tolist()
         return RowBatch(int(idx.size), dict(self.channels), arrays, columns)

@@ -65,6 +65,15 @@ def check_shard(root: Path, entry: dict[str, Any], features: Sequence[str], feat
             rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.lib.ArrowException, OSError) as e:
         return f"unreadable Arrow file ({first_line(e)})"
+    reason = check_contents(schema, rows, entry, features, feature_hashes)
+    if reason is None and verify == "sha256" and sha256_file(path) != entry["arrow"]["sha256"]:
+        return "fails its sha256 check"
+    return reason
+
+
+def check_contents(schema: pa.Schema, rows: int, entry: dict[str, Any], features: Sequence[str],
+                   feature_hashes: dict[str, str]) -> str | None:
+    """The checks on a shard's schema and row count, wherever it was read from (local file or object store)."""
     for f in features:
         for col in (f, f"{f}_frames"):
             if col not in schema.names:
@@ -78,8 +87,6 @@ def check_shard(root: Path, entry: dict[str, Any], features: Sequence[str], feat
             return f"feature {f} hash differs from the manifest"
     if rows != int(entry["rows"]):
         return f"{rows} rows, manifest says {entry['rows']}"
-    if verify == "sha256" and sha256_file(path) != entry["arrow"]["sha256"]:
-        return "fails its sha256 check"
     return None
 
 

@@ -37,6 +37,7 @@ from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
+from audiopipe.storage.s3 import is_s3, require_local_or_s3
 
 
 class _View:
@@ -155,7 +156,8 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
                 max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
-                weights: Sequence[float] | None = None) -> Loader:
+                weights: Sequence[float] | None = None, cache_dir: str | Path | None = None,
+                max_cache_bytes: int | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     shards_dir: one shard folder, or a list of them to mix (one global plan over their union; indices in
@@ -185,6 +187,9 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
              thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
     device: hand batches over on this device ("cuda", "cuda:1"); with CUDA the collator writes into pinned
              buffers and the prefetch thread copies on a side stream (with prefetch=0, one batch ahead).
+    shards_dir may be s3://bucket/prefix (audiopipe/reader/remote_dataset.py): the same batches, rows read by
+             byte range and `read_ahead` batches fetched ahead; cache_dir + max_cache_bytes keep whole shards
+             in a bounded local cache (read by mmap once there). See docs/loader.md, "Shards on object storage".
     """
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
@@ -192,21 +197,35 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
     mixed = not isinstance(shards_dir, (str, Path))
+    folders = [str(s) for s in shards_dir] if mixed else [shards_dir]
+    remote = [is_s3(require_local_or_s3(f, "shard folder")) for f in folders]  # other schemes: one line
+    if any(remote) and reader != "mmap":
+        raise ValueError(f"reader={reader!r} reads local folders only; shards on s3:// use reader='mmap'")
+    if not any(remote) and (cache_dir is not None or max_cache_bytes is not None):
+        raise ValueError("cache_dir/max_cache_bytes cache shards read from s3://; these folders are local already")
+
+    def open_shards(folder, is_remote: bool) -> ShardDataset:
+        if is_remote:
+            from audiopipe.reader.remote_dataset import RemoteShardDataset
+
+            return RemoteShardDataset(str(folder), features, expect=expect, verify=verify, on_corrupt=on_corrupt,
+                                      max_open=max_open, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes)
+        return ShardDataset(folder, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
+                            max_open=max_open)
+
     if mixed:
-        names = [str(s) for s in shards_dir]
+        names = folders
         if not names:
             raise ValueError("shards_dir is an empty list: give at least one shard folder")
         mix_weights = check_weights(weights, names)  # before opening anything: a typo fails at once
         if reader != "mmap":
             raise ValueError(f"mixing corpora needs reader='mmap', got reader={reader!r}")
-        ds = MixtureDataset([ShardDataset(s, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
-                                          max_open=max_open) for s in names], names)
+        ds = MixtureDataset([open_shards(f, r) for f, r in zip(names, remote)], names)
         ds.skip_what_other_ranks_skip()
     elif weights is not None:
         raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
     elif reader == "mmap":
-        ds = ShardDataset(shards_dir, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
-                          max_open=max_open)
+        ds = open_shards(shards_dir, remote[0])
         ds.skip_what_other_ranks_skip()  # a collective under torch.distributed: all ranks plan the same rows
     elif reader == "files":
         from audiopipe.reader.files_dataset import FilesDataset
@@ -244,7 +263,9 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     if read_ahead < 0:
         raise ValueError(f"read_ahead must be >= 0 batches, got {read_ahead!r}")
     view = _View(ds, subset, item_transform)
-    if read_ahead and hasattr(ds, "read_ahead"):
+    # From s3 with workers, each worker fetches its own batch's rows at once (DataLoader keeps several batches
+    # in flight); the main process' read-ahead would fetch into memory no worker sees.
+    if read_ahead and hasattr(ds, "read_ahead") and not (any(remote) and num_workers > 0):
         sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
     # Batches alive at once with a prefetch thread (device alone runs one batch ahead): K queued + 1 being built
     # + 1 held by the step. (A CUDA copy frees its ring slot at once; device="cpu" hands over the slot itself.)

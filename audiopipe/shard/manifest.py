@@ -8,7 +8,7 @@ from typing import Any
 
 from audiopipe import __version__
 from audiopipe.shard.checksum import sha256_file
-from audiopipe.storage.paths import require_local
+from audiopipe.storage.s3 import is_s3, parse_s3, require_local_or_s3
 from audiopipe.shard.writer import FORMAT_VERSION
 # write_json_atomic is re-exported here for the runner (plan.json); its bytes are stable (sorted keys, indent 1).
 from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
@@ -54,10 +54,22 @@ def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[s
 
 def read_manifest(shards_dir: str | Path) -> dict[str, Any]:
     # Every reader (loader, verify, inspect, bench, export, trainers) opens a shard set here first.
-    path = Path(require_local(shards_dir, "shard folder")) / MANIFEST_NAME
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out folder")
+    text = require_local_or_s3(shards_dir, "shard folder")
+    if is_s3(text):  # the shard set on object storage: the same file under the prefix
+        from audiopipe.storage.s3_ranges import ObjectChanged, RangeReader
+
+        path = parse_s3(text).child(MANIFEST_NAME)
+        try:
+            raw = RangeReader().read_object(path).decode("utf-8", "replace")
+        except ObjectChanged as e:
+            raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out "
+                                    f"prefix ({e})") from e
+    else:
+        path = Path(text) / MANIFEST_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out folder")
+        raw = path.read_text()
     try:
-        return json.loads(path.read_text())
+        return json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); the folder may be from an interrupted run") from e

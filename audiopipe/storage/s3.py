@@ -44,6 +44,9 @@ class S3URL:
         key = "/".join(p.strip("/") for p in (self.key, *parts) if p.strip("/"))
         return S3URL(self.bucket, key)
 
+    def __truediv__(self, part: str) -> "S3URL":  # as with a Path: root / "shard-00000.arrow"
+        return self.child(part)
+
     def __str__(self) -> str:
         return f"s3://{self.path}"
 
@@ -98,16 +101,17 @@ def _endpoint() -> tuple[str | None, str]:
 
 def filesystem(settings: S3Settings | None = None):
     """A pyarrow S3FileSystem from the environment. One per (settings, environment) per process: the client is
-    thread-safe and keeps its connection pool, so every reader and writer of the process shares it."""
+    thread-safe and keeps its connection pool, so every reader and writer of the process shares it. A forked
+    child (a DataLoader worker) gets its own: a connection pool must not be shared across fork."""
     s = settings or S3Settings()
     env = tuple(os.environ.get(k) for k in (
         "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
         "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"))
-    return _filesystem(s, env)
+    return _filesystem(s, env, os.getpid())
 
 
 @lru_cache(maxsize=8)
-def _filesystem(s: S3Settings, _env: tuple):
+def _filesystem(s: S3Settings, _env: tuple, _pid: int):
     from pyarrow import fs as pafs
 
     endpoint, scheme = _endpoint()

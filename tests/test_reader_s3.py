@@ -1,0 +1,430 @@
+"""Shards on object storage (issue 11, part 1 "Reading"): make_loader("s3://bucket/prefix") against a real S3
+server on 127.0.0.1 (moto's server mode, tests/s3server.py) gives the same batches as the local folder, reads
+rows by byte range, fetches the batches to come ahead, survives a server restart, names (or skips) a corrupt
+object, keeps a bounded local cache, and works with DataLoader workers and under torchrun.
+
+Shards come from the real writer (tests/test_reader.py's write_shards) and are copied to the bucket with
+pyarrow.fs.copy_files: the layout under the prefix is the local folder's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pyarrow import fs as pafs
+
+from audiopipe.reader.errors import CorruptShardError
+from audiopipe.reader.loader import make_loader
+from audiopipe.reader.remote_dataset import RemoteShardDataset
+from audiopipe.storage.s3 import ObjectStoreError, S3Settings, parse_s3
+from audiopipe.storage.s3_ranges import RetryPolicy
+from test_reader import ROWS_PER_SHARD, write_shards
+
+pytest_plugins = ["s3server"]
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+FEATURES = ["mel", "f0"]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("s3read") / "shards", tars=False)
+
+
+def _admin(server) -> pafs.S3FileSystem:
+    """A client of the test's own (not audiopipe's) for putting and breaking objects."""
+    env = server.env()
+    return pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
+                             region=env["AWS_REGION"], endpoint_override=server.endpoint, scheme="http")
+
+
+def upload(server, folder: Path, url: str) -> str:
+    """Copy a local shard folder under an s3:// prefix, the same layout."""
+    pafs.copy_files(str(folder), parse_s3(url).path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=_admin(server))
+    return url
+
+
+@pytest.fixture
+def remote(s3, local):
+    server, bucket = s3
+    return server, upload(server, local.root, f"{bucket}/corpus/v1")
+
+
+def _batches(loader, epochs=(0,)) -> list[dict]:
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        for b in loader:
+            out.append({k: (v.clone() if isinstance(v, torch.Tensor) else list(v)) for k, v in b.items()})
+    return out
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], torch.Tensor):
+                assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k], k
+
+
+def _loader(src, **kw):
+    kw.setdefault("max_frames", 1500)
+    return make_loader(str(src), FEATURES, rank=0, world_size=1, **kw)
+
+
+def test_same_batches_as_the_local_folder_and_rows_by_byte_range(remote, local):
+    server, url = remote
+    want = _batches(_loader(local.root), epochs=(0, 1))
+    loader = _loader(url)
+    got = _batches(loader, epochs=(0, 1))
+    _same(want, got)
+    d = loader.dataset.diagnostics()
+    shard_bytes = sum(p.stat().st_size for p in (local.root / "arrow").glob("*.arrow"))
+    payload = sum(r["arrays"][f].nbytes for r in local.rows for f in FEATURES)
+    # Every row of two epochs was delivered (twice each feature), and no shard was downloaded whole for it:
+    # what was asked for beyond the rows is the footers, headers and small buffers.
+    assert d["bytes_delivered"] == 2 * payload, d
+    assert d["bytes_requested"] < 2 * payload + shard_bytes * 0.25, d
+    assert d["bytes_requested_per_byte_delivered"] < 1.15, d
+    assert d["retries"] == 0
+
+
+def test_read_ahead_fetches_the_announced_batches_before_they_are_asked_for(remote):
+    server, url = remote
+    loader = _loader(url, read_ahead=2, prefetch=0)
+    batches = _batches(loader)
+    d = loader.dataset.diagnostics()
+    assert len(batches) > 3
+    # All but the first batch were announced two batches early: their ranges were in flight or fetched.
+    assert d["ranges_prefetched"] >= d["ranges_taken"] * (len(batches) - 1) / len(batches) - 1e-9, d
+    off = _loader(url, read_ahead=0)
+    _batches(off)
+    assert off.dataset.diagnostics()["ranges_prefetched"] == 0
+
+
+def test_a_late_read_ahead_does_not_fetch_rows_twice(remote):
+    # Under load the read-ahead thread can announce a batch after the batch fetched its rows itself; that
+    # late announcement must not fetch them again (it did: bytes asked per byte delivered rose above 1.2).
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES)
+    rows = list(range(5))  # shard 0
+    ds.__getitems__(rows)
+    before = ds.diagnostics()
+    ds.willneed(rows)
+    after = ds.diagnostics()
+    assert after["requests"] == before["requests"] and after["ranges_late"] == 2 * len(rows), after
+    ds.willneed(rows)  # announced again (the next epoch): fetched ahead as usual
+    ds.__getitems__(rows)
+    d = ds.diagnostics()
+    assert d["ranges_prefetched"] == 2 * len(rows) and d["requests"] > after["requests"], d
+
+
+def test_two_dataloader_workers_read_the_same_batches(remote, local):
+    # Workers fork after the parent has used its client: each opens its own (pid check), none hangs.
+    server, url = remote
+    want = _batches(_loader(local.root, num_workers=2))
+    _same(want, _batches(_loader(url, num_workers=2)))
+
+
+def test_server_restarted_mid_epoch_gives_the_same_batches(remote, local):
+    import time
+
+    server, url = remote
+    want = _batches(_loader(local.root))
+    loader = _loader(url, read_ahead=0)
+    loader.set_epoch(0)
+    got, back, when = [], [], []
+
+    def start_again():
+        back.append(time.monotonic())
+        server.start()
+
+    for i, b in enumerate(loader):
+        when.append(time.monotonic())
+        got.append({k: (v.clone() if isinstance(v, torch.Tensor) else list(v)) for k, v in b.items()})
+        if i == 1:  # down for 3 s between two batches, then back with the same objects
+            server.stop()
+            threading.Timer(3.0, start_again).start()
+    _same(want, got)
+    # The third batch needed requests while the server was down: it came only once the server was back.
+    assert len(when) > 2 and when[2] >= back[0], (when, back)
+
+
+def test_the_readers_own_retries_outlast_the_client(remote, local):
+    # With the client allowed one attempt, only the reader's backoff loop can ride out the restart.
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES, settings=S3Settings(attempts=1, connect_timeout=1.0))
+    first = ds.__getitems__([0])
+    server.stop()
+    threading.Timer(1.5, server.start).start()
+    batch = ds.__getitems__(list(range(5, 14)))
+    assert ds.diagnostics()["retries"] >= 1
+    for j, i in enumerate(range(5, 14)):  # rows of shards 1 and 2, first read after the restart
+        assert all(np.array_equal(batch.array(f, j), local.rows[i]["arrays"][f]) for f in FEATURES)
+    assert np.array_equal(first.array("f0", 0), local.rows[0]["arrays"]["f0"])
+
+
+def test_a_server_that_stays_down_is_a_named_error_in_bounded_time(remote):
+    import time
+
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES, settings=S3Settings(attempts=2, connect_timeout=1.0, request_timeout=2.0),
+                            retry=RetryPolicy(retries=2, backoff=0.1))
+    server.stop()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"s3://t-[0-9a-f]+/corpus/v1/arrow/shard-000000\.arrow: .*"
+                                                   r"failed after 3 tries"):
+            ds.__getitems__([0, 1])
+        assert time.monotonic() - t0 < 60
+    finally:
+        server.start()
+
+
+def _corrupt(server, url: str, k: int, how: str) -> None:
+    fs = _admin(server)
+    path = parse_s3(url).child(f"arrow/shard-{k:06d}.arrow").path
+    with fs.open_input_file(path) as f:
+        data = f.read()
+    data = data[:-100] if how == "truncate" else data[:-10] + b"\xff\xff\xff\x7f" + data[-6:]
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def test_a_corrupt_object_is_named_or_skipped(remote):
+    server, url = remote
+    _corrupt(server, url, 1, "truncate")
+    _corrupt(server, url, 3, "footer")
+    with pytest.raises(CorruptShardError) as e:
+        _loader(url)
+    msg = str(e.value)
+    assert "2 of 5 shards corrupt" in msg and "shard-000001" in msg and "shard-000003" in msg, msg
+    assert "manifest says" in msg and "unreadable Arrow file" in msg, msg
+    loader = _loader(url, on_corrupt="skip")
+    seen = sorted(i for b in _batches(loader) for i in b["index"])
+    bad = set(range(sum(ROWS_PER_SHARD[:1]), sum(ROWS_PER_SHARD[:2]))) | \
+        set(range(sum(ROWS_PER_SHARD[:3]), sum(ROWS_PER_SHARD[:4])))
+    assert seen == sorted(set(range(sum(ROWS_PER_SHARD))) - bad)
+    assert loader.dataset.diagnostics()["skipped_rows"] == ROWS_PER_SHARD[1] + ROWS_PER_SHARD[3]
+    # Without the open-time scan, the garbled footer is found when the shard is first read: named, no traceback.
+    unchecked = RemoteShardDataset(url, FEATURES, check_shards=False)
+    with pytest.raises(CorruptShardError, match=r"shard-000003 .*is unreadable"):
+        unchecked.__getitems__([sum(ROWS_PER_SHARD[:3])])
+
+
+def test_sha256_verify_catches_a_flipped_byte_on_the_server(remote):
+    server, url = remote
+    fs = _admin(server)
+    path = parse_s3(url).child("arrow/shard-000002.arrow").path
+    with fs.open_input_file(path) as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF  # inside the values: same size, footer intact
+    with fs.open_output_stream(path) as f:
+        f.write(bytes(data))
+    _loader(url)  # the size and structure checks cannot see it
+    with pytest.raises(CorruptShardError, match=r"shard-000002 .*fails its sha256 check"):
+        _loader(url, verify="sha256")
+
+
+def test_an_object_replaced_after_open_is_a_named_error(remote):
+    server, url = remote
+    ds = RemoteShardDataset(url, FEATURES)
+    _corrupt(server, url, 0, "truncate")
+    with pytest.raises(CorruptShardError, match=r"shard-000000 .*changed on the server"):
+        ds.__getitems__([0])
+
+
+def test_a_prefix_without_shards_is_a_one_line_error(s3):
+    _, bucket = s3
+    with pytest.raises(FileNotFoundError, match=r"manifest.json not found: run `audiopipe shard` first"):
+        _loader(f"{bucket}/nothing/here")
+
+
+def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_again(remote, local, tmp_path):
+    server, url = remote
+    want = _batches(_loader(local.root), epochs=(0, 1))
+    cache = tmp_path / "cache"
+    loader = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    ds = loader.dataset
+    got = _batches(loader, epochs=(0,))
+    assert ds.cache.wait(60)
+    entries = sorted(cache.glob("*.arrow"))
+    m = json.loads((local.root / "manifest.json").read_text())
+    assert sorted(p.name for p in entries) == sorted(f"{s['arrow']['sha256']}.arrow" for s in m["shards"])
+    before = ds.diagnostics()["requests"]
+    got += _batches(loader, epochs=(1,))
+    _same(want, got)
+    assert ds.diagnostics()["requests"] == before  # epoch 1 came from the cache alone
+    # A truncated entry (a full disk, a crash outside audiopipe) is detected by its size and fetched again.
+    victim = entries[0]
+    victim.write_bytes(victim.read_bytes()[:1000])
+    again = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    _same(want[:len(want) // 2], _batches(again, epochs=(0,)))
+    assert again.dataset.cache.wait(60)
+    d = again.dataset.diagnostics()["cache"]
+    assert d["truncated_entries_refetched"] == 1 and d["downloads"] == 1
+    assert victim.read_bytes() == (local.root / m["shards"][[f"{s['arrow']['sha256']}.arrow" for s in m["shards"]]
+                                                          .index(victim.name)]["arrow"]["path"]).read_bytes()
+
+
+def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_sha256(remote, tmp_path):
+    server, url = remote
+    fs = _admin(server)
+    path = parse_s3(url).child("arrow/shard-000001.arrow").path
+    with fs.open_input_file(path) as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF  # same size, footer intact: only the whole bytes can tell
+    with fs.open_output_stream(path) as f:
+        f.write(bytes(data))
+    loader = _loader(url, cache_dir=tmp_path / "c", max_cache_bytes=1 << 30)
+    # Rows are read by range until the background download has seen the whole object; from then on, reading
+    # that shard is an error naming it (in epoch 0 already, or the next one).
+    with pytest.raises(CorruptShardError, match=r"shard-000001: its bytes on the server fail the manifest's "
+                                                r"sha256 .*s3://.*shard-000001\.arrow"):
+        for epoch in range(3):
+            _batches(loader, epochs=(epoch,))
+            assert loader.dataset.cache.wait(60)
+    assert loader.dataset.cache.wait(60)
+    bad_sha = loader.dataset.manifest["shards"][1]["arrow"]["sha256"]
+    leftovers = [p.name for p in (tmp_path / "c").iterdir() if bad_sha in p.name]
+    assert leftovers == []  # neither an entry nor a part of the bad object stays in the cache
+
+
+def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, local, tmp_path):
+    from audiopipe.reader.shard_cache import ShardCache
+    from audiopipe.storage.s3_ranges import RangeReader
+
+    server, url = remote
+    m = json.loads((local.root / "manifest.json").read_text())
+    entry = m["shards"][1]
+    data = (local.root / entry["arrow"]["path"]).read_bytes()
+    cache = ShardCache(tmp_path / "c", max_bytes=len(data) + 10, reader=RangeReader(), chunk=4096)
+    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(data[:5000])  # a killed download
+    path = cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry)
+    assert path.read_bytes() == data
+    assert cache.reader.counters()["bytes_requested"] == len(data) - 5000 and cache.resumed_bytes == 5000
+    assert not list((tmp_path / "c").glob(".*.part"))
+    # A second shard does not fit beside the first: the least recently used entry goes.
+    other = m["shards"][3]
+    cache.download(parse_s3(url).child(other["arrow"]["path"]), other)
+    assert [p.name for p in (tmp_path / "c").glob("*.arrow")] == [f"{other['arrow']['sha256']}.arrow"]
+    assert cache.evictions == 1
+    # A part whose bytes are wrong fails the sha256 and is fetched again from zero.
+    bad = bytearray(data[:5000])
+    bad[100] ^= 0xFF
+    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(bytes(bad))
+    assert cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry).read_bytes() == data
+
+
+def test_two_ranks_train_from_s3_under_torchrun_and_resume_bit_exact(remote, tmp_path):
+    """trainers/core.py through real torchrun, --shards s3://...: a straight 2-rank run checkpointing at step 3,
+    then a run resumed from that checkpoint; both read the bucket, and the resumed steps equal the straight."""
+    from launch import run_group
+
+    server, url = remote
+    env = dict(os.environ, OMP_NUM_THREADS="1", **server.env(),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "trainers"), str(ROOT)]))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(HERE / "core_trainer_fixture.py")]
+
+    def run(out: Path, *extra: str):
+        r = run_group(torchrun + ["--shards", url, "--out", str(out), "--log-every", "1", "--warmup-steps", "2",
+                                  "--batch-frames", "1200", "--max-steps", "6", "--ckpt-every", "3", *extra],
+                      timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+    straight = run(tmp_path / "straight")
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    (resumed_dir / "ckpt-00000003.pt").write_bytes((tmp_path / "straight" / "ckpt-00000003.pt").read_bytes())
+    resumed = run(resumed_dir, "--resume")
+    assert [r["step"] for r in resumed] == [4, 5, 6] and all(r["world"] == 2 for r in straight)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[3:]]
+    a = torch.load(tmp_path / "straight" / "ckpt-00000006.pt", weights_only=True)["model"]
+    b = torch.load(resumed_dir / "ckpt-00000006.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ((), "manifest.json not found: run `audiopipe shard` first"),
+    (("--reader", "files"), "--reader files exports a local shard folder"),
+], ids=["missing-prefix", "files-reader"])
+def test_trainer_shards_s3_errors_are_one_line(s3, tmp_path, extra, says):
+    from launch import run_group
+
+    server, bucket = s3
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "trainers"), str(ROOT)]))
+    r = run_group([sys.executable, str(HERE / "core_trainer_fixture.py"), "--shards", f"{bucket}/none",
+                   "--out", str(tmp_path / "run"), "--max-steps", "1", *extra], timeout=120, env=env)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if says in x]
+    assert len(lines) == 1 and lines[0].startswith("train: error:"), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_bench_loader_times_make_loader_from_s3(remote, tmp_path):
+    from audiopipe.cli import main
+
+    server, url = remote
+    out = tmp_path / "s3.json"
+    assert main(["bench-loader", "--shards", url, "--batch-frames", "1500", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    w = r["wait_50ms"]
+    assert r["source"] == url and r["batches"] > 3 and r["audio_s_per_s"] > 0
+    assert w["bytes_delivered"] > 0 and w["bytes_requested"] >= w["bytes_delivered"]
+    assert w["requests_per_batch"] * (w["timed_batches"] + 1) == w["requests"]
+
+
+class _BytesReader:
+    """Serves one object's bytes from memory: the byte-layout parser is what is under test here, not S3."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read_tail(self, url, n, expect_size=None):
+        return len(self.data), self.data[-n:]
+
+    def read(self, url, start, n, size=None):
+        from audiopipe.reader.ipc_layout import LayoutError
+
+        if start < 0 or start + n > len(self.data):
+            raise LayoutError("outside the object")
+        return self.data[start:start + n]
+
+
+def test_garbled_footer_or_header_bytes_are_a_layout_error_never_anything_else(local):
+    from hypothesis import given, settings, strategies as st
+
+    from audiopipe.reader.ipc_layout import LayoutError
+    from audiopipe.reader.remote_dataset import _Layout
+
+    data = (local.root / "arrow" / "shard-000001.arrow").read_bytes()
+    good = _Layout(_BytesReader(data), None, len(data))
+    assert good.rows == ROWS_PER_SHARD[1] and "mel" in good.columns
+    n = len(data)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1999), st.integers(0, 255)), min_size=1, max_size=6))
+    def check(flips):
+        d = bytearray(data)
+        for region, at, value in flips:  # the footer and schema at the end, the batch header at the start
+            d[(n - 2000 + at) if region == 0 else at] = value
+        try:
+            _Layout(_BytesReader(bytes(d)), None, n)
+        except LayoutError:
+            pass
+
+    check()
