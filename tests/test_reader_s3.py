@@ -428,3 +428,21 @@ def test_garbled_footer_or_header_bytes_are_a_layout_error_never_anything_else(l
             pass
 
     check()
+
+
+def test_a_mix_of_a_local_folder_and_an_s3_prefix_reads_as_two_local_folders(remote, local, tmp_path):
+    """Weighted mixing opens each entry with the reader its location needs: an s3:// corpus in a mix gives the
+    batches the same corpus gives from a local copy."""
+    import shutil
+
+    server, url = remote
+    twin = shutil.copytree(local.root, tmp_path / "twin")
+    mk = lambda srcs: make_loader(srcs, FEATURES, max_frames=1500, rank=0, world_size=1, weights=[1, 2])  # noqa: E731
+    want = _batches(mk([str(twin), str(local.root)]), epochs=(0, 1))
+    loader = mk([str(twin), url])
+    got = _batches(loader, epochs=(0, 1))
+    # The corpus column names where each row came from; everything else is the same bytes.
+    assert {c for b in got for c in b.pop("corpus")} == {str(twin), url}
+    assert {c for b in want for c in b.pop("corpus")} == {str(twin), str(local.root)}
+    _same(want, got)
+    assert loader.dataset.datasets[1].diagnostics()["bytes_delivered"] > 0  # the second corpus came from s3
