@@ -169,7 +169,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
             now = time.perf_counter()
             x: torch.Tensor = batch[f]
             lengths = batch[f"{f}_lengths"]
-            b, t_max = x.shape[0], x.shape[-1]
+            b, t_max = x.shape[0], x.shape[1 if spec.name == "mmap_btc" else -1]  # BTC: time is axis 1
             frames = int(lengths.sum())
             real += frames
             padded += b * t_max
@@ -476,7 +476,7 @@ def plot(report: dict[str, Any], path: str) -> None:
               ("padding_efficiency", "padding efficiency", False)]
     for ax, (key, title, log) in zip(axes.ravel(), panels):
         vals = [r[key] for r in res]
-        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "mmap_ring1", "wds") else "#a0a0a0" for n in names])
+        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "mmap_ring1", "mmap_btc", "wds") else "#a0a0a0" for n in names])
         if key == "peak_rss_mb":  # the private (anonymous) part; the rest is mapped page cache and shared
             ax.barh(y, [r["peak_private_mb"] for r in res], height=0.35, color="#1b1b1b", label="private")
             ax.legend(loc="lower right", fontsize=8)

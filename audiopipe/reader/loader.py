@@ -143,7 +143,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
                 item_transform: Callable | None = None, batch_transform: Callable | None = None,
                 collate_features: Sequence[str] | None = None, reader: str = "mmap",
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
-                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None) -> Loader:
+                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
+                layout: str = "BCT") -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
@@ -166,6 +167,8 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
              thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
     device: hand batches over on this device ("cuda", "cuda:1"); with CUDA the collator writes into pinned
              buffers and the prefetch thread copies on a side stream (with prefetch=0, one batch ahead).
+    layout: "BCT" (default: [B, C, T_max], each stored row copied as is) or "BTC" ([B, T_max, C], transposed
+             while copied: several times the CPU cost, see docs/loader.md).
     """
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
@@ -197,7 +200,7 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
         feats = ds.manifest["features"] if reader == "mmap" else {}
         warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
-                               if f in feats and "dtype" in feats[f]])
+                               if f in feats and "dtype" in feats[f]], layout)
     else:
         wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
@@ -211,7 +214,7 @@ def make_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: 
     ring = depth + 2 if depth else 2
     pinned = dev is not None and dev.type == "cuda"
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
-                          pin_memory=pinned)
+                          pin_memory=pinned, layout=layout)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
