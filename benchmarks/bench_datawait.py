@@ -165,10 +165,14 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=2, help="epochs per measurement")
     p.add_argument("--rounds", type=int, default=2, help="all measurements this many times, interleaved")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="about a minute: sleep steps of 20 ms only, 1 pass, 1 round (overrides those options)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)")
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
     args = p.parse_args()
+    if args.quick:
+        args.steps_ms, args.kinds, args.passes, args.rounds = "20", "sleep", 1, 1
     torch.set_num_threads(1)  # the step uses one core, the loader's thread (or workers) the other
     names = args.loaders.split(",")
     alone = {}

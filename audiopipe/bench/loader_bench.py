@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold", action="store_true",
                    help="evict each loader's files from the page cache first and time one pass (disk reads)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="a check in about a minute: 2 s per loader, 1 round (overrides --seconds and --rounds)")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
 
@@ -298,6 +300,8 @@ def _corpus_info(shards: Path, feature: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "quick", False):
+        args.seconds, args.rounds = 2.0, 1
     shards = Path(args.shards)
     if not (shards / "manifest.json").exists():
         raise FileNotFoundError(f"{shards}/manifest.json not found: point --shards at an `audiopipe shard` output")
