@@ -480,7 +480,8 @@ def plot(report: dict[str, Any], path: str) -> None:
               ("padding_efficiency", "padding efficiency", False)]
     for ax, (key, title, log) in zip(axes.ravel(), panels):
         vals = [r[key] for r in res]
-        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "mmap_ring1", "mmap_btc", "wds") else "#a0a0a0" for n in names])
+        ours = ("mmap", "mmap_ring1", "mmap_btc", "wds")
+        ax.barh(y, vals, color=["#2a6f97" if n in ours else "#a0a0a0" for n in names])
         if key == "peak_rss_mb":  # the private (anonymous) part; the rest is mapped page cache and shared
             ax.barh(y, [r["peak_private_mb"] for r in res], height=0.35, color="#1b1b1b", label="private")
             ax.legend(loc="lower right", fontsize=8)
