@@ -3,6 +3,10 @@
     python benchmarks/make_loader_corpus.py /tmp/loaderbench/wavs [--speakers 24] [--per-speaker 64]
     audiopipe shard --corpus /tmp/loaderbench/wavs --out /tmp/loaderbench/shards --preset f5tts
 
+    # short clips (median ~3 s, like sliced fine-tuning sets): 3,326 utterances
+    python benchmarks/make_loader_corpus.py /tmp/loaderbench/short --per-speaker 124 --median-chars 22 \
+        --sigma 0.55 --max-chars 150
+
 - The Asterisk prompts (one real female speaker, 8 kHz, ~0.3 h) as in `python -m audiopipe.corpus.demo`;
 - espeak-ng speakers (22.05 kHz): base voice x variant x rate x pitch, each reading Asterisk transcripts joined
   up to a log-normal target length (median ~75 characters, at most 280), so that durations spread from ~1 s
@@ -35,8 +39,10 @@ def speakers(n: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int = 280) -> str:
-    target = min(float(np.exp(rng.normal(np.log(75.0), 0.7))), max_chars)
+def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int = 280, median_chars: float = 75.0,
+                    sigma: float = 0.7) -> str:
+    # espeak-ng reads ~15 characters per second at these rates: 75 characters ~ 5 s, 40 ~ 2.7 s.
+    target = min(float(np.exp(rng.normal(np.log(median_chars), sigma))), max_chars)
     parts: list[str] = []
     for i in rng.permutation(len(texts)):
         if sum(len(p) + 1 for p in parts) >= target:
@@ -46,16 +52,17 @@ def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int =
     return " ".join(parts)
 
 
-def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: int = 2) -> int:
+def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: int = 2, median_chars: float = 75.0,
+          sigma: float = 0.7, max_chars: int = 280) -> int:
     build_demo_corpus(root, espeak_speakers=0)  # the Asterisk prompts (real speech)
-    texts = sorted(t for t in set(asterisk_transcripts().values()) if len(t) <= 200)
+    texts = sorted(t for t in set(asterisk_transcripts().values()) if len(t) <= min(200, max_chars))
     rng = np.random.default_rng(seed)
     work = []
     for k, (voice, wpm, pitch) in enumerate(speakers(n_speakers)):
         d = root / f"voice{k:02d}"
         d.mkdir(parents=True, exist_ok=True)
         for j in range(per_speaker):
-            text = _utterance_text(texts, rng)
+            text = _utterance_text(texts, rng, max_chars, median_chars, sigma)
             wav = d / f"u{j:04d}.wav"
             (d / f"u{j:04d}.txt").write_text(text + "\n", encoding="utf-8")
             if not wav.exists():
@@ -72,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-speaker", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="espeak-ng processes at once")
+    p.add_argument("--median-chars", type=float, default=75.0,
+                   help="median characters per espeak utterance (log-normal; ~15 characters per second)")
+    p.add_argument("--sigma", type=float, default=0.7, help="spread of the log-normal length, in log space")
+    p.add_argument("--max-chars", type=int, default=280, help="longest espeak utterance, in characters")
     a = p.parse_args(argv)
-    return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs))
+    if a.median_chars <= 0 or a.sigma < 0 or a.max_chars < 1:
+        p.error("--median-chars and --max-chars must be positive, --sigma >= 0")
+    return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs,
+                                                              a.median_chars, a.sigma, a.max_chars))
 
 
 if __name__ == "__main__":

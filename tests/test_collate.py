@@ -208,6 +208,78 @@ def test_row_batches_pad_exactly_like_item_lists(lengths, channels, dtype, multi
         assert got["id"] == want["id"] and np.array_equal(got["feat"], want["feat"])
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.sampled_from([0, 1, 3, 17]),
+    st.sampled_from(["float32", "int16", "int64", "float16", "uint8"]),
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.integers(0, 1000),
+)
+def test_time_major_layout_is_the_reference_pad_transposed(lengths, channels, dtype, multiple, n_shards, seed):
+    """layout="BTC": [B, T_max, C] batches equal to the [B, C, T_max] reference moved axis for axis, from the
+    row path (compiled kernel), the item-list path and a ring slot that held a longer batch before."""
+    rows, items = _row_batch(lengths, channels, dtype, n_shards, seed)
+    pad = -11.5 if dtype.startswith("float") else 7
+    reference = PadCollator(["feat"], pad_to_multiple=multiple, pad_value=pad)(items)
+    dirty = PadCollator(["feat"], pad_to_multiple=multiple, pad_value=pad, ring_size=1, layout="BTC")
+    dirty(_row_batch([45, 44], channels, dtype, 1, seed + 1)[0])  # leaves data where this batch pads
+    want = reference["feat"].movedim(-1, 1) if channels else reference["feat"]
+    for batch in (dirty(rows), PadCollator(["feat"], pad_to_multiple=multiple, pad_value=pad, layout="BTC")(items)):
+        t_max = reference["feat"].shape[-1]
+        assert batch["feat"].shape == ((len(lengths), t_max, channels) if channels else (len(lengths), t_max))
+        assert batch["feat"].is_contiguous() and torch.equal(batch["feat"], want)
+        assert torch.equal(batch["feat_mask"], reference["feat_mask"])
+        assert torch.equal(batch["feat_lengths"], reference["feat_lengths"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=9), st.sampled_from([1, 3]),
+       st.sampled_from(["float32", "int16"]), st.integers(1, 4), st.integers(0, 1000), st.sampled_from([0, 3]))
+def test_time_major_numpy_copy_writes_the_same_bytes_as_its_kernel(lengths, channels, dtype, n_shards, seed, extra):
+    from audiopipe.collate.kernels import _UINT, _pad_rows_time_major, _pad_rows_time_major_numpy
+
+    rows, _ = _row_batch(lengths, channels, dtype, n_shards, seed)
+    t_max, uint = max(lengths) + extra, _UINT[np.dtype(dtype).itemsize]
+    outs = []
+    for kernel in (_pad_rows_time_major, _pad_rows_time_major_numpy):
+        dst = np.full(len(lengths) * channels * t_max, 55, dtype=uint)
+        for part in rows.arrays["feat"]:
+            assert kernel(part.values.view(uint), part.starts, part.frames, part.positions, channels, t_max,
+                          uint(7), dst) == -1
+        outs.append(dst)
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("layout", ["BCT", "BTC"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_row_outside_its_column_or_slot_is_refused_not_copied(layout, compiled, monkeypatch):
+    """The copy is a raw memcpy: a row that reaches past its column (a damaged offset) or a position past the batch
+    must be a clear error before a byte of it is copied, never a read or write out of bounds."""
+    from audiopipe.collate import kernels
+    from audiopipe.collate.rows import RowBatch, Rows
+
+    if not compiled:  # the numpy copy used while the kernel loads checks the same
+        monkeypatch.setitem(kernels._warm, "started", True)
+        monkeypatch.setattr(kernels._warm["ready"], "is_set", lambda: False)
+    flat = np.arange(3 * 10, dtype=np.float32)
+    flat.setflags(write=False)
+    for start in (25, -3):  # past the end of its column, before its start
+        part = Rows(flat, np.array([0, start], np.int64), np.array([2, 2], np.int64), np.array([0, 1], np.int64))
+        batch = RowBatch(2, {"feat": 3}, {"feat": [part]}, {"id": ["u0", "u1"]})
+        with pytest.raises(ValueError, match=r"^row 1 of a batch part does not fit: .*column of 30 values") as e:
+            PadCollator(["feat"], layout=layout)(batch)
+        assert "\n" not in str(e.value)
+    dst = np.full(3 * 4, 5, np.float32)  # one slot of 3 x 4; the row is meant for position 1
+    part = Rows(flat, np.array([0], np.int64), np.array([2], np.int64), np.array([1], np.int64))
+    with pytest.raises(ValueError, match="batch position 1 of a 1 x 3 x 4 batch"):
+        kernels.pad_rows_into(dst, [part], 3, 4, 0.0, layout)
+    assert (dst == 5).all()
+    with pytest.raises(ValueError, match="layout must be one of BCT, BTC"):
+        PadCollator(["feat"], layout="TBC")
+
+
 def test_row_batches_reuse_the_ring_without_leaking_padding():
     collate = PadCollator(["feat"], ring_size=1)
     collate(_row_batch([40, 38, 39], 3, "float32", 2, seed=1)[0])

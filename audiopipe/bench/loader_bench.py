@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold", action="store_true",
                    help="evict each loader's files from the page cache first and time one pass (disk reads)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="a check in about a minute: 2 s per loader, 1 round (overrides --seconds and --rounds)")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
 
@@ -170,7 +172,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
             now = time.perf_counter()
             x: torch.Tensor = batch[f]
             lengths = batch[f"{f}_lengths"]
-            b, t_max = x.shape[0], x.shape[-1]
+            b, t_max = x.shape[0], x.shape[1 if spec.name == "mmap_btc" else -1]  # BTC: time is axis 1
             frames = int(lengths.sum())
             real += frames
             padded += b * t_max
@@ -299,6 +301,8 @@ def _corpus_info(shards: Path, feature: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "quick", False):
+        args.seconds, args.rounds = 2.0, 1
     from audiopipe.storage.s3 import is_s3
 
     if is_s3(args.shards):  # from a bucket only make_loader can read: audiopipe/bench/s3_loader.py times it
@@ -483,7 +487,8 @@ def plot(report: dict[str, Any], path: str) -> None:
               ("padding_efficiency", "padding efficiency", False)]
     for ax, (key, title, log) in zip(axes.ravel(), panels):
         vals = [r[key] for r in res]
-        ax.barh(y, vals, color=["#2a6f97" if n in ("mmap", "mmap_ring1", "wds") else "#a0a0a0" for n in names])
+        ours = ("mmap", "mmap_ring1", "mmap_btc", "wds")
+        ax.barh(y, vals, color=["#2a6f97" if n in ours else "#a0a0a0" for n in names])
         if key == "peak_rss_mb":  # the private (anonymous) part; the rest is mapped page cache and shared
             ax.barh(y, [r["peak_private_mb"] for r in res], height=0.35, color="#1b1b1b", label="private")
             ax.legend(loc="lower right", fontsize=8)

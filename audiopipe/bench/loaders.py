@@ -6,6 +6,7 @@ data comes from and how batches are formed, not about collate code:
 
   mmap         audiopipe: make_loader (Arrow IPC mmap, zero-copy views, BucketBatchSampler)
   mmap_ring1   the same with PadCollator(ring_size=1): one batch buffer, which stays in the CPU cache
+  mmap_btc     the same with make_loader(layout="BTC"): time-major [B, T, C] batches, transposed while copied
   wds          audiopipe: make_wds_loader (WebDataset tars streamed, batches planned from the index)
   npy_per_utt  one .npy file per utterance, np.load per item (Amphion NS2's layout), BucketBatchSampler
   npy_amphion  the same files with Amphion's own NS2Collator rule (pad_sequence of transposed tensors into a
@@ -41,12 +42,13 @@ from audiopipe.reader.wds import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
-LOADERS = ("mmap", "mmap_ring1", "wds", "npy_per_utt", "npy_amphion", "on_the_fly", "random", "f5_sort",
+LOADERS = ("mmap", "mmap_ring1", "mmap_btc", "wds", "npy_per_utt", "npy_amphion", "on_the_fly", "random", "f5_sort",
            "lhotse_shar")
 
 DESCRIPTIONS = {
     "mmap": "audiopipe make_loader: Arrow IPC mmap, zero-copy views, global bucketed sampler",
     "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
+    "mmap_btc": "make_loader(layout='BTC'): [B, T, C] batches, each [C, T] row transposed while copied",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
     "npy_per_utt": "one .npy per utterance (Amphion NS2 layout, audiopipe FilesDataset), np.load per item, "
                    "same sampler",
@@ -316,8 +318,9 @@ class _LhotseLoader:
 def build(spec: LoaderSpec) -> Any:
     """A loader with set_epoch() whose iteration yields PadCollator batches (with a `duration` list)."""
     f = spec.feature
-    if spec.name in ("mmap", "mmap_ring1"):
-        loader = make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed)
+    if spec.name in ("mmap", "mmap_ring1", "mmap_btc"):
+        loader = make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed,
+                             layout="BTC" if spec.name == "mmap_btc" else "BCT")
         if spec.name == "mmap_ring1":
             loader.collate.ring_size = 1  # before the first batch: the ring is created on first use
         return loader
@@ -351,7 +354,7 @@ def files_of(spec: LoaderSpec) -> list[Path]:
     """The files a loader reads, so the parent can warm the page cache for every loader alike."""
     root = Path(spec.shards)
     m = json.loads((root / "manifest.json").read_text())
-    if spec.name in ("mmap", "mmap_ring1", "random", "f5_sort"):
+    if spec.name in ("mmap", "mmap_ring1", "mmap_btc", "random", "f5_sort"):
         return [root / s["arrow"]["path"] for s in m["shards"]]
     if spec.name == "wds":
         return [root / s["tar"]["path"] for s in m["shards"] if "tar" in s]

@@ -5,6 +5,11 @@ touching each destination byte once (no zero-fill first, no per-item Python). Da
 integers of the same width, so one compiled variant per item size (1, 2, 4, 8 bytes) serves every dtype,
 bit for bit, and the pad value is written with the bit pattern of the feature's dtype.
 
+Each row is copied by one call to the C library's memcpy (`_copy_elems`, LLVM's memcpy intrinsic), not by
+numba's slice assignment: numba lowers `dst[a:b] = src[c:d]` to an element loop that reached ~4.5 GB/s where
+memcpy moves ~7 GB/s on the benchmark machine (short clips: 100 rows of ~1.1 KB per item), 1.3-1.6x on the
+whole copy (benchmarks/bench_copy.py; docs/bench-loader.md, "Where the bytes go").
+
 Loading the compiled kernel from numba's cache costs ~0.4 s on its first call in a process (a fresh install
 compiles it, ~1 s). `warm_up_in_background()` (make_loader calls it) loads it in a daemon thread; until it is
 ready, `pad_rows_into` copies with numpy, one row at a time (same bytes), so the first batches do not wait.
@@ -17,39 +22,106 @@ from collections.abc import Sequence
 
 import numba
 import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from audiopipe.collate.rows import Rows
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+@intrinsic
+def _copy_elems(typingctx, dst, dst_start, src, src_start, n):  # pragma: no cover - compiled
+    """dst[dst_start:dst_start + n] = src[src_start:src_start + n] as one memcpy (1-D arrays of one dtype).
+
+    No bounds checks here: _pad_rows checks every row's ranges before copying it."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype
+            and dst.ndim == 1 and src.ndim == 1 and dst.layout == "C" and src.layout == "C"):
+        return None
+    sig = types.void(dst, types.intp, src, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d = context.make_array(signature.args[0])(context, builder, args[0])
+        s = context.make_array(signature.args[2])(context, builder, args[2])
+        itemsize = context.get_abi_sizeof(context.get_data_type(signature.args[0].dtype))
+        nbytes = builder.mul(args[4], context.get_constant(types.intp, itemsize))
+        cgutils.raw_memcpy(builder, cgutils.gep(builder, d.data, args[1]), cgutils.gep(builder, s.data, args[3]),
+                           nbytes, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @numba.njit(cache=True, nogil=True)
 def _pad_rows(src, starts, frames, positions, channels, t_max, pad, dst):  # pragma: no cover - numba
+    """Returns -1, or the index k of the first row whose source or destination range is out of bounds (the
+    rows before it are written, it and the rest are not)."""
     for k in range(starts.size):
         t = frames[k]
         s = starts[k]
         base = positions[k] * channels * t_max
+        # memcpy does not check: a row reaching outside its column or its slot would corrupt memory.
+        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+            return k
         for c in range(channels):
             o = base + c * t_max
-            dst[o:o + t] = src[s + c * t:s + (c + 1) * t]
+            _copy_elems(dst, o, src, s + c * t, t)
             dst[o + t:o + t_max] = pad
+    return -1
 
 
-def _pad_rows_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> None:
-    """_pad_rows without the compiled kernel: one numpy copy and one fill per row."""
-    if t_max == 0:  # every row is empty: nothing to write (and a [-1, C, 0] view has no defined batch size)
-        return
-    box = dst.reshape(-1, channels, t_max)
-    for s, t, p in zip(starts.tolist(), frames.tolist(), positions.tolist()):
-        box[p, :, :t] = src[s:s + channels * t].reshape(channels, t)
-        box[p, :, t:] = pad
+@numba.njit(cache=True, nogil=True)
+def _pad_rows_time_major(src, starts, frames, positions, channels, t_max, pad, dst):  # pragma: no cover - numba
+    """_pad_rows into a [B, t_max, channels] batch (layout="BTC") from the stored [channels, t] rows: a transpose,
+    frame by frame (the reads of one frame hit `channels` cache lines that the next 15 frames reuse)."""
+    for k in range(starts.size):
+        t = frames[k]
+        s = starts[k]
+        base = positions[k] * channels * t_max
+        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+            return k
+        for j in range(t):
+            o = base + j * channels
+            for c in range(channels):
+                dst[o + c] = src[s + c * t + j]
+        dst[base + t * channels:base + t_max * channels] = pad
+    return -1
+
+
+def _pad_rows_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> int:
+    """_pad_rows without the compiled kernel: one numpy copy and one fill per row (same checks, same result)."""
+    for k, (s, t, p) in enumerate(zip(starts.tolist(), frames.tolist(), positions.tolist())):
+        base = p * channels * t_max
+        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+            return k
+        if t_max == 0:  # an empty row in an empty batch: nothing to write
+            continue
+        box = dst[base:base + channels * t_max].reshape(channels, t_max)
+        box[:, :t] = src[s:s + channels * t].reshape(channels, t)
+        box[:, t:] = pad
+    return -1
+
+
+def _pad_rows_time_major_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> int:
+    """_pad_rows_time_major without the compiled kernel."""
+    for k, (s, t, p) in enumerate(zip(starts.tolist(), frames.tolist(), positions.tolist())):
+        base = p * channels * t_max
+        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+            return k
+        if t_max == 0:
+            continue
+        box = dst[base:base + channels * t_max].reshape(t_max, channels)
+        box[:t] = src[s:s + channels * t].reshape(channels, t).T
+        box[t:] = pad
+    return -1
 
 
 _warm = {"started": False, "ready": threading.Event()}
 _warm_lock = threading.Lock()
 
 
-def _load_kernels(itemsizes: tuple[int, ...]) -> None:
+def _load_kernels(itemsizes: tuple[int, ...], kernels: tuple = (_pad_rows,)) -> None:
     # One call per variant loads it (from numba's cache, or compiles it). Only the variants the features need,
     # for read-only sources (mapped shard columns are read-only, a numba type of its own): each load holds the
     # GIL for a while, and the batches copied meanwhile need it too.
@@ -59,14 +131,16 @@ def _load_kernels(itemsizes: tuple[int, ...]) -> None:
             src = np.zeros(2, dtype=uint)
             src.setflags(write=False)
             idx = np.zeros(1, dtype=np.int64)
-            _pad_rows(src, idx, np.ones(1, dtype=np.int64), idx, 1, 2, uint(0), np.zeros(2, dtype=uint))
+            for kernel in kernels:
+                kernel(src, idx, np.ones(1, dtype=np.int64), idx, 1, 2, uint(0), np.zeros(2, dtype=uint))
     finally:
         _warm["ready"].set()
 
 
-def warm_up_in_background(itemsizes: Sequence[int] = (4,)) -> None:
-    """Load the compiled kernels for these item sizes (bytes per value of the padded features) in a daemon
-    thread, once per process; pad_rows_into uses numpy meanwhile. Another variant loads on its first use.
+def warm_up_in_background(itemsizes: Sequence[int] = (4,), layout: str = "BCT") -> None:
+    """Load the compiled kernels for these item sizes (bytes per value of the padded features) and this batch
+    layout in a daemon thread, once per process; pad_rows_into uses numpy meanwhile. Another variant loads on
+    its first use.
 
     Not for a process that is about to fork DataLoader workers: a fork during the load could leave numba's
     compiler lock held in the child. make_loader calls it only with num_workers=0.
@@ -76,7 +150,10 @@ def warm_up_in_background(itemsizes: Sequence[int] = (4,)) -> None:
             return
         _warm["started"] = True
     sizes = tuple(sorted({int(s) for s in itemsizes if int(s) in _UINT})) or (4,)
-    threading.Thread(target=_load_kernels, args=(sizes,), name="audiopipe-kernel-load", daemon=True).start()
+    # A [T] feature is copied by _pad_rows in either layout; a [C, T] one by the layout's kernel.
+    kernels = (_pad_rows,) if layout == "BCT" else (_pad_rows, _pad_rows_time_major)
+    threading.Thread(target=_load_kernels, args=(sizes, kernels), name="audiopipe-kernel-load",
+                     daemon=True).start()
 
 
 def kernels_ready() -> bool:
@@ -89,15 +166,32 @@ def wait_for_kernels() -> None:
         _warm["ready"].wait()
 
 
-def pad_rows_into(dst: np.ndarray, parts: Sequence[Rows], channels: int, t_max: int, pad_value: float) -> None:
-    """Write every part's rows into dst, a flat C-contiguous [B * max(channels, 1) * t_max] buffer of their dtype."""
+LAYOUTS = ("BCT", "BTC")
+
+
+def pad_rows_into(dst: np.ndarray, parts: Sequence[Rows], channels: int, t_max: int, pad_value: float,
+                  layout: str = "BCT") -> None:
+    """Write every part's rows into dst, a flat C-contiguous [B * max(channels, 1) * t_max] buffer of their dtype:
+    [B, channels, t_max] (layout "BCT", each row as stored) or [B, t_max, channels] ("BTC", transposed)."""
     uint = _UINT[dst.dtype.itemsize]
     pad = np.asarray(pad_value, dtype=dst.dtype).view(uint)[()]
     out = dst.view(uint)
     width = max(channels, 1)
     # While a background load is under way, numpy; without one (workers, direct use), the kernel loads here.
-    kernel = _pad_rows if not _warm["started"] or _warm["ready"].is_set() else _pad_rows_numpy
+    compiled = not _warm["started"] or _warm["ready"].is_set()
+    if layout == "BTC" and channels > 1:
+        kernel = _pad_rows_time_major if compiled else _pad_rows_time_major_numpy
+    elif layout in LAYOUTS:  # [T] and [1, T] features are the same bytes in either layout
+        kernel = _pad_rows if compiled else _pad_rows_numpy
+    else:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     for rows in parts:
         if rows.values.dtype != dst.dtype:
             raise TypeError(f"destination is {dst.dtype}, rows are {rows.values.dtype}")
-        kernel(rows.values.view(uint), rows.starts, rows.frames, rows.positions, width, t_max, pad, out)
+        src = rows.values.view(uint)
+        bad = kernel(src, rows.starts, rows.frames, rows.positions, width, t_max, pad, out)
+        if bad >= 0:
+            raise ValueError(
+                f"row {bad} of a batch part does not fit: start {int(rows.starts[bad])}, {int(rows.frames[bad])} "
+                f"frames x {width} channels in a column of {src.size} values, batch position "
+                f"{int(rows.positions[bad])} of a {out.size // max(width * t_max, 1)} x {width} x {t_max} batch")

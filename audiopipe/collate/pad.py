@@ -6,6 +6,9 @@ see audiopipe/collate/rows.py), which is copied and padded by one compiled pass 
 
 Every feature has time on its LAST axis (see audiopipe/features/base.py), so one rule pads them all:
 `mel [80, T] -> [B, 80, T_max]`, `f0 [T] -> [B, T_max]`, `codes [16, T] -> [B, 16, T_max]`.
+`layout="BTC"` hands time-major batches instead (`mel -> [B, T_max, 80]`, `f0` unchanged): a transpose
+during the copy, which costs the CPU several times the straight copy (docs/bench-loader.md, "Where the bytes
+go"); on a GPU, transposing the [B, C, T] batch there is cheaper, so "BCT" stays the default.
 
 Buffer reuse and its aliasing rule: in the training process, a batch's tensors are views into a small ring
 of `ring_size` preallocated buffers per feature (grown on demand, never shrunk). Batch k's memory is written
@@ -28,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from audiopipe.collate.kernels import pad_rows_into
+from audiopipe.collate.kernels import LAYOUTS, pad_rows_into
 from audiopipe.collate.rows import RowBatch
 
 
@@ -84,7 +87,8 @@ def _torch_dtype(dtype: np.dtype, feature: str) -> torch.dtype:
 class PadCollator:
     """collate_fn that pads `features` along the last axis and passes every other key through as a list.
 
-    Returns a dict with, for each feature f: `f` (tensor [B, ..., T_max], the items' dtype), `f_lengths`
+    Returns a dict with, for each feature f: `f` (tensor [B, ..., T_max], the items' dtype; with layout="BTC"
+    [B, T_max, ...], time second), `f_lengths`
     (int64 [B], frames before padding), `f_mask` (bool [B, T_max], True on real frames); `padding_ratio`
     ({f: padded-but-empty frames / all frames of the tensor}); and `key: [item[key] ...]` for every other key
     (id, speaker, text, scalars). T_max is the longest item, rounded up to a multiple of pad_to_multiple.
@@ -99,6 +103,7 @@ class PadCollator:
         pad_value: float | Mapping[str, float] = 0,
         ring_size: int = 2,
         pin_memory: bool = False,
+        layout: str = "BCT",
     ):
         if isinstance(features, str) or not features:
             raise ValueError(f"features must be a non-empty list of feature names, got {features!r}")
@@ -108,6 +113,9 @@ class PadCollator:
             raise ValueError(f"pad_to_multiple must be an integer >= 1, got {pad_to_multiple!r}")
         if ring_size < 1:
             raise ValueError(f"ring_size must be >= 1, got {ring_size!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (batch axes), got {layout!r}")
+        self.layout = layout
         self.features = list(features)
         self.pad_to_multiple = pad_to_multiple
         if isinstance(pad_value, Mapping):
@@ -203,6 +211,14 @@ class PadCollator:
         # Bucketed batches have similar lengths: filling the box [t_min, t_max) of every row in one call
         # costs less than one call per item and writes at most twice the pad area. Otherwise, per item.
         box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths.sum()))
+        if self.layout == "BTC" and lead:  # time-major rows: [t, *lead] slots, items transposed on the way in
+            if box_fill:
+                dst[:, t_min:] = pad
+            for row, a, (*_, t) in zip(dst, arrays, shapes):
+                row[:t] = np.moveaxis(a, -1, 0)
+                if t < t_max and not box_fill:
+                    row[t:] = pad
+            return tensor, torch.from_numpy(lengths), mask, self._finish(f, lengths, mask)
         if box_fill:
             dst[..., t_min:] = pad
         for row, a, (*_, t) in zip(dst, arrays, shapes):
@@ -213,11 +229,12 @@ class PadCollator:
 
     def _allocate(self, f: str, lengths: np.ndarray, lead: tuple[int, ...], dtype: np.dtype,
                   in_worker: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The uninitialised batch [B, *lead, T_max] and mask [B, T_max]: ring slots, or fresh shared memory."""
+        """The uninitialised batch [B, *lead, T_max] ([B, T_max, *lead] for "BTC") and mask [B, T_max]: ring slots,
+        or fresh shared memory."""
         m = self.pad_to_multiple
         n = lengths.size
         t_max = -(-int(lengths.max()) // m) * m
-        shape = (n, *lead, t_max)
+        shape = (n, t_max, *lead) if self.layout == "BTC" else (n, *lead, t_max)
         numel = int(np.prod(shape))
         tdtype = _torch_dtype(dtype, f)
         if in_worker:
@@ -253,7 +270,7 @@ class PadCollator:
             ch = batch.channels[f]
             tensor, mask = self._allocate(f, lengths, (ch,) if ch else (), parts[0].values.dtype, in_worker)
             dst = tensor.view(-1).numpy()
-            pad_rows_into(dst, parts, ch, mask.shape[1], self.pad_value[f])
+            pad_rows_into(dst, parts, ch, mask.shape[1], self.pad_value[f], self.layout)
             out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, torch.from_numpy(lengths), mask
             ratios[f] = self._finish(f, lengths, mask)
         out["padding_ratio"] = ratios

@@ -157,7 +157,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
                 max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
                 weights: Sequence[float] | None = None, cache_dir: str | Path | None = None,
-                max_cache_bytes: int | None = None) -> Loader:
+                max_cache_bytes: int | None = None, layout: str = "BCT") -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     shards_dir: one shard folder, or a list of them to mix (one global plan over their union; indices in
@@ -190,6 +190,8 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     shards_dir may be s3://bucket/prefix (audiopipe/reader/remote_dataset.py): the same batches, rows read by
              byte range and `read_ahead` batches fetched ahead; cache_dir + max_cache_bytes keep whole shards
              in a bounded local cache (read by mmap once there). See docs/loader.md, "Shards on object storage".
+    layout: "BCT" (default: [B, C, T_max], each stored row copied as is) or "BTC" ([B, T_max, C], transposed
+             while copied: several times the CPU cost, see docs/loader.md).
     """
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
@@ -257,7 +259,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
         feats = ds.manifest["features"] if reader == "mmap" else {}
         warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
-                               if f in feats and "dtype" in feats[f]])
+                               if f in feats and "dtype" in feats[f]], layout)
     else:
         wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
@@ -273,7 +275,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     ring = depth + 2 if depth else 2
     pinned = dev is not None and dev.type == "cuda"
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
-                          pin_memory=pinned)
+                          pin_memory=pinned, layout=layout)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}

@@ -12,6 +12,12 @@ already on the device, and the pinned buffer is free for the next batch. Each de
 marked as used by the consumer's stream (`record_stream`), so the caching allocator does not hand its
 memory to the side stream while the step still reads it.
 
+The hand-over is built to cost the training thread as little as possible (issue 10.3: a 20 ms step left
+0.67-0.80 % of its time waiting although every batch was ready): a C `SimpleQueue` instead of `queue.Queue`
+(whose get runs its Python under a Condition, ~35 us right after a step, with cold caches), a bare lock as
+the "room again" signal, and the previous batch freed in this thread rather than by the consumer's
+`batch = next(it)` (~60 us). bench_datawait.py measures it (docs/bench-loader.md).
+
 Rules that keep it exact and leak-free:
 - `consumed` counts the batches handed to the consumer, never the ones built ahead: the loader's
   `state_dict()` saves that count, so a resume yields exactly the batches not yet trained on.
@@ -23,6 +29,7 @@ Rules that keep it exact and leak-free:
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import weakref
@@ -48,6 +55,17 @@ class _End:
     pass
 
 
+_END = object()  # what next(source, _END) returns at the end of the pass
+
+
+def _signal(space: Any) -> None:
+    """Tell the producer a batch was taken: `space` is a lock held while no signal is pending."""
+    try:
+        space.release()
+    except RuntimeError:  # already released: a signal is pending, one is enough
+        pass
+
+
 class _Failed:
     def __init__(self, exc: BaseException):
         self.exc = exc
@@ -67,34 +85,39 @@ def _copy_to_device(batch: Any, device: torch.device, stream: Any) -> Any:
     return out
 
 
-def _produce(source: Iterator, out: queue.Queue, stop: threading.Event, device: torch.device | None,
-             stream: Any) -> None:
-    """Thread body: build batches into `out` until the source ends, fails or `stop` is set."""
+def _produce(source: Iterator, out: queue.SimpleQueue, space: Any, depth: int, stop: threading.Event,
+             device: torch.device | None, stream: Any, spent: collections.deque) -> None:
+    """Thread body: build batches into `out` until the source ends, fails or `stop` is set. At most `depth` wait in
+    `out`, and one more is built and waits for room (the thread waits on `space`, a lock the consumer releases
+    after each take), as a queue.Queue(maxsize=depth) would hold them."""
 
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def room() -> bool:
+        while out.qsize() >= depth:
+            if stop.is_set():
+                return False
+            space.acquire(timeout=_POLL_S)  # a take releases it; the timeout re-checks the stop flag
+            spent.clear()
+        return not stop.is_set()
 
     try:
-        for batch in source:
-            if stop.is_set():
+        while not stop.is_set():
+            spent.clear()  # the batches the consumer moved on from: freed here, not on the training thread
+            batch = next(source, _END)
+            if batch is _END:
+                out.put(_End())
                 return
-            if device is not None:
+            if device is not None and not stop.is_set():
                 batch = _copy_to_device(batch, device, stream)
-            if not put(batch):
+            if not room():
                 return
-        put(_End())
+            out.put(batch)
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-        put(_Failed(exc))
+        out.put(_Failed(exc))
 
 
-def _stop(stop: threading.Event, thread: threading.Thread) -> None:
+def _stop(stop: threading.Event, thread: threading.Thread, space: Any) -> None:
     stop.set()
+    _signal(space)  # wake a thread waiting for room now, not at its next poll
     if thread is not threading.current_thread():
         thread.join(timeout=5.0)
 
@@ -112,13 +135,25 @@ class PrefetchIterator:
         stream = None
         if self.device is not None and self.device.type == "cuda":
             stream = torch.cuda.Stream(device=self.device)
-        self._queue: queue.Queue = queue.Queue(maxsize=self.depth)
+        # The hand-over is the C-implemented SimpleQueue plus a bare lock as the "room again" signal: queue.Queue's
+        # get runs ~30 lines of Python under its Condition, and the consumer runs them right after its step, with
+        # caches the batch copy has just evicted: ~0.1 ms per batch, 0.5 % of a 20 ms step (issue 10.3).
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._space = threading.Lock()
+        self._space.acquire()  # held: no signal pending
+        # The batch handed out last is kept until the next one is: then this thread's reference moves to `spent`,
+        # which the prefetch thread clears. The consumer's `batch = next(it)` then only drops a reference, and
+        # freeing the previous batch (its tensors, its lists of ids and texts: ~60 us, caches cold after a step)
+        # happens in the prefetch thread, not inside the training thread's wait for the next batch.
+        self._held: Any = None
+        self._spent: collections.deque = collections.deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=_produce, name="audiopipe-prefetch", daemon=True,
-                                        args=(source, self._queue, self._stop, self.device, stream))
+                                        args=(source, self._queue, self._space, self.depth, self._stop, self.device,
+                                              stream, self._spent))
         self._thread.start()
-        # Ends the thread when this iterator is garbage collected (the thread only holds the queue and flag).
-        self._finalizer = weakref.finalize(self, _stop, self._stop, self._thread)
+        # Ends the thread when this iterator is garbage collected (the thread only holds the queue, lock and flag).
+        self._finalizer = weakref.finalize(self, _stop, self._stop, self._thread, self._space)
 
     def __iter__(self) -> PrefetchIterator:
         return self
@@ -134,6 +169,10 @@ class PrefetchIterator:
                 if not self._thread.is_alive() and self._queue.empty():
                     self.close()
                     raise PrefetchError("the prefetch thread ended without finishing the pass") from None
+        _signal(self._space)
+        if self._held is not None:
+            self._spent.append(self._held)
+            self._held = None
         if isinstance(item, _End):
             self.close()
             raise StopIteration
@@ -146,6 +185,7 @@ class PrefetchIterator:
                 if isinstance(v, torch.Tensor) and v.is_cuda:
                     v.record_stream(current)
         self.progress.consumed += 1
+        self._held = item
         return item
 
     @property
@@ -156,6 +196,8 @@ class PrefetchIterator:
         """Stop the thread (the batches built ahead are dropped; `consumed` stays what the consumer took)."""
         self.finished = True
         self._finalizer()
+        self._held = None
+        self._spent.clear()
 
     @property
     def alive(self) -> bool:
