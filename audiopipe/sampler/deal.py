@@ -6,6 +6,7 @@ only, which come from the plan's histograms, so no batch's items are computed he
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -66,14 +67,17 @@ def equalize(
         # Fewer than world_size splits are needed: only the biggest batches (and their halves) can be cut.
         top = np.argsort(-sizes, kind="stable")[: min(n, world_size)]
         rows = [list(table[i]) for i in top.tolist()]  # the top rows, then the halves split off them
-        while (n + len(rows) - len(top)) % world_size:
-            j = max(range(len(rows)), key=lambda i: (rows[i][2] - rows[i][1], -i))
-            if rows[j][2] - rows[j][1] < 2:
-                break
+        # Max-heap on batch size (ties: the earlier row): the biggest batch loses the least fill when halved.
+        heap = [(-(r[2] - r[1]), j) for j, r in enumerate(rows)]
+        heapq.heapify(heap)
+        while (n + len(rows) - len(top)) % world_size and heap and -heap[0][0] >= 2:
+            _, j = heapq.heappop(heap)
             p, a, b = rows[j]
             half = (b - a) // 2
             rows[j] = [p, a, a + half]
             rows.append([p, a + half, b])
+            heapq.heappush(heap, (-half, j))
+            heapq.heappush(heap, (-(b - a - half), len(rows) - 1))
             splits += 1
         table = table.copy()
         table[top] = np.asarray(rows[: len(top)], dtype=np.int64).reshape(-1, 3)

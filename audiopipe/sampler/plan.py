@@ -160,8 +160,6 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
     caps[k] (emitted at once), and a batch that crosses runs ends in the last run whose first g is <= i. So the
     loop takes at most two steps per run, whatever the item count (a 3M-item pool of 2,000 lengths: ~4,000).
     """
-    import bisect
-
     keep = np.flatnonzero(np.asarray(counts) > 0)
     counts = np.asarray(counts, dtype=np.int64)[keep]
     caps = np.asarray(caps, dtype=np.int64)[keep]
@@ -170,32 +168,34 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
     if caps.min() < 1:
         raise AssertionError("a length that does not fit alone is in the pool; filter with BatchBudget.fits_alone")
     starts = np.concatenate([[0], np.cumsum(counts)])
-    first_g = (starts[:-1] + 1 - caps).tolist()  # g at each run's first position, strictly increasing
+    first_g = (starts[:-1] + 1 - caps).tolist() + [None]  # g at each run's first position, strictly increasing
     a, c = starts.tolist(), caps.tolist()
-    n = a[-1]
-    ends: list[np.ndarray] = []
-    i = 0
+    n, runs = a[-1], len(c)
+    # Batches as (first end, step, how many): whole chunks of a run in one entry, expanded once at the end.
+    first: list[int] = []
+    step: list[int] = []
+    many: list[int] = []
+    i = r = k = 0
     while i < n:
-        k = bisect.bisect_right(first_g, i) - 1  # the batch from i reaches into run k, not beyond
-        r = bisect.bisect_right(a, i) - 1  # the run holding i (k >= r since g(i) <= i)
+        while a[r + 1] <= i:  # the run holding i (i only grows: both indices move forward)
+            r += 1
+        k = max(k, r)
+        while k + 1 < runs and first_g[k + 1] <= i:  # the last run the batch from i reaches into
+            k += 1
         if k == r and i + c[r] <= a[r + 1]:
             m = (a[r + 1] - i) // c[r]  # whole chunks of cap inside this run
-            ends.append(i + c[r] * np.arange(1, m + 1, dtype=np.int64))
+            first.append(i + c[r])
+            step.append(c[r])
+            many.append(m)
             i += m * c[r]
             continue
         i = min(a[k + 1], i + c[k])
-        ends.append(np.array([i], dtype=np.int64))
-    return np.concatenate(ends)
-
-
-def batch_stats(batches: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(items, longest, real frames) of every batch, without a Python step per batch."""
-    sizes = np.fromiter((b.size for b in batches), dtype=np.int64, count=len(batches))
-    if not batches:
-        return sizes, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    flat = lengths[np.concatenate(batches)]
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return sizes, np.maximum.reduceat(flat, offsets), np.add.reduceat(flat, offsets)
+        first.append(i)
+        step.append(0)
+        many.append(1)
+    many_a = np.asarray(many, dtype=np.int64)
+    within = np.arange(int(many_a.sum()), dtype=np.int64) - np.repeat(np.cumsum(many_a) - many_a, many_a)
+    return np.repeat(np.asarray(first, dtype=np.int64), many_a) + np.repeat(np.asarray(step, np.int64), many_a) * within
 
 
 # ---- pooled planning: how many pools, and the best cut of a sorted batch --------------------------------

@@ -1,0 +1,126 @@
+"""The lazy epoch plan (sampler/pools.py): packing from histograms equals packing the items, a batch's items
+are computed only when it is drawn, and resume / re-plan hold on corpora whose pools hold many batches."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.plan import BatchBudget, capacities, pack_runs, pack_sorted
+from audiopipe.sampler.pools import EpochPlan, LengthOrder
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(st.lists(st.integers(1, 400), max_size=400), st.integers(20, 3000), st.sampled_from([0.0, 1e-3, 2e-4]),
+       st.sampled_from([None, 1, 3, 16]))
+def test_packing_runs_of_a_histogram_cuts_where_packing_the_sorted_items_does(lengths, max_frames, quadratic,
+                                                                              max_items):
+    budget = BatchBudget(max_frames, quadratic, max_items)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[budget.fits_alone(lengths)]
+    order = np.argsort(lengths, kind="stable")
+    want = np.cumsum([b.size for b in pack_sorted(order, lengths, budget)], dtype=np.int64)
+    values, counts = np.unique(lengths, return_counts=True)
+    assert np.array_equal(pack_runs(counts, capacities(values, budget)), want)
+
+
+@FAST
+@given(st.lists(st.integers(0, 300), max_size=300), st.integers(1, 400))
+def test_length_order_is_a_stable_sort_of_the_kept_items(lengths, longest):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = LengthOrder.build(lengths, longest)
+    keep = np.flatnonzero((lengths > 0) & (lengths <= longest))
+    assert np.array_equal(order.by_len, keep[np.argsort(lengths[keep], kind="stable")])
+    assert np.array_equal(np.repeat(order.values, order.counts), np.sort(lengths[keep]))
+
+
+def test_length_order_counting_sort_spans_several_chunks():
+    # More items than one chunk of the counting sort (4M): the cursor carries over between chunks.
+    lengths = np.random.default_rng(0).integers(0, 300, 4_300_000)
+    order = LengthOrder.build(lengths, 250)
+    keep = np.flatnonzero((lengths > 0) & (lengths <= 250))
+    assert np.array_equal(order.by_len, keep[np.argsort(lengths[keep], kind="stable")])
+
+
+@FAST
+@given(st.integers(0, 2**16), st.integers(0, 600), st.integers(1, 20), st.integers(200, 3000),
+       st.sampled_from([None, 4]))
+def test_epoch_plan_rows_hold_every_kept_item_once_with_the_lengths_the_histograms_say(seed, n, pools, max_frames,
+                                                                                      max_items):
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(np.round(np.exp(rng.normal(np.log(max_frames / 12), 0.8, n))), 1).astype(np.int64)
+    budget = BatchBudget(max_frames, 0.0, max_items)
+    order = LengthOrder.build(lengths, budget.longest_alone())
+    plan = EpochPlan(order, budget, pools, np.random.default_rng(seed))
+    batches = [plan.batch(r) for r in plan.table]
+    assert sorted(i for b in batches for i in b.tolist()) == sorted(order.by_len.tolist())
+    sizes, longest, frames = plan.stats(plan.table)
+    for (p, a, b), items, size, m, f in zip(plan.table, batches, sizes, longest, frames):
+        assert np.array_equal(lengths[items], plan.lengths_at(p, a, b))  # sorted inside the batch too
+        assert size == items.size and m == lengths[items].max() and f == lengths[items].sum()
+        assert budget.cost(size, m) <= max_frames and (max_items is None or size <= max_items)
+
+
+def test_first_batch_computes_only_its_own_items_and_the_leftovers():
+    lengths = np.random.default_rng(1).integers(50, 1900, 200_000)
+    s = BucketBatchSampler(lengths, 38_400, seed=1, rank=5, world_size=16)
+    first = next(iter(s))
+    plan = s._plan(0)
+    # Each pool's last batch is looked up when planning (the leftovers); then only the batch drawn.
+    assert plan.items_computed <= s.pools * 60 + len(first)
+    assert plan.items_computed < 0.01 * lengths.size
+    # The whole epoch's batches, materialised, are what the ranks get: every item once.
+    every = sorted(i for r in range(16) for b in BucketBatchSampler(lengths, 38_400, seed=1, rank=r, world_size=16)
+                   for i in b)
+    assert every == list(range(lengths.size))
+
+
+def test_resume_and_replan_on_a_corpus_with_many_batches_per_pool():
+    # 200k items: pools of ~300 batches, whose chunked run packing the small hypothesis corpora never reach.
+    lengths = np.random.default_rng(2).integers(50, 1900, 200_000)
+    world = 16
+    full = [list(BucketBatchSampler(lengths, 38_400, seed=2, rank=r, world_size=world)) for r in range(world)]
+    steps = len(full[0])
+    for k in (1, steps // 2, steps - 1):
+        probe = BucketBatchSampler(lengths, 38_400, seed=2, rank=0, world_size=world)
+        it = iter(probe)
+        for _ in range(k):
+            next(it)
+        state = json.loads(json.dumps(probe.state_dict()))
+        for r in (0, 7, world - 1):
+            resumed = BucketBatchSampler(lengths, 38_400, seed=2, rank=r, world_size=world)
+            resumed.load_state_dict(state)
+            assert list(resumed) == full[r][k:]
+        # Another world size: the remaining batches re-dealt, nothing lost or repeated, none over budget.
+        rest = []
+        for r in range(5):
+            t = BucketBatchSampler(lengths, 38_400, seed=2, rank=r, world_size=5)
+            t.load_state_dict(state)
+            rest.append(list(t))
+        assert len({len(b) for b in rest}) == 1
+        done = [i for r in range(world) for b in full[r][:k] for i in b]
+        assert sorted(done + [i for bs in rest for b in bs for i in b]) == list(range(lengths.size))
+        assert max(len(b) * lengths[b].max() for bs in rest for b in bs) <= 38_400
+
+
+def test_a_state_of_the_previous_plan_is_refused_with_what_to_do():
+    s = BucketBatchSampler(np.arange(1, 50), 100, rank=0, world_size=1)
+    state = {**s.state_dict(), "format": "audiopipe.BucketBatchSampler/2"}
+    with pytest.raises(ValueError, match=r"older audiopipe .* restart the epoch"):
+        BucketBatchSampler(np.arange(1, 50), 100, rank=0, world_size=1).load_state_dict(state)
+
+
+@pytest.mark.parametrize("quadratic", [0.0, 1e-4, 1 / 2000, 3.7e-3])
+@pytest.mark.parametrize("max_frames", [1, 7, 38_400, 1_000_003])
+def test_longest_alone_is_the_fits_alone_boundary(max_frames, quadratic):
+    budget = BatchBudget(max_frames, quadratic)
+    m = budget.longest_alone()
+    assert budget.fits_alone(m) or m == 0
+    assert not budget.fits_alone(m + 1)
