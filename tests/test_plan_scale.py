@@ -41,8 +41,13 @@ def test_length_order_is_a_stable_sort_of_the_kept_items(lengths, longest):
     assert np.array_equal(np.repeat(order.values, order.counts), np.sort(lengths[keep]))
 
 
-def test_length_order_counting_sort_spans_several_chunks():
-    # More items than one chunk of the counting sort (4M): the cursor carries over between chunks.
+@pytest.mark.parametrize("compiled", [False, True])
+def test_length_order_counting_sort_spans_several_chunks(compiled, monkeypatch):
+    from audiopipe.sampler import pools
+
+    # More items than one chunk of the numpy sort (4M): the cursor carries over between chunks. The compiled
+    # sort (used from 8M items) must give the same order.
+    monkeypatch.setattr(pools, "COMPILED_SORT_FROM", 1 if compiled else 1 << 40)
     lengths = np.random.default_rng(0).integers(0, 300, 4_300_000)
     order = LengthOrder.build(lengths, 250)
     keep = np.flatnonzero((lengths > 0) & (lengths <= 250))
