@@ -340,8 +340,8 @@ def main() -> None:
         first = ours.samplers[0]  # type: ignore[attr-defined]
         first.set_epoch(0)
         diag = first.diagnostics
-        diagnostics.append({"corpus": name, "items": int(lengths.size),
-                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray)}})
+        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap,
+                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}})
         print("  " + diag.summary(), flush=True)
         if args.sweep and lengths.size in (3_000, 100_000):
             sweeps[f"{name} {lengths.size}"] = sweep(lengths, args.max_frames, args.seed, args.world_size)

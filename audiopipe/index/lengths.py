@@ -48,6 +48,7 @@ class LengthIndex:
 
     @staticmethod
     def open(shards_dir: str | Path) -> "LengthIndex":
+        """Memory-map index.arrow: nothing is read until a column is asked for (a 50M-row index opens in ms)."""
         path = Path(shards_dir) / INDEX_NAME
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
@@ -60,7 +61,15 @@ class LengthIndex:
     def column(self, name: str) -> np.ndarray:
         if name not in self.table.column_names:
             raise KeyError(f"index has no column {name!r}; it has {self.table.column_names}")
-        return self.table.column(name).to_numpy()
+        col = self.table.column(name)
+        if col.num_chunks == 1 and col.null_count == 0 and (pa.types.is_integer(col.type) or
+                                                             pa.types.is_floating(col.type)):
+            # A read-only view of the mapped buffer. pyarrow's to_numpy() would import pandas on first use
+            # (~1-3 s, more than the whole open of a 50M-row index).
+            arr = col.chunk(0)
+            dtype = np.dtype(arr.type.to_pandas_dtype())
+            return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+        return col.to_numpy()
 
     def frames(self, feature: str) -> np.ndarray:
         return self.column(f"{feature}_frames")

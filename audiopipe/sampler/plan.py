@@ -176,20 +176,28 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
     step: list[int] = []
     many: list[int] = []
     i = r = k = 0
+    a_next = a[1]  # end of run r
     while i < n:
-        while a[r + 1] <= i:  # the run holding i (i only grows: both indices move forward)
+        while a_next <= i:  # the run holding i (i only grows: both indices move forward)
             r += 1
-        k = max(k, r)
+            a_next = a[r + 1]
+        if k < r:
+            k = r
         while k + 1 < runs and first_g[k + 1] <= i:  # the last run the batch from i reaches into
             k += 1
-        if k == r and i + c[r] <= a[r + 1]:
-            m = (a[r + 1] - i) // c[r]  # whole chunks of cap inside this run
-            first.append(i + c[r])
-            step.append(c[r])
-            many.append(m)
-            i += m * c[r]
-            continue
-        i = min(a[k + 1], i + c[k])
+        if k == r:
+            cap = c[r]
+            if i + cap <= a_next:
+                m = (a_next - i) // cap  # whole chunks of cap inside this run
+                first.append(i + cap)
+                step.append(cap)
+                many.append(m)
+                i += m * cap
+                continue
+            i = a_next
+        else:
+            e = i + c[k]
+            i = a[k + 1] if a[k + 1] < e else e
         first.append(i)
         step.append(0)
         many.append(1)

@@ -147,7 +147,10 @@ class EpochPlan:
             rest_len = np.concatenate([t[1] for t in tails])
             sort = np.argsort(rest_len, kind="stable")
             self._explicit = rest[sort]
-            values, run_counts = np.unique(rest_len, return_counts=True)
+            rest_len = rest_len[sort]
+            edges = np.flatnonzero(np.diff(rest_len)) + 1  # np.unique without its import of numpy.ma (0.2 s)
+            values = rest_len[np.concatenate([[0], edges])]
+            run_counts = np.diff(np.concatenate([[0], edges, [rest_len.size]]))
             self._explicit_values = values.astype(np.int64)
             self._explicit_run_end = np.cumsum(run_counts)
             self._explicit_frames = np.cumsum(run_counts * values)
@@ -178,7 +181,7 @@ class EpochPlan:
         sizes = table[:, 2] - table[:, 1]
         longest = np.zeros(len(table), dtype=np.int64)
         frames = np.zeros(len(table), dtype=np.int64)
-        for p in np.unique(table[:, 0]).tolist():
+        for p in np.flatnonzero(np.bincount(table[:, 0], minlength=1)).tolist():
             sel = np.flatnonzero(table[:, 0] == p)
             if p == self.num_pools:
                 values, run_end, cum = self._explicit_values, self._explicit_run_end, self._explicit_frames
