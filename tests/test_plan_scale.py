@@ -42,6 +42,21 @@ def test_length_order_is_a_stable_sort_of_the_kept_items(lengths, longest):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=200), st.data())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_length_order_of_a_selection_with_repeats(compiled, monkeypatch, lengths, data):
+    from audiopipe.sampler import pools
+
+    # A per-epoch selection (weighted mixing): some items drawn twice, some not at all, in any order.
+    monkeypatch.setattr(pools, "COMPILED_SORT_FROM", 1 if compiled else 1 << 40)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    items = np.asarray(data.draw(st.lists(st.integers(0, lengths.size - 1), max_size=300)), dtype=np.int64)
+    order = LengthOrder.build(lengths, 250, items)
+    keep = items[(lengths[items] > 0) & (lengths[items] <= 250)]
+    assert order.by_len.tolist() == keep[np.argsort(lengths[keep], kind="stable")].tolist()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
 def test_length_order_counting_sort_spans_several_chunks(compiled, monkeypatch):
     from audiopipe.sampler import pools
 
