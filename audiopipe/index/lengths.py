@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.shard.columns import numeric_view, numeric_view_possible
 from audiopipe.storage.atomic import atomic_path
 
 INDEX_NAME = "index.arrow"
@@ -62,13 +63,8 @@ class LengthIndex:
         if name not in self.table.column_names:
             raise KeyError(f"index has no column {name!r}; it has {self.table.column_names}")
         col = self.table.column(name)
-        if col.num_chunks == 1 and col.null_count == 0 and (pa.types.is_integer(col.type) or
-                                                             pa.types.is_floating(col.type)):
-            # A read-only view of the mapped buffer. pyarrow's to_numpy() would import pandas on first use
-            # (~1-3 s, more than the whole open of a 50M-row index).
-            arr = col.chunk(0)
-            dtype = np.dtype(arr.type.to_pandas_dtype())
-            return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+        if col.num_chunks == 1 and numeric_view_possible(col.chunk(0)):
+            return numeric_view(col.chunk(0))
         return col.to_numpy()
 
     def frames(self, feature: str) -> np.ndarray:

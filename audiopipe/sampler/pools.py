@@ -189,6 +189,13 @@ class EpochPlan:
 
     def stats(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(items, longest, real frames) of every row of `table`, from the histograms (no item is looked up)."""
+        if table is self.table:  # the plan's own rows: asked by the efficiency check and by the first deal
+            if getattr(self, "_stats_of", None) is not table:
+                self._stats, self._stats_of = self._stats_uncached(table), table
+            return self._stats
+        return self._stats_uncached(table)
+
+    def _stats_uncached(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sizes = table[:, 2] - table[:, 1]
         longest = np.zeros(len(table), dtype=np.int64)
         frames = np.zeros(len(table), dtype=np.int64)
