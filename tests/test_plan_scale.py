@@ -144,3 +144,31 @@ def test_longest_alone_is_the_fits_alone_boundary(max_frames, quadratic):
     m = budget.longest_alone()
     assert budget.fits_alone(m) or m == 0
     assert not budget.fits_alone(m + 1)
+
+
+def test_the_first_batch_path_never_imports_pandas(tmp_path):
+    # pyarrow's to_numpy() imports pandas on its first call (1-3 s): that alone was most of make_loader's time
+    # to the first batch (issue 10.2). A fresh process, as a trainer starts.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        from bench_open import build
+    finally:
+        sys.path.remove(str(bench))
+    root = build(tmp_path, 2000)
+    code = (
+        "import sys\n"
+        "from audiopipe.reader.loader import make_loader\n"
+        "from audiopipe.index.lengths import LengthIndex\n"
+        f"LengthIndex.open({str(root)!r}).frames('voiced')\n"
+        f"batch = next(iter(make_loader({str(root)!r}, ['voiced'], max_frames=38_400, seed=0, rank=0, world_size=1)))\n"
+        "assert len(batch['id']) > 0\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
