@@ -37,9 +37,6 @@ class Deal:
         """The item indices of batch b (a row of `table`)."""
         return self.plan.batch(self.table[b])
 
-    def rank_batches(self, rank: int, start: int = 0) -> list[np.ndarray]:
-        return [self.batch(b) for b in self.steps[start:, rank]]
-
     def remaining(self, start: int) -> np.ndarray:
         """Rows not yet trained on after `start` steps, step by step (the input of a re-deal)."""
         return self.table[self.steps[start:].ravel()]

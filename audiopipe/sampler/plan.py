@@ -208,7 +208,6 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
 
 # ---- pooled planning: how many pools, and the best cut of a sorted batch --------------------------------
 
-MAX_POOLS = 16
 MIN_POOL_BATCHES = 4
 _POOL_CHOICES = (16, 12, 8, 6, 4, 3, 2, 1)
 
@@ -227,7 +226,7 @@ def runs_efficiency(values: np.ndarray, counts: np.ndarray, budget: BatchBudget)
 
 def choose_pools(values: np.ndarray, counts: np.ndarray, budget: BatchBudget, target: float,
                  rng: np.random.Generator) -> int:
-    """The most pools (<= MAX_POOLS) whose sorted packing still reaches `target` padding efficiency, each pool
+    """The most pools (of _POOL_CHOICES, <= 16) whose sorted packing still reaches `target` padding efficiency, each pool
     filling at least MIN_POOL_BATCHES batches. `counts[k]` items have length `values[k]`.
 
     One pool of N/P random items sorted and packed is what every pool of an epoch looks like, so its efficiency,
