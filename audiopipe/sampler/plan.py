@@ -1,4 +1,5 @@
-"""Plan one epoch of batches from a length array: budget, random pools sorted and packed, efficiency splits.
+"""The pieces of an epoch plan: the budget, sorted packing (of items, or of a length histogram), how many pools,
+the best cut of a sorted batch, and the pair-overlap measure. sampler/pools.py assembles them into an epoch.
 
 Everything here is a pure function of its arguments (the random generator included), so an epoch plan is
 re-derived exactly from (seed, epoch, lengths, config) instead of being stored or replayed.
