@@ -294,7 +294,8 @@ def markdown_sweep(rows: list[dict]) -> str:
 
 
 def markdown_tradeoff(rows: list[dict]) -> str:
-    lines = ["| corpus | items | strategy | padding eff. | fill | batches | pairs together again |", "|---|---|---|---|---|---|---|"]
+    lines = ["| corpus | items | strategy | padding eff. | fill | batches | pairs together again |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['corpus']} | {r['items']:,} | {r['strategy']} | {r['padding_efficiency']:.2%} | "
                      f"{r['fill_ratio']:.2%} | {r['batches']:,} | {r['pairs_together_next_epoch']:.1%} |")
@@ -414,7 +415,8 @@ def main() -> None:
         first.set_epoch(0)
         diag = first.diagnostics
         diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap,
-                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}})
+                            **{k: v for k, v in vars(diag).items()
+                               if not isinstance(v, np.ndarray) and not callable(v)}})
         print("  " + diag.summary(), flush=True)
         if args.sweep and lengths.size in (3_000, 100_000):
             sweeps[f"{name} {lengths.size}"] = sweep(lengths, args.max_frames, args.seed, args.world_size)

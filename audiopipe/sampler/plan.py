@@ -227,8 +227,8 @@ def runs_efficiency(values: np.ndarray, counts: np.ndarray, budget: BatchBudget)
 
 def choose_pools(values: np.ndarray, counts: np.ndarray, budget: BatchBudget, target: float,
                  rng: np.random.Generator) -> int:
-    """The most pools (of _POOL_CHOICES, <= 16) whose sorted packing still reaches `target` padding efficiency, each pool
-    filling at least MIN_POOL_BATCHES batches. `counts[k]` items have length `values[k]`.
+    """The most pools (of _POOL_CHOICES, <= 16) whose sorted packing still reaches `target` padding efficiency,
+    each pool filling at least MIN_POOL_BATCHES batches. `counts[k]` items have length `values[k]`.
 
     One pool of N/P random items sorted and packed is what every pool of an epoch looks like, so its efficiency,
     measured on a random draw of that many items (a hypergeometric draw of the length histogram: no pass over
