@@ -17,11 +17,16 @@ from audiopipe.sampler.pools import EpochPlan, LengthOrder
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@FAST
+@pytest.mark.parametrize("positional_per_run", [0, 1 << 40])  # walking runs / searching positions
 @given(st.lists(st.integers(1, 400), max_size=400), st.integers(20, 3000), st.sampled_from([0.0, 1e-3, 2e-4]),
        st.sampled_from([None, 1, 3, 16]))
-def test_packing_runs_of_a_histogram_cuts_where_packing_the_sorted_items_does(lengths, max_frames, quadratic,
-                                                                              max_items):
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_packing_runs_of_a_histogram_cuts_where_packing_the_sorted_items_does(positional_per_run, monkeypatch, lengths,
+                                                                              max_frames, quadratic, max_items):
+    from audiopipe.sampler import plan
+
+    monkeypatch.setattr(plan, "POSITIONAL_PER_RUN", positional_per_run)
     budget = BatchBudget(max_frames, quadratic, max_items)
     lengths = np.asarray(lengths, dtype=np.int64)
     lengths = lengths[budget.fits_alone(lengths)]

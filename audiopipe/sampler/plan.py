@@ -151,6 +151,9 @@ def pack_sorted(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
+POSITIONAL_PER_RUN = 64  # items per distinct length below which pack_runs searches positions; tests vary it
+
+
 def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
     """pack_sorted's batch ends for a sorted sequence given only as runs: counts[k] items of the k-th length
     (ascending), caps[k] of which fit in one batch. Returns the end position of every batch (int64).
@@ -169,9 +172,21 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
     if caps.min() < 1:
         raise AssertionError("a length that does not fit alone is in the pool; filter with BatchBudget.fits_alone")
     starts = np.concatenate([[0], np.cumsum(counts)])
+    n = int(starts[-1])
+    if n < POSITIONAL_PER_RUN * counts.size:
+        # Few items per length (a pool of a small corpus): batches cross runs all the time, and pack_sorted's
+        # per-position search with one array step per batch is cheaper than walking runs in Python.
+        g = np.arange(1, n + 1, dtype=np.int64) - np.repeat(caps, counts)
+        end = np.searchsorted(g, np.arange(n, dtype=np.int64), side="right")
+        cuts = []
+        i = 0
+        while i < n:
+            i = int(end[i])
+            cuts.append(i)
+        return np.asarray(cuts, dtype=np.int64)
     first_g = (starts[:-1] + 1 - caps).tolist() + [None]  # g at each run's first position, strictly increasing
     a, c = starts.tolist(), caps.tolist()
-    n, runs = a[-1], len(c)
+    runs = len(c)
     # Batches as (first end, step, how many): whole chunks of a run in one entry, expanded once at the end.
     first: list[int] = []
     step: list[int] = []
