@@ -177,3 +177,23 @@ def test_the_first_batch_path_never_imports_pandas(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_bench_plan_scale_case_resumes_to_the_same_batch_and_reports_every_figure():
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        from bench_plan_scale import child, lengths_of
+    finally:
+        sys.path.remove(str(bench))
+    lengths = lengths_of(2_500_000, "short_clip", 0)
+    assert lengths.size == 2_500_000 and not np.array_equal(lengths[:1000], lengths[1_000_000:1_001_000])
+    out = child(30_000, 16, "libritts_like", 38_400, 0)  # raises if the resumed batch differs
+    assert out["utterances"] == 30_000 and out["steps_per_rank"] > 2 and out["resume_step"] == out["steps_per_rank"] // 2
+    assert out["items_computed_for_first_batch"] < 30_000 // 10
+    assert out["build_and_first_batch_s"] == out["build_s"] + out["first_batch_s"]
+    assert out["resume_with_build_s"] == out["resume_build_s"] + out["resume_s"]
+    assert out["peak_rss_mb"] >= out["peak_rss_to_first_batch_mb"] >= out["rss_after_lengths_mb"]
