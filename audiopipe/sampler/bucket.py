@@ -152,10 +152,13 @@ class BucketBatchSampler:
         self.rank, self.world_size = rank_and_world(rank, world_size)
 
         longest = self.budget.longest_alone()
-        self._empty = np.flatnonzero(self.lengths == 0)
-        self._too_long = np.flatnonzero(self.lengths > longest)
         # The kept items grouped by length, once: every epoch's plan is drawn from it (sampler/pools.py).
         self._order = LengthOrder.build(self.lengths, longest)
+        if self._order.size == self.lengths.size:  # nothing left out: spare two passes over 50M lengths
+            self._empty = self._too_long = np.empty(0, dtype=np.int64)
+        else:
+            self._empty = np.flatnonzero(self.lengths == 0)
+            self._too_long = np.flatnonzero(self.lengths > longest)
         self.requested_pools = None if pools is None else int(pools)
         if pools is None:
             target = min(self.min_efficiency + 0.015, 0.995)
