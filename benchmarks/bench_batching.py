@@ -258,8 +258,10 @@ def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
     import matplotlib.pyplot as plt
 
     cases = sorted({(r["corpus"], r["items"]) for r in rows}, key=lambda c: (c[0], c[1]))
-    fig, axes = plt.subplots(1, len(cases), figsize=(max(4.6 * len(cases), 7), 4.4), squeeze=False)
-    for ax, (corpus, n) in zip(axes[0], cases):
+    cols = min(3, len(cases))
+    rows_ = -(-len(cases) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 4.4 * rows_), squeeze=False)
+    for ax, (corpus, n) in zip(axes.ravel(), cases):
         here = [r for r in rows if r["corpus"] == corpus and r["items"] == n]
         for min_eff, style in ((0.0, "o-"), (0.97, "s--")):
             pts = sorted((r["pools"], r["pairs_together_next_epoch"], r["padding_efficiency"], r["fill_ratio"])
