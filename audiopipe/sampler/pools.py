@@ -84,14 +84,19 @@ class LengthOrder:
                 by_len = items[by_len].astype(index_dtype)
             return LengthOrder(values.astype(np.int64), counts, starts, by_len)
         # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
+        clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
         for s in range(0, total, chunk):
-            ids = np.arange(s, min(s + chunk, total)) if items is None else items[s : s + chunk]
-            code = rank[np.minimum(lengths[ids], top + 1)]
+            ids = None if items is None else items[s : s + chunk]
+            part = lengths[s : s + chunk] if items is None else lengths[ids]
+            code = rank[np.minimum(part, top + 1) if clip else part]
             seen = np.bincount(code, minlength=k + 1)
             order = np.argsort(code, kind="stable")[: code.size - int(seen[k])]  # radix sort (uint16 codes)
+            placed = order + s if ids is None else ids[order]
+            if total <= chunk:  # one chunk: its sorted order is the whole index
+                by_len[:] = placed
+                break
             first = np.cumsum(seen) - seen  # where each length starts in the sorted chunk
-            dest = (cursor - first)[code[order]] + np.arange(order.size)
-            by_len[dest] = ids[order]
+            by_len[(cursor - first)[code[order]] + np.arange(order.size)] = placed
             cursor += seen
         return LengthOrder(values.astype(np.int64), counts, starts, by_len)
 
