@@ -231,11 +231,76 @@ def sweep(lengths: np.ndarray, max_frames: int, seed: int, world: int) -> list[d
     return rows
 
 
+def tradeoff(corpora: list[tuple[str, np.ndarray]], max_frames: int, seed: int, world: int,
+             frame_rate: float) -> list[dict]:
+    """Padding efficiency against pair overlap for the pools knob, with and without the efficiency splits
+    (min_efficiency 0: pure pooled sort-and-pack), next to lhotse and F5 on the same lengths."""
+    rows = []
+    for name, lengths in corpora:
+        for min_eff in (0.0, 0.97):
+            for pools in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+                plan = audiopipe_batches(lengths, max_frames, seed, world, pools=pools, min_efficiency=min_eff)
+                rows.append({"corpus": name, "items": int(lengths.size), "pools": pools, "min_efficiency": min_eff,
+                             **evaluate(f"audiopipe pools={pools} min_efficiency={min_eff}", plan, lengths,
+                                        max_frames)})
+        for label, plan in (("f5_sort", f5_sort_batches(lengths, max_frames, seed)),
+                            ("lhotse_dynamic_bucketing (30 buckets)",
+                             lhotse_batches(lengths, max_frames, seed, frame_rate))):
+            rows.append({"corpus": name, "items": int(lengths.size), **evaluate(label, plan, lengths, max_frames)})
+        print(f"  trade-off {name} {lengths.size}: done", flush=True)
+    return rows
+
+
+def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["corpus"], r["items"]) for r in rows}, key=lambda c: (c[0], c[1]))
+    cols = min(3, len(cases))
+    rows_ = -(-len(cases) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 4.4 * rows_), squeeze=False)
+    for ax, (corpus, n) in zip(axes.ravel(), cases):
+        here = [r for r in rows if r["corpus"] == corpus and r["items"] == n]
+        for min_eff, style in ((0.0, "o-"), (0.97, "s--")):
+            pts = sorted((r["pools"], r["pairs_together_next_epoch"], r["padding_efficiency"], r["fill_ratio"])
+                         for r in here if r.get("min_efficiency") == min_eff)
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], style,
+                    label=f"audiopipe, pools 1-32, min_efficiency={min_eff}")
+            for pools, x, y, _ in pts:
+                ax.annotate(str(pools), (x, y), fontsize=6, textcoords="offset points", xytext=(3, 3))
+        for r in here:
+            if "pools" not in r:
+                ax.plot(r["pairs_together_next_epoch"], r["padding_efficiency"], "*", markersize=11,
+                        label=r["strategy"])
+        ax.axvline(0.05, color="grey", linestyle="dotted", label="5 % pairs")
+        ax.axhline(0.97, color="grey", linestyle="dashed", label="97 % efficiency")
+        ax.set_xscale("log")
+        ax.set_xlabel("pairs together again next epoch")
+        ax.set_ylabel("padding efficiency")
+        ax.set_title(f"{corpus}, {n:,} utterances", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"bench_batching --tradeoff (point labels: pools; 38,400-frame budget)\n{machine}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def markdown_sweep(rows: list[dict]) -> str:
     lines = ["| pools | batches | padding eff. | fill | pairs together again |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['pools']} | {r['batches']} | {r['padding_efficiency']:.2%} | {r['fill_ratio']:.2%} | "
                      f"{r['pairs_together_next_epoch']:.1%} |")
+    return "\n".join(lines)
+
+
+def markdown_tradeoff(rows: list[dict]) -> str:
+    lines = ["| corpus | items | strategy | padding eff. | fill | batches | pairs together again |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['corpus']} | {r['items']:,} | {r['strategy']} | {r['padding_efficiency']:.2%} | "
+                     f"{r['fill_ratio']:.2%} | {r['batches']:,} | {r['pairs_together_next_epoch']:.1%} |")
     return "\n".join(lines)
 
 
@@ -302,6 +367,9 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="also time load_state_dict + first batch")
     p.add_argument("--collate", action="store_true", help="also the collate throughput against memcpy")
     p.add_argument("--sweep", action="store_true", help="also sweep pools on the corpora of 3,000 and 100,000 items")
+    p.add_argument("--tradeoff", action="store_true",
+                   help="ONLY the efficiency / pair-overlap trade-off of the pools knob (with and without "
+                        "min_efficiency) on --sizes, next to lhotse and F5; --json/--plot get its results")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)",
                    help="label for the JSON and the plot")
     p.add_argument("--json", type=Path)
@@ -317,7 +385,15 @@ def main() -> None:
     else:
         corpora = [(kind, synthetic_lengths(kind, int(n), args.seed, args.frame_rate))
                    for kind in args.distributions.split(",") for n in args.sizes.split(",")]
-    rows: list[dict] = []
+    if args.tradeoff:
+        rows = tradeoff(corpora, args.max_frames, args.seed, args.world_size, args.frame_rate)
+        result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
+                  "machine": {"label": args.machine, "python": platform.python_version()},
+                  "budget_frames": args.max_frames, "world_size": args.world_size, "rows": rows}
+        print(markdown_tradeoff(rows))
+        write_results(result, args.json, lambda path: plot_tradeoff(rows, path, args.machine), args.plot)
+        return
+    rows = []
     diagnostics = []
     sweeps = {}
     for name, lengths in corpora:
@@ -340,8 +416,9 @@ def main() -> None:
         first = ours.samplers[0]  # type: ignore[attr-defined]
         first.set_epoch(0)
         diag = first.diagnostics
-        diagnostics.append({"corpus": name, "items": int(lengths.size),
-                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray)}})
+        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap,
+                            **{k: v for k, v in vars(diag).items()
+                               if not isinstance(v, np.ndarray) and not callable(v)}})
         print("  " + diag.summary(), flush=True)
         if args.sweep and lengths.size in (3_000, 100_000):
             sweeps[f"{name} {lengths.size}"] = sweep(lengths, args.max_frames, args.seed, args.world_size)

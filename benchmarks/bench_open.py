@@ -1,12 +1,19 @@
 """What opening a shard folder costs as the corpus grows: time to a ready loader and first batch, and memory.
 
-    python benchmarks/bench_open.py --out /tmp/openbench --sizes 10000,100000,1000000 --json out.json
+    python benchmarks/bench_open.py --out /tmp/openbench --sizes 10000,100000,1000000 --index-sizes 50000000 \
+        --json benchmarks/results/open.json
 
 For each size a shard folder is written once with the real writer, index and manifest (rows of a small uint8
 feature, lengths log-normal 50-2000 frames: the payload does not matter here, the row count does). Then, in a
 fresh process per size: ShardDataset open, make_loader (which plans the first epoch over all lengths), the
 first batch, and 200 more; wall time of each step and the process' resident memory (RSS, and its private
 part: what is not page cache of the mapped files).
+
+--index-sizes: the length index alone at a scale no shard folder here can hold (50M utterances). An
+index.arrow with build_index's schema (id, speaker, duration, voiced_frames, shard, row; one record batch) is
+written directly from arrays, then in a fresh process: LengthIndex.open (memory-mapped: no column is read),
+the frames column as numpy (zero-copy), the BucketBatchSampler built on it and its first batch (1,024 ranks),
+with the peak RSS. Target (issue 11.3): open < 1 s at 50M.
 """
 
 from __future__ import annotations
@@ -61,6 +68,75 @@ def build(out: Path, n: int, seed: int = 0) -> Path:
     index = build_index(root, [r["arrow"]["path"] for r in records])
     assemble_manifest(root, records, features, resampler_info(), {"presets": ["bench_open"]}, n, 0, index)
     return root
+
+
+def build_index_only(out: Path, n: int, seed: int = 0) -> Path:
+    """A folder holding just an index.arrow of n rows (skipped when it exists already)."""
+    import pyarrow as pa
+
+    from audiopipe.index.lengths import INDEX_NAME
+
+    root = out / f"index{n}"
+    if (root / INDEX_NAME).exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+
+    def fixed_strings(prefix: bytes, numbers: np.ndarray, digits: int) -> pa.Array:
+        # n ids as one data buffer + offsets (50M Python strings would take minutes).
+        width = len(prefix) + digits
+        data = np.empty((numbers.size, width), dtype=np.uint8)
+        data[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+        rest = numbers.copy()
+        for d in range(digits - 1, -1, -1):
+            data[:, len(prefix) + d] = ord("0") + rest % 10
+            rest //= 10
+        offsets = np.arange(numbers.size + 1, dtype=np.int64) * width
+        return pa.LargeStringArray.from_buffers(numbers.size, pa.py_buffer(offsets), pa.py_buffer(data))
+
+    rng = np.random.default_rng(seed)
+    frames = np.clip(np.exp(rng.normal(np.log(500), 0.6, n)), 50, 2000).astype(np.int32)
+    i = np.arange(n, dtype=np.int64)
+    table = pa.table({
+        "id": fixed_strings(b"utt", i, 9).cast(pa.string()) if n * 12 < 2**31 else fixed_strings(b"utt", i, 9),
+        "speaker": fixed_strings(b"spk", i % 997, 3).cast(pa.string()),
+        "duration": pa.array(frames.astype(np.float32) / 100),
+        f"{FEATURE}_frames": pa.array(frames),
+        "shard": pa.array((i // ROWS_PER_SHARD).astype(np.int32)),
+        "row": pa.array((i % ROWS_PER_SHARD).astype(np.int32)),
+    })
+    path = root / INDEX_NAME
+    with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table.combine_chunks())
+    os.replace(str(path) + ".tmp", path)
+    return root
+
+
+def child_index(root: str) -> dict:
+    import resource
+
+    from audiopipe.index.lengths import LengthIndex
+    from audiopipe.sampler.bucket import BucketBatchSampler
+
+    out = {"rss_start_mb": memory_mb()[0]}
+    t0 = time.perf_counter()
+    idx = LengthIndex.open(root)
+    out["open_s"] = time.perf_counter() - t0
+    out["rss_open_mb"], out["private_open_mb"] = memory_mb()
+    t0 = time.perf_counter()
+    frames = idx.frames(FEATURE)
+    out["frames_column_s"] = time.perf_counter() - t0
+    out["utterances"] = len(idx)
+    t0 = time.perf_counter()
+    sampler = BucketBatchSampler(frames.astype(np.int64), 38_400, seed=0, rank=0, world_size=1024)
+    out["sampler_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    next(iter(sampler))
+    out["sampler_first_batch_s"] = time.perf_counter() - t0
+    out["open_to_first_batch_s"] = out["open_s"] + out["frames_column_s"] + out["sampler_build_s"] + \
+        out["sampler_first_batch_s"]
+    out["rss_after_mb"], out["private_after_mb"] = memory_mb()
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
 
 
 def memory_mb() -> tuple[float, float]:
@@ -119,13 +195,42 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", default="10000,100000,1000000", help="comma-separated utterance counts")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per size; the median is reported")
+    p.add_argument("--index-sizes", default="", help="comma-separated utterance counts of index-only folders")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-index", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args.child)))
         return
+    if args.child_index:
+        print("RESULT " + json.dumps(child_index(args.child_index)))
+        return
     results = []
-    for n in [int(s) for s in args.sizes.split(",")]:
+    index_results = []
+    for n in [int(s) for s in args.index_sizes.split(",") if s]:
+        t0 = time.perf_counter()
+        root = build_index_only(Path(args.out), n)
+        built = time.perf_counter() - t0
+        runs = []
+        for _ in range(args.rounds):
+            proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--child-index", str(root)],
+                                  capture_output=True, text=True, check=True)
+            line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+            runs.append(json.loads(line[len("RESULT "):]))
+        opens = [x["open_s"] for x in runs]
+        r = dict(runs[int(np.argsort(opens)[len(opens) // 2])])
+        r["open_s_range"] = [min(opens), max(opens)]
+        firsts = [x["open_to_first_batch_s"] for x in runs]
+        r["open_to_first_batch_s_range"] = [min(firsts), max(firsts)]
+        r["rounds"], r["build_s"] = len(runs), built
+        r["index_bytes"] = (root / "index.arrow").stat().st_size
+        index_results.append(r)
+        print(f"{n:>11,} utterances (index only, {r['index_bytes'] / 1e9:.1f} GB): open {r['open_s']:.3f} s "
+              f"(range {min(opens):.3f}-{max(opens):.3f}), frames column {r['frames_column_s']:.3f} s, sampler "
+              f"build {r['sampler_build_s']:.2f} s + first batch {r['sampler_first_batch_s']:.2f} s, "
+              f"RSS {r['rss_open_mb']:.0f} MB after open ({r['private_open_mb']:.0f} private), peak "
+              f"{r['peak_rss_mb']:.0f} MB", flush=True)
+    for n in [int(s) for s in args.sizes.split(",") if s]:
         t0 = time.perf_counter()
         root = build(Path(args.out), n)
         built = time.perf_counter() - t0
@@ -152,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
                               "python": platform.python_version(),
                               "label": "2-core shared CPU VM, no GPU (other jobs running)",
                               "load_average": os.getloadavg()},
-                  "results": results}
+                  "results": results, "index_only": index_results}
         Path(args.json).write_text(json.dumps(report, indent=1))
 
 

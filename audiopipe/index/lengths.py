@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.shard.columns import numeric_view, numeric_view_possible
 from audiopipe.storage.atomic import atomic_path
 
 INDEX_NAME = "index.arrow"
@@ -58,6 +59,7 @@ class LengthIndex:
 
     @staticmethod
     def open(shards_dir: str | Path) -> "LengthIndex":
+        """Memory-map index.arrow: nothing is read until a column is asked for (a 50M-row index opens in ms)."""
         path = Path(shards_dir) / INDEX_NAME
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
@@ -70,7 +72,10 @@ class LengthIndex:
     def column(self, name: str) -> np.ndarray:
         if name not in self.table.column_names:
             raise KeyError(f"index has no column {name!r}; it has {self.table.column_names}")
-        return self.table.column(name).to_numpy()
+        col = self.table.column(name)
+        if col.num_chunks == 1 and numeric_view_possible(col.chunk(0)):
+            return numeric_view(col.chunk(0))
+        return col.to_numpy()
 
     def frames(self, feature: str) -> np.ndarray:
         return self.column(f"{feature}_frames")

@@ -33,7 +33,7 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader import integrity
 from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
 from audiopipe.shard.checksum import sha256_file
-from audiopipe.shard.columns import ListColumn
+from audiopipe.shard.columns import ListColumn, numeric_view, numeric_view_possible
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY
 from audiopipe.storage.paths import require_local
@@ -77,7 +77,9 @@ class _MappedShard:
                 raise CorruptShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
             column = ListColumn(table.column(f))
             offsets, values = column.offsets, column.values
-            frames = table.column(f"{f}_frames").to_numpy()
+            frames_col = table.column(f"{f}_frames")
+            frames = (numeric_view(frames_col.chunk(0)) if frames_col.num_chunks == 1 and
+                      numeric_view_possible(frames_col.chunk(0)) else frames_col.to_numpy())
             ch = channels.get(f, 0)
             # Structural checks are O(rows) and catch truncation or corruption of the offsets.
             if offsets[-1] != len(values) or (np.diff(offsets) != np.maximum(ch, 1) * frames).any():
@@ -148,8 +150,8 @@ def _meta_reader(column: pa.ChunkedArray) -> Callable[[np.ndarray], list[Any]]:
             return [str(data[a:b], "utf-8") for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
 
         return strings
-    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        values = arr.to_numpy(zero_copy_only=True)
+    if numeric_view_possible(arr):
+        values = numeric_view(arr)  # not arr.to_numpy(): it imports pandas (1-3 s) on the first batch
         return lambda rows: values[rows].tolist()
     return lambda rows: [arr[int(r)].as_py() for r in rows]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -16,11 +17,12 @@ import numpy as np
 from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
-from audiopipe.sampler.plan import (
-    BatchBudget, batch_stats, choose_pools, pack_pools, pair_overlap, split_to_efficiency, validate_lengths,
-)
+from audiopipe.sampler.plan import BatchBudget, choose_pools, pair_overlap, validate_lengths
+from audiopipe.sampler.pools import EpochPlan, JoinedPlan, LengthOrder
 
-STATE_FORMAT = "audiopipe.BucketBatchSampler/2"
+STATE_FORMAT = "audiopipe.BucketBatchSampler/3"
+# States of an older plan: resuming one into this plan would train other batches than the ones it counted.
+_OLD_FORMATS = ("audiopipe.BucketBatchSampler/1", "audiopipe.BucketBatchSampler/2")
 
 # Stream ids keep the random draws of different purposes independent of each other.
 _POOLS, _PLAN, _DEAL = 0, 1, 2
@@ -31,8 +33,9 @@ class SamplerDiagnostics:
     """What an epoch plan does with the corpus. All counts are global (every rank), in utterances.
 
     num_items == kept + dropped_too_long + dropped_empty + dropped_uneven always holds (with epoch_items, kept
-    counts the epoch's occurrences instead); every kept item is in exactly one batch of the epoch, plus `repeated` extra occurrences when there were fewer items than
-    batches needed to give every rank the same count.
+    counts the epoch's occurrences instead); every kept item is in exactly one batch of the epoch, plus
+    `repeated` extra occurrences when there were fewer items than batches needed to give every rank the same
+    count.
     """
 
     epoch: int
@@ -49,12 +52,18 @@ class SamplerDiagnostics:
     batches_per_rank: int  # under the current world size
     pools: int  # random pools the epoch is sorted and packed in
     padding_efficiency: float  # sum of real frames / sum of padded frames (n * longest) over the epoch
-    pair_overlap: float  # share of item pairs sharing a batch that already shared one the epoch before
     fill_ratio: float  # mean batch cost / max_frames
     max_fill: float  # largest batch cost / max_frames (<= 1 by construction)
     too_long_indices: np.ndarray = field(repr=False)
     empty_indices: np.ndarray = field(repr=False)
     dropped_uneven_indices: np.ndarray = field(repr=False)
+    overlap_of: Callable[[], float] = field(repr=False, compare=False, default=lambda: float("nan"))
+
+    @cached_property
+    def pair_overlap(self) -> float:
+        """Share of item pairs sharing a batch that already shared one the epoch before (epoch 0: epoch 1
+        against epoch 0). Computed on first access: it plans and materialises a second epoch."""
+        return self.overlap_of()
 
     def summary(self) -> str:
         return (
@@ -84,13 +93,13 @@ class BucketBatchSampler:
     optional attention term) and never exceeds max_frames; n never exceeds max_items. Items that exceed the
     budget alone, and empty items, are dropped and counted in `diagnostics`.
 
-    Plan (plan.pack_pools), from (seed, epoch) only: the items are cut into `pools` random pools, each pool is
+    Plan (pools.EpochPlan), from (seed, epoch) only: the items are cut into `pools` random pools, each pool is
     sorted by length and packed greedily, so a batch holds neighbours in length (little padding) drawn from a
     new random 1/pools of the corpus every epoch (new composition: pairs of items meet again with probability
     ~0.7/pools). pools=None picks the most pools (<= 16) whose packing still reaches min_efficiency + 1.5 points
     (plan.choose_pools). If the epoch's padding efficiency is still below min_efficiency (small corpora: few
     items of similar length), the most wasteful batches are cut in two until it is not
-    (plan.split_to_efficiency). The global batches are then dealt to ranks (deal.deal): biggest batches are
+    (EpochPlan.split_to_efficiency). The global batches are then dealt to ranks (deal.deal): biggest batches are
     split until the count divides by world_size, so every rank gets the same number of batches; the batches of
     one step have similar cost.
 
@@ -149,16 +158,21 @@ class BucketBatchSampler:
         # epoch (every rank, and every resume, plans the same items); its config() joins the state's config.
         self.epoch_items = epoch_items
 
-        self._empty = np.flatnonzero(self.lengths == 0)
-        fits = self.budget.fits_alone(self.lengths)
-        self._too_long = np.flatnonzero(~fits & (self.lengths > 0))
-        self._candidates = np.flatnonzero(fits & (self.lengths > 0))
+        longest = self.budget.longest_alone()
+        # The kept items grouped by length, once: every epoch's plan is drawn from it (sampler/pools.py).
+        self._order = LengthOrder.build(self.lengths, longest)
+        if self._order.size == self.lengths.size:  # nothing left out: spare two passes over 50M lengths
+            self._empty = self._too_long = np.empty(0, dtype=np.int64)
+        else:
+            self._empty = np.flatnonzero(self.lengths == 0)
+            self._too_long = np.flatnonzero(self.lengths > longest)
         self.requested_pools = None if pools is None else int(pools)
         if pools is None:
             target = min(self.min_efficiency + 0.015, 0.995)
-            pools = choose_pools(self.lengths[self._candidates], self.budget, target, self._rng(_POOLS))
+            pools = choose_pools(self._order.values, self._order.counts, self.budget, target, self._rng(_POOLS))
         self.pools = int(pools)
-        self._fingerprint = hashlib.sha256(self.lengths.tobytes()).hexdigest()[:16]
+        # memoryview: hashes the buffer in place (tobytes() would copy 400 MB for 50M lengths).
+        self._fingerprint = hashlib.sha256(memoryview(self.lengths).cast("B")).hexdigest()[:16]
         self.epoch = 0
         self._pending: _Position | None = None  # set by load_state_dict, consumed by the next iter()
         self._active: _Position | None = None  # the pass in progress (or the last one)
@@ -189,12 +203,13 @@ class BucketBatchSampler:
         steps = current.steps[pos.start :, self.rank]
         ahead = self.read_ahead if self.on_upcoming is not None else 0
         for j in range(min(ahead, steps.size)):
-            self.on_upcoming(current.batches[steps[j]])
+            self.on_upcoming(current.batch(steps[j]))
         for j, b in enumerate(steps):
             if ahead and j + ahead < steps.size:
-                self.on_upcoming(current.batches[steps[j + ahead]])
+                self.on_upcoming(current.batch(steps[j + ahead]))
             pos.yielded += 1
-            yield current.batches[b].tolist()
+            # Only this batch's items are computed (the plan holds position ranges): O(batch), not O(corpus).
+            yield current.batch(b).tolist()
         pos.finished = True
 
     def __len__(self) -> int:
@@ -236,6 +251,12 @@ class BucketBatchSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from state_dict(): the next iter() yields exactly this rank's remaining batches."""
+        if isinstance(state, dict) and state.get("format") in _OLD_FORMATS:
+            raise ValueError(
+                f"this sampler state has format {state['format']!r}, saved by an older audiopipe whose epoch plan "
+                f"differs ({STATE_FORMAT!r} now): it cannot resume mid-epoch into this plan; restart the epoch "
+                f"(drop the sampler state, keep the epoch number)"
+            )
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
         if state["lengths_sha256"] != self._fingerprint:
@@ -279,20 +300,22 @@ class BucketBatchSampler:
         return self._cache[key]
 
     def _diagnose(self, epoch: int, segments: tuple[tuple[int, int], ...]) -> SamplerDiagnostics:
+        plan = self._plan(epoch)
         trained: list[np.ndarray] = []
         split = repeated = 0
         dropped: list[np.ndarray] = []
         for j, (w, k) in enumerate(segments):
             d = self._deal(epoch, segments[:j], world_size=w)
-            trained += [d.batches[b] for b in d.steps[:k].ravel()]
+            trained.append(d.table[d.steps[:k].ravel()])
             split, repeated = split + d.split, repeated + d.repeated
             dropped.append(d.dropped)
         current = self._deal(epoch, segments)
-        trained += [current.batches[b] for b in current.steps.ravel()]
+        trained.append(current.table[current.steps.ravel()])
         split, repeated = split + current.split, repeated + current.repeated
         dropped.append(current.dropped)
         dropped_uneven = np.concatenate(dropped) if dropped else np.empty(0, dtype=np.int64)
-        sizes, longest, frames = batch_stats(trained, self.lengths)
+        # Sizes, longest items and real frames come from the plan's histograms: no batch is materialised.
+        sizes, longest, frames = plan.stats(np.concatenate(trained))
         sizes, longest = sizes.astype(np.float64), longest.astype(np.float64)
         real = float(frames.sum())
         padded = float((sizes * longest).sum())
@@ -301,23 +324,23 @@ class BucketBatchSampler:
             epoch=epoch,
             world_size=self.world_size,
             num_items=int(self.lengths.size),
-            kept=int(self._epoch_candidates(epoch).size - dropped_uneven.size),  # occurrences, with epoch_items
+            kept=int(plan.kept - dropped_uneven.size),  # occurrences, with epoch_items
             dropped_too_long=int(self._too_long.size),
             dropped_empty=int(self._empty.size),
             dropped_uneven=int(dropped_uneven.size),
             repeated=int(repeated),
             split=int(split),
-            efficiency_splits=int(self._plan(epoch)[1]),
-            num_batches=len(trained),
+            efficiency_splits=int(plan.efficiency_splits),
+            num_batches=int(sizes.size),
             batches_per_rank=int(current.steps.shape[0]),
             pools=self.pools,
             padding_efficiency=real / padded if padded else 1.0,
-            pair_overlap=self._pair_overlap(epoch),
             fill_ratio=float(cost.mean()) if cost.size else 0.0,
             max_fill=float(cost.max()) if cost.size else 0.0,
             too_long_indices=self._too_long,
             empty_indices=self._empty,
             dropped_uneven_indices=dropped_uneven,
+            overlap_of=lambda: self._pair_overlap(epoch),
         )
 
     # ---- planning (cached, pure functions of seed/epoch/config) ------------------------------------
@@ -325,42 +348,45 @@ class BucketBatchSampler:
     def _rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *stream])
 
-    def _plan(self, epoch: int) -> tuple[list[np.ndarray], int]:
-        """The epoch's global batches before dealing, and how many of them were split for min_efficiency."""
+    def _plan(self, epoch: int) -> EpochPlan:
+        """The epoch's global batches before dealing (position ranges of its pools)."""
         key = ("plan", epoch)
         if key not in self._cache:
             self._trim_cache(epoch)
             self._cache[key] = self._plan_uncached(epoch)
         return self._cache[key]
 
-    def _epoch_candidates(self, epoch: int) -> np.ndarray:
-        if self.epoch_items is None:
-            return self._candidates
+    def _epoch_items(self, epoch: int) -> np.ndarray:
         items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
         if items.size and (items.min() < 0 or items.max() >= self.lengths.size):
             raise ValueError(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
-        n = self.lengths[items]
-        return items[(n > 0) & self.budget.fits_alone(n)]  # empty and too-long items leave, as without it
+        return items
 
-    def _plan_uncached(self, epoch: int) -> tuple[list[np.ndarray], int]:
+    def _plan_uncached(self, epoch: int) -> EpochPlan | JoinedPlan:
         rng = self._rng(_PLAN, epoch) if self.shuffle else None
         if self.epoch_items is None:
-            batches = pack_pools(self._candidates, self.lengths, self.budget, self.pools, rng)
-        else:  # repeated items: each round of copies packed on its own, so no batch holds an item twice
-            batches = []
-            for r, part in enumerate(copy_rounds(self._epoch_candidates(epoch))):
-                rr = (rng if r == 0 else self._rng(_PLAN, epoch, r)) if self.shuffle else None
-                batches += pack_pools(part, self.lengths, self.budget, self.pools, rr)
-        return split_to_efficiency(batches, self.lengths, self.min_efficiency)
+            plan: EpochPlan | JoinedPlan = EpochPlan(self._order, self.budget, self.pools, rng)
+        else:  # repeated items: each round of copies planned on its own, so no batch holds an item twice
+            plans = []
+            for r, part in enumerate(copy_rounds(self._epoch_items(epoch))):
+                # Empty and too-long items leave here, as they do without epoch_items.
+                order = LengthOrder.build(self.lengths, self.budget.longest_alone(), items=part)
+                if order.size or not plans:
+                    rr = (rng if r == 0 else self._rng(_PLAN, epoch, r)) if self.shuffle else None
+                    plans.append(EpochPlan(order, self.budget, self.pools, rr))
+            plan = plans[0] if len(plans) == 1 else JoinedPlan(plans)
+        plan.split_to_efficiency(self.min_efficiency)
+        return plan
 
     def _pair_overlap(self, epoch: int) -> float:
         """Pairs of this epoch's batches (as dealt to all ranks) that shared a batch in the epoch before
-        (epoch 0: epoch 1 against epoch 0)."""
+        (epoch 0: epoch 1 against epoch 0). Materialises every batch of both epochs."""
         other = epoch - 1 if epoch > 0 else epoch + 1
-        a = self._deal(epoch, ()).batches
+        a = self._deal(epoch, ()).all_batches()
         # The other epoch is planned and dealt outside the cache, which holds the epoch in progress only.
         rng = self._rng(_DEAL, other, 0) if self.shuffle else None
-        b = deal(self._plan_uncached(other)[0], self.lengths, self.budget, self.world_size, rng, self.uneven).batches
+        plan = self._plan_uncached(other)
+        b = deal(plan.table, plan, self.budget, self.world_size, rng, self.uneven).all_batches()
         before, after = (b, a) if other < epoch else (a, b)
         return pair_overlap(before, after, self.lengths.size)
 
@@ -369,13 +395,14 @@ class BucketBatchSampler:
         world_size = self.world_size if world_size is None else world_size
         key = ("deal", epoch, segments, world_size)
         if key not in self._cache:
+            plan = self._plan(epoch)
             if segments:
                 w, k = segments[-1]
-                batches = self._deal(epoch, segments[:-1], world_size=w).remaining(k)
+                table = self._deal(epoch, segments[:-1], world_size=w).remaining(k)
             else:
-                batches = self._plan(epoch)[0]
+                table = plan.table
             rng = self._rng(_DEAL, epoch, len(segments)) if self.shuffle else None
-            self._cache[key] = deal(batches, self.lengths, self.budget, world_size, rng, self.uneven)
+            self._cache[key] = deal(table, plan, self.budget, world_size, rng, self.uneven)
         return self._cache[key]
 
     def _trim_cache(self, epoch: int) -> None:

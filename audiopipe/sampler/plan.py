@@ -1,4 +1,5 @@
-"""Plan one epoch of batches from a length array: budget, random pools sorted and packed, efficiency splits.
+"""The pieces of an epoch plan: the budget, sorted packing (of items, or of a length histogram), how many pools,
+the best cut of a sorted batch, and the pair-overlap measure. sampler/pools.py assembles them into an epoch.
 
 Everything here is a pure function of its arguments (the random generator included), so an epoch plan is
 re-derived exactly from (seed, epoch, lengths, config) instead of being stored or replayed.
@@ -6,7 +7,6 @@ re-derived exactly from (seed, epoch, lengths, config) instead of being stored o
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,17 @@ class BatchBudget:
 
     def fits_alone(self, lengths: np.ndarray) -> np.ndarray:
         return self.cost(1, lengths) <= self.max_frames
+
+    def longest_alone(self) -> int:
+        """The longest length that fits alone: fits_alone(m) is exactly m <= longest_alone() (cost grows with m),
+        so a corpus is filtered with one integer comparison instead of float costs per item."""
+        q, f = self.quadratic, float(self.max_frames)
+        m = int(f if q == 0 else (np.sqrt(1 + 4 * q * f) - 1) / (2 * q))
+        while m > 0 and not self.fits_alone(m):
+            m -= 1
+        while self.fits_alone(m + 1):
+            m += 1
+        return m
 
     def capacity(self, length: np.ndarray | float) -> np.ndarray:
         """How many items of `length` frames fit in one batch (at least 1 for lengths that fit alone)."""
@@ -100,6 +111,21 @@ def pack_greedy(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
 
 
 
+def capacities(lengths: np.ndarray, budget: BatchBudget) -> np.ndarray:
+    """How many items of each length fit in one batch (int64), exact against cost() as pack_greedy compares it.
+
+    capacity() divides, which can be one off at the float boundary; the two corrections make it agree with the
+    multiplication cost() does. 0 for lengths that do not fit alone.
+    """
+    seq = np.asarray(lengths).astype(np.float64)
+    cap = np.asarray(budget.capacity(seq), dtype=np.float64)
+    cap = np.where(budget.cost(cap + 1, seq) <= budget.max_frames, cap + 1, cap)
+    cap = np.where(budget.cost(cap, seq) > budget.max_frames, cap - 1, cap)
+    if budget.max_items is not None:
+        cap = np.minimum(cap, budget.max_items)
+    return np.maximum(cap, 0).astype(np.int64)
+
+
 def pack_sorted(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> list[np.ndarray]:
     """pack_greedy for an `order` sorted by length (ascending), with no Python step per item or window.
 
@@ -111,13 +137,7 @@ def pack_sorted(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
     n = order.size
     if n == 0:
         return []
-    seq = lengths[order].astype(np.float64)
-    cap = np.asarray(budget.capacity(seq), dtype=np.float64)
-    # capacity() divides; make it exact against cost() as pack_greedy compares it, at the float boundary too.
-    cap = np.where(budget.cost(cap + 1, seq) <= budget.max_frames, cap + 1, cap)
-    cap = np.where(budget.cost(cap, seq) > budget.max_frames, cap - 1, cap)
-    if budget.max_items is not None:
-        cap = np.minimum(cap, budget.max_items)
+    cap = capacities(lengths[order], budget).astype(np.float64)
     if cap.min() < 1:
         i = int(np.argmax(cap < 1))
         raise AssertionError(f"item {int(order[i])} does not fit alone; filter with BatchBudget.fits_alone")
@@ -131,87 +151,123 @@ def pack_sorted(order: np.ndarray, lengths: np.ndarray, budget: BatchBudget) -> 
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def batch_stats(batches: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(items, longest, real frames) of every batch, without a Python step per batch."""
-    sizes = np.fromiter((b.size for b in batches), dtype=np.int64, count=len(batches))
-    if not batches:
-        return sizes, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    flat = lengths[np.concatenate(batches)]
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return sizes, np.maximum.reduceat(flat, offsets), np.add.reduceat(flat, offsets)
+POSITIONAL_PER_RUN = 64  # items per distinct length below which pack_runs searches positions; tests vary it
 
 
-# ---- pooled planning: sort inside random pools, pack, split the most wasteful batches ----------------------
+def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """pack_sorted's batch ends for a sorted sequence given only as runs: counts[k] items of the k-th length
+    (ascending), caps[k] of which fit in one batch. Returns the end position of every batch (int64).
 
-MAX_POOLS = 16
+    The cut positions of a sorted packing depend only on the lengths, not on which items hold them, so a pool
+    is packed from its length histogram alone. Same rule as pack_sorted (batch [i, e) is valid iff
+    g[e-1] = e - cap[e-1] <= i, g increasing), but walked run by run: inside one run the batches are chunks of
+    caps[k] (emitted at once), and a batch that crosses runs ends in the last run whose first g is <= i. So the
+    loop takes at most two steps per run, whatever the item count (a 3M-item pool of 2,000 lengths: ~4,000).
+    """
+    keep = np.flatnonzero(np.asarray(counts) > 0)
+    counts = np.asarray(counts, dtype=np.int64)[keep]
+    caps = np.asarray(caps, dtype=np.int64)[keep]
+    if counts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if caps.min() < 1:
+        raise AssertionError("a length that does not fit alone is in the pool; filter with BatchBudget.fits_alone")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    n = int(starts[-1])
+    if n < POSITIONAL_PER_RUN * counts.size:
+        # Few items per length (a pool of a small corpus): batches cross runs all the time, and pack_sorted's
+        # per-position search with one array step per batch is cheaper than walking runs in Python.
+        g = np.arange(1, n + 1, dtype=np.int64) - np.repeat(caps, counts)
+        end = np.searchsorted(g, np.arange(n, dtype=np.int64), side="right")
+        cuts = []
+        i = 0
+        while i < n:
+            i = int(end[i])
+            cuts.append(i)
+        return np.asarray(cuts, dtype=np.int64)
+    first_g = (starts[:-1] + 1 - caps).tolist() + [None]  # g at each run's first position, strictly increasing
+    a, c = starts.tolist(), caps.tolist()
+    runs = len(c)
+    # Batches as (first end, step, how many): whole chunks of a run in one entry, expanded once at the end.
+    first: list[int] = []
+    step: list[int] = []
+    many: list[int] = []
+    i = r = k = 0
+    a_next = a[1]  # end of run r
+    while i < n:
+        while a_next <= i:  # the run holding i (i only grows: both indices move forward)
+            r += 1
+            a_next = a[r + 1]
+        if k < r:
+            k = r
+        while k + 1 < runs and first_g[k + 1] <= i:  # the last run the batch from i reaches into
+            k += 1
+        if k == r:
+            cap = c[r]
+            if i + cap <= a_next:
+                m = (a_next - i) // cap  # whole chunks of cap inside this run
+                first.append(i + cap)
+                step.append(cap)
+                many.append(m)
+                i += m * cap
+                continue
+            i = a_next
+        else:
+            e = i + c[k]
+            i = a[k + 1] if a[k + 1] < e else e
+        first.append(i)
+        step.append(0)
+        many.append(1)
+    many_a = np.asarray(many, dtype=np.int64)
+    within = np.arange(int(many_a.sum()), dtype=np.int64) - np.repeat(np.cumsum(many_a) - many_a, many_a)
+    return np.repeat(np.asarray(first, dtype=np.int64), many_a) + np.repeat(np.asarray(step, np.int64), many_a) * within
+
+
+# ---- pooled planning: how many pools, and the best cut of a sorted batch --------------------------------
+
 MIN_POOL_BATCHES = 4
 _POOL_CHOICES = (16, 12, 8, 6, 4, 3, 2, 1)
 
 
-def sorted_efficiency(lengths: np.ndarray, budget: BatchBudget) -> tuple[float, int]:
-    """Padding efficiency and batch count of packing `lengths` in sorted order (the best full batches can do)."""
-    if lengths.size == 0:
+def runs_efficiency(values: np.ndarray, counts: np.ndarray, budget: BatchBudget) -> tuple[float, int]:
+    """Padding efficiency and batch count of packing counts[k] items of length values[k] in sorted order."""
+    ends = pack_runs(counts, capacities(values, budget))
+    if ends.size == 0:
         return 1.0, 0
-    order = np.argsort(lengths, kind="stable")
-    batches = pack_sorted(order, lengths, budget)
-    sizes, longest, _ = batch_stats(batches, lengths)
-    return float(lengths.sum()) / float((sizes * longest.astype(np.float64)).sum()), len(batches)
+    starts = np.concatenate([[0], ends[:-1]])
+    run_end = np.cumsum(counts)
+    longest = values[np.searchsorted(run_end, ends - 1, side="right")].astype(np.float64)
+    real = float((values.astype(np.float64) * counts).sum())
+    return real / float(((ends - starts) * longest).sum()), int(ends.size)
 
 
-def choose_pools(lengths: np.ndarray, budget: BatchBudget, target: float, rng: np.random.Generator) -> int:
-    """The most pools (<= MAX_POOLS) whose sorted packing still reaches `target` padding efficiency, each pool
-    filling at least MIN_POOL_BATCHES batches.
+def choose_pools(values: np.ndarray, counts: np.ndarray, budget: BatchBudget, target: float,
+                 rng: np.random.Generator) -> int:
+    """The most pools (of _POOL_CHOICES, <= 16) whose sorted packing still reaches `target` padding efficiency,
+    each pool filling at least MIN_POOL_BATCHES batches. `counts[k]` items have length `values[k]`.
 
     One pool of N/P random items sorted and packed is what every pool of an epoch looks like, so its efficiency,
-    measured on a random subsample of that size, predicts the epoch's. More pools mean more random batch
-    composition (pair overlap between epochs ~ 0.7 / P), fewer mean less padding.
+    measured on a random draw of that many items (a hypergeometric draw of the length histogram: no pass over
+    the items), predicts the epoch's. More pools mean more random batch composition (pair overlap between
+    epochs ~ 0.7 / P), fewer mean less padding.
     """
-    if lengths.size == 0:
+    total = int(np.sum(counts))
+    if total == 0:
         return 1
-    sample = lengths[rng.permutation(lengths.size)]
     for p in _POOL_CHOICES:
         if p == 1:
             return 1
-        efficiency, batches = sorted_efficiency(sample[: lengths.size // p], budget)
+        sample = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), total // p)
+        efficiency, batches = runs_efficiency(values, sample, budget)
         # A pool must fill a few batches: pools of a batch or less would make every batch partial.
         if batches >= MIN_POOL_BATCHES and efficiency >= target:
             return p
     return 1
 
 
-def pack_pools(indices: np.ndarray, lengths: np.ndarray, budget: BatchBudget, pools: int,
-               rng: np.random.Generator | None) -> list[np.ndarray]:
-    """Cut the items into `pools` random pools, sort each by length and pack it greedily.
-
-    Ties in length are broken at random. Each pool's last batch is partial; those leftovers (the longest items of
-    every pool) are sorted and packed together instead, so an epoch has about one partial batch, not `pools`
-    (a pool that fills only one batch keeps it).
-    Without a generator there is one pool in plain length order (evaluation: the same batches every epoch).
-    Every batch comes out sorted by length (split_to_efficiency relies on it).
-    """
-    if indices.size == 0:
-        return []
-    if rng is None:
-        return pack_sorted(indices[np.argsort(lengths[indices], kind="stable")], lengths, budget)
-    shuffled = indices[rng.permutation(indices.size)]
-    out: list[np.ndarray] = []
-    leftovers: list[np.ndarray] = []
-    for pool in np.array_split(shuffled, max(1, min(pools, indices.size))):
-        batches = pack_sorted(pool[np.argsort(lengths[pool], kind="stable")], lengths, budget)
-        if len(batches) == 1:
-            out += batches  # a pool of one batch is kept whole: merging it would undo its random draw
-            continue
-        out += batches[:-1]
-        leftovers.append(batches[-1])
-    if leftovers:
-        rest = np.concatenate(leftovers)
-        out += pack_sorted(rest[np.argsort(lengths[rest], kind="stable")], lengths, budget)
-    return out
-
-
-def _best_cut(batch: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
-    """Padded frames saved by the best cut of a length-sorted batch into a shorter and a longer part, and where."""
-    seq = lengths[batch].astype(np.float64)
+def best_cut(seq: np.ndarray) -> tuple[float, int]:
+    """Padded frames saved by the best cut of an ascending length sequence into a shorter and a longer part,
+    and where (the shorter part's size)."""
+    seq = np.asarray(seq, dtype=np.float64)
     n = seq.size
     if n < 2:
         return 0.0, 0
@@ -219,43 +275,6 @@ def _best_cut(batch: np.ndarray, lengths: np.ndarray) -> tuple[float, int]:
     padded = k * seq[:-1] + (n - k) * seq[-1]
     j = int(np.argmin(padded))
     return float(n * seq[-1] - padded[j]), j + 1
-
-
-def split_to_efficiency(batches: list[np.ndarray], lengths: np.ndarray, target: float) -> tuple[list[np.ndarray], int]:
-    """Split the batches that waste most padding until the plan's padding efficiency reaches `target`.
-
-    Each split cuts one length-sorted batch where it saves the most padded frames (a subset is under budget
-    too); the batch with the largest saving goes first, so the target is reached with few extra batches. A
-    corpus too small for full batches of similar lengths pays with batches below the budget (lower fill), as
-    lhotse's buckets do. Returns (batches, number of splits).
-    """
-    if not batches or target <= 0:
-        return batches, 0
-    sizes, longest, frames = batch_stats(batches, lengths)
-    real = float(frames.sum())
-    padded = float((sizes * longest.astype(np.float64)).sum())
-    if real >= target * padded:
-        return batches, 0
-    out = list(batches)
-    heap = []
-    for i, b in enumerate(out):
-        gain, cut = _best_cut(b, lengths)
-        if gain > 0:
-            heap.append((-gain, i, cut))
-    heapq.heapify(heap)
-    splits = 0
-    while heap and real < target * padded:
-        neg_gain, i, cut = heapq.heappop(heap)
-        b = out[i]
-        out[i], tail = b[:cut], b[cut:]
-        out.append(tail)
-        padded += neg_gain
-        splits += 1
-        for j in (i, len(out) - 1):
-            gain, c = _best_cut(out[j], lengths)
-            if gain > 0:
-                heapq.heappush(heap, (-gain, j, c))
-    return out, splits
 
 
 def pair_overlap(before: list[np.ndarray], after: list[np.ndarray], num_items: int) -> float:

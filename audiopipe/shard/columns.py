@@ -11,6 +11,17 @@ import numpy as np
 import pyarrow as pa
 
 
+def numeric_view_possible(arr: pa.Array) -> bool:
+    return arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type))
+
+
+def numeric_view(arr: pa.Array) -> np.ndarray:
+    """A read-only numpy view of a null-free integer/float Arrow array (zero-copy), as to_numpy() gives, but
+    without pyarrow importing pandas on its first to_numpy() (1-3 s, on the path of a loader's first batch)."""
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
 class ListColumn:
     """Rows of a large_list column as numpy views: `offsets` int64 [rows + 1] into the flat `values`.
 
@@ -22,8 +33,10 @@ class ListColumn:
         if isinstance(column, pa.ChunkedArray):
             # combine_chunks() copies even a lone chunk into fresh memory; a shard is one record batch.
             column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        self.offsets: np.ndarray = column.offsets.to_numpy()
-        self.values: np.ndarray = column.values.to_numpy(zero_copy_only=zero_copy_only)
+        self.offsets: np.ndarray = numeric_view(column.offsets)
+        values = column.values
+        self.values: np.ndarray = (numeric_view(values) if numeric_view_possible(values)
+                                   else values.to_numpy(zero_copy_only=zero_copy_only))
 
     def __len__(self) -> int:
         return self.offsets.size - 1

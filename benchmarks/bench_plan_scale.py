@@ -1,0 +1,195 @@
+"""The sampler's start-up at scale: build, first batch, mid-epoch resume and peak memory, 1M to 50M utterances.
+
+    python benchmarks/bench_plan_scale.py --json benchmarks/results/plan_scale.json --plot docs/img/plan_scale.png
+    python benchmarks/bench_plan_scale.py --quick      # 1M utterances only (< 2 min)
+
+Each case (corpus size x world size, default 1,024 ranks) runs in a FRESH process per round, so peak memory
+(ru_maxrss: the process' high-water resident set) and the numba cache load are those of a real start. In it:
+  lengths      simulated frame counts (audiopipe/bench/synthetic_lengths.py, libritts_like by default), made in
+               chunks of 1M so that generating them does not set the memory peak; RSS after this is reported
+  build        BucketBatchSampler(lengths, 38,400, rank=W/2, world_size=W)
+  first batch  iter() + next(): plans epoch 0 and computes this rank's first batch
+  resume       a second, fresh sampler (its build timed apart) + load_state_dict(state at the middle step of
+               the epoch) + next(): the batch is checked equal to the one the first sampler yielded there
+Targets (issue 11.3, 50M x 1,024 ranks): first batch < 10 s, resume < 2 s, peak RSS < 2 GB. The median round
+is reported with the range over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+
+CHUNK = 1_000_000
+
+
+def lengths_of(n: int, kind: str, seed: int) -> np.ndarray:
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+
+    out = np.empty(n, dtype=np.int64)
+    for j, s in enumerate(range(0, n, CHUNK)):
+        out[s : s + CHUNK] = synthetic_lengths(kind, min(CHUNK, n - s), seed=seed * 100_003 + j)
+    return out
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def child(n: int, world: int, kind: str, max_frames: int, seed: int) -> dict:
+    from audiopipe.sampler.bucket import BucketBatchSampler
+
+    lengths = lengths_of(n, kind, seed)
+    out = {"utterances": n, "world_size": world, "rss_after_lengths_mb": peak_mb()}
+    rank = world // 2
+    t0 = time.perf_counter()
+    s = BucketBatchSampler(lengths, max_frames, seed=seed, rank=rank, world_size=world)
+    out["build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    it = iter(s)
+    first = next(it)
+    out["first_batch_s"] = time.perf_counter() - t0
+    out["build_and_first_batch_s"] = out["build_s"] + out["first_batch_s"]
+    out["items_computed_for_first_batch"] = int(s._plan(0).items_computed)
+    out["first_batch_items"] = len(first)
+    out["steps_per_rank"] = len(s)
+    out["pools"] = s.pools
+    mid = len(s) // 2
+    for _ in range(mid - 1):
+        next(it)
+    state = json.loads(json.dumps(s.state_dict()))
+    want = next(it)
+    out["peak_rss_to_first_batch_mb"] = peak_mb()
+    # A real resume is a new process: the first sampler is gone before the fresh one is built.
+    del s, it
+    gc.collect()
+    t0 = time.perf_counter()
+    fresh = BucketBatchSampler(lengths, max_frames, seed=seed, rank=rank, world_size=world)
+    out["resume_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fresh.load_state_dict(state)
+    got = next(iter(fresh))
+    out["resume_s"] = time.perf_counter() - t0
+    out["resume_with_build_s"] = out["resume_build_s"] + out["resume_s"]
+    out["resume_step"] = mid
+    if got != want:
+        raise SystemExit(f"resumed batch at step {mid} differs from the uninterrupted one")
+    out["peak_rss_mb"] = peak_mb()
+    return out
+
+
+def median_round(runs: list[dict]) -> dict:
+    keys = ("build_s", "first_batch_s", "build_and_first_batch_s", "resume_build_s", "resume_s",
+            "resume_with_build_s", "peak_rss_mb")
+    order = np.argsort([r["build_and_first_batch_s"] for r in runs])
+    row = dict(runs[int(order[len(runs) // 2])])
+    for k in keys:
+        row[f"{k}_range"] = [min(r[k] for r in runs), max(r[k] for r in runs)]
+    row["rounds"] = len(runs)
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| utterances | ranks | pools | steps/rank | build s | first batch s | build + first s | "
+             "resume s (load + next) | resume + its build s | peak RSS MB |", "|" + "---|" * 10]
+    for r in rows:
+        def cell(k: str, fmt: str = "{:.2f}") -> str:
+            lo, hi = r[f"{k}_range"]
+            return f"{fmt.format(r[k])} ({fmt.format(lo)}-{fmt.format(hi)})"
+        lines.append(f"| {r['utterances']:,} | {r['world_size']:,} | {r['pools']} | {r['steps_per_rank']:,} | "
+                     f"{cell('build_s')} | {cell('first_batch_s')} | {cell('build_and_first_batch_s')} | "
+                     f"{cell('resume_s')} | {cell('resume_with_build_s')} | {cell('peak_rss_mb', '{:.0f}')} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [r["utterances"] for r in rows]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label in (("build_s", "build"), ("first_batch_s", "first batch (after build)"),
+                       ("resume_s", "resume: load_state_dict + next"),
+                       ("resume_with_build_s", "resume incl. a fresh build")):
+        lo = [r[key] - r[f"{key}_range"][0] for r in rows]
+        hi = [r[f"{key}_range"][1] - r[key] for r in rows]
+        ax_t.errorbar(n, [r[key] for r in rows], yerr=[lo, hi], marker="o", capsize=3, label=label)
+    ax_t.axhline(10, color="grey", linestyle="dashed", label="targets at 50M: first batch 10 s, resume 2 s")
+    ax_t.axhline(2, color="grey", linestyle="dashed")
+    ax_m.plot(n, [r["peak_rss_mb"] for r in rows], "o-", label="peak RSS")
+    ax_m.plot(n, [r["rss_after_lengths_mb"] for r in rows], "s--", label="RSS with the lengths alone")
+    ax_m.axhline(2048, color="grey", linestyle="dashed", label="target 2 GB")
+    for ax, title in ((ax_t, "seconds"), (ax_m, "MB")):
+        ax.set_xscale("log")
+        ax.set_xlabel("utterances")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ranks = rows[0]["world_size"] if rows else 0
+    fig.suptitle(f"bench_plan_scale: BucketBatchSampler, {ranks:,} ranks; {machine}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1000000,10000000,50000000", help="comma-separated utterance counts")
+    p.add_argument("--world-size", type=int, default=1024)
+    p.add_argument("--kind", default="libritts_like", help="length distribution (synthetic_lengths)")
+    p.add_argument("--max-frames", type=int, default=38_400)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per case; the median is reported")
+    p.add_argument("--quick", action="store_true", help="1M utterances only")
+    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other engineers' jobs running)",
+                   help="label for the JSON and the plot")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        n, world, kind, max_frames, seed = args.child
+        print("RESULT " + json.dumps(child(int(n), int(world), kind, int(max_frames), int(seed))))
+        return
+    sizes = [1_000_000] if args.quick else [int(x) for x in args.sizes.split(",")]
+    rows = []
+    for n in sizes:
+        runs = []
+        for _ in range(args.rounds):
+            cmd = [sys.executable, __file__, "--child", str(n), str(args.world_size), args.kind,
+                   str(args.max_frames), str(args.seed)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"case {n} failed:\n{proc.stderr[-3000:]}")
+            line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+            runs.append(json.loads(line[len("RESULT "):]))
+        rows.append(median_round(runs))
+        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    result = {
+        "command": " ".join(["python", "benchmarks/bench_plan_scale.py", *sys.argv[1:]]),
+        "machine": {"label": args.machine, "platform": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "load_average": os.getloadavg()},
+        "budget_frames": args.max_frames,
+        "kind": args.kind,
+        "targets_at_50M": {"first_batch_s": 10, "resume_s": 2, "peak_rss_mb": 2048},
+        "rows": rows,
+    }
+    print(markdown(rows))
+    write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
+
+
+if __name__ == "__main__":
+    main()
