@@ -144,6 +144,97 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool) -> dict[str,
             "warmup_s": warm, "extract_s": total - startup}
 
 
+# ------------------------------------------------------------------ where a worker's time goes
+
+PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + log)", "Arrow file", "tar file",
+                 "done record")
+
+
+def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
+    """`build_shard` (what one Ray task runs) on the whole of `corpus` as one shard, in this process, with each
+    stage of the hot path timed by a wrapper; "glue" is the rest (checks, row building, the loop itself).
+
+    Arrow and tar include building the members, writing, hashing (sha256 while writing) and fsync. Ray's own
+    part is not here: a task receives its unit's utterance list and returns the done record (a few KB)."""
+    from dataclasses import asdict
+
+    import torch
+
+    import audiopipe.decode.segments as segments
+    import audiopipe.features.mel as mel
+    import audiopipe.shard.build as build
+    from audiopipe.corpus.discover import discover
+    from audiopipe.decode.audio import DecodeLimits
+    from audiopipe.presets import resolve
+    from audiopipe.shard.job import Job
+    from audiopipe.shard.plan import PlannedUtt, WorkUnit
+
+    torch.set_num_threads(1)  # as in a Ray worker (one CPU per task)
+    utts = [PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration) for u in discover(corpus).utterances]
+    unit = WorkUnit("shard-000000", 0, utts)
+    audio = sum(u.duration for u in utts)
+    spent: dict[str, float] = {}
+
+    def timed(part: str, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    patches = [(segments.RecordingCache, "load", "decode"), (build, "resample_to", "resample"),
+               (build, "stft_magnitude", "STFT + magnitude"), (mel._LogMel, "from_magnitude", "mel (filterbank + log)"),
+               (build, "write_arrow", "Arrow file"), (build, "write_tar", "tar file"),
+               (build, "write_json_atomic", "done record")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    out = []
+    try:
+        for obj, name, part in patches:
+            setattr(obj, name, timed(part, getattr(obj, name)))
+        preset = resolve(["f5tts"])
+        with tempfile.TemporaryDirectory() as d:  # warm-up: compile the kernels, fill the page cache
+            job = Job(corpus=str(corpus), out=d, presets=["f5tts"], features=list(preset.features),
+                      limits=asdict(DecodeLimits()), write_tar=tar)
+            build.build_shard(WorkUnit("warm", 0, utts[:4]), job)
+        for _ in range(rounds):
+            spent.clear()
+            with tempfile.TemporaryDirectory() as d:
+                job = Job(corpus=str(corpus), out=d, presets=["f5tts"], features=list(preset.features),
+                          limits=asdict(DecodeLimits()), write_tar=tar)
+                t0 = time.perf_counter()
+                rec = build.build_shard(unit, job)
+                total = time.perf_counter() - t0
+            assert rec["rows"] == len(utts), rec["rejects"][:3]
+            parts = {p: spent.get(p, 0.0) for p in PROFILE_PARTS}
+            parts["glue"] = total - sum(parts.values())
+            out.append({"total_s": total, "x_rt": audio / total, "parts_s": parts})
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return {"utterances": len(utts), "audio_s": audio, "tar": tar, "rounds": out}
+
+
+def profile_table(profiles: dict) -> str:
+    """Markdown: per corpus and tar setting, ms per utterance and share of the worker's time (median round)."""
+    cols = list(profiles)
+    lines = ["| part | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    med = {}
+    for c, p in profiles.items():
+        med[c] = sorted(p["rounds"], key=lambda r: r["total_s"])[len(p["rounds"]) // 2]
+    for part in PROFILE_PARTS + ("glue",):
+        cells = []
+        for c, p in profiles.items():
+            v = med[c]["parts_s"][part]
+            cells.append(f"{1000 * v / p['utterances']:.2f} ms ({100 * v / med[c]['total_s']:.0f} %)")
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("| **total** | " + " | ".join(
+        f"{1000 * med[c]['total_s'] / p['utterances']:.2f} ms, {med[c]['x_rt']:.0f}x RT" for c, p in profiles.items())
+        + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ corpora
 
 def corpus_files(root: Path) -> list[Path]:
@@ -307,8 +398,15 @@ def main() -> int:
     p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     p.add_argument("--discovery-files", type=int, default=0,
                    help="only time discovery of this many tiny files against a bare parallel header read")
+    p.add_argument("--profile", action="store_true",
+                   help="only time the parts of one worker's build_shard (decode, resample, STFT, mel, Arrow, tar, "
+                        "glue) on --files files of each corpus, tars on and off")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
     a = p.parse_args()
+    if a.quick:
+        a.files, a.rounds = 40, 1
     workers = [int(w) for w in a.workers.split(",")]
     if a.replot:
         saved = json.loads(Path(a.json).read_text())
@@ -326,6 +424,21 @@ def main() -> int:
         return 0
     if a.make_ogg:
         make_ogg(a.wav_corpus, a.ogg_corpus)
+    if a.profile:
+        tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-profile-"))
+        try:
+            profiles = {}
+            for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
+                sub = subset(root, a.files, tmp / f"corpus-{name}")
+                for tar in (True, False):
+                    profiles[f"{name}, tars {'on' if tar else 'off'}"] = profile_worker(sub, tar, a.rounds)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(profile_table(profiles))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})",
+                                            "command": " ".join(sys.argv), "profiles": profiles}, indent=1))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     corpora = {}
     for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
