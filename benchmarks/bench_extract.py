@@ -153,6 +153,8 @@ PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + lo
 def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     """`build_shard` (what one Ray task runs) on the whole of `corpus` as one shard, in this process, with each
     stage of the hot path timed by a wrapper; "glue" is the rest (checks, row building, the loop itself).
+    Each round then runs the hand-written loop's per-file work (`handwritten_mel`) and the floor on the same
+    files in the same process: per-core ratios without Ray's or the Pool's start-up, under the same load.
 
     Arrow and tar include building the members, writing, hashing (sha256 while writing) and fsync. Ray's own
     part is not here: a task receives its unit's utterance list and returns the done record (a few KB)."""
@@ -198,6 +200,9 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
             job = Job(corpus=str(corpus), out=d, presets=["f5tts"], features=list(preset.features),
                       limits=asdict(DecodeLimits()), write_tar=tar)
             build.build_shard(WorkUnit("warm", 0, utts[:4]), job)
+        paths = [Path(u.path) for u in utts]
+        _baseline_init()
+        torch.set_num_threads(1)
         for _ in range(rounds):
             spent.clear()
             with tempfile.TemporaryDirectory() as d:
@@ -206,10 +211,18 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
                 t0 = time.perf_counter()
                 rec = build.build_shard(unit, job)
                 total = time.perf_counter() - t0
+                parts = {p: spent.get(p, 0.0) for p in PROFILE_PARTS}  # before the floor calls the mel too
+                # Right after, in the same process: the hand-written loop's per-file work and the floor, so
+                # the per-core ratios see the same load (the machine is shared).
+                t0 = time.perf_counter()
+                for i, f in enumerate(paths):
+                    handwritten_mel((str(f), f"{d}/{i:06d}.npy"))
+                hand = time.perf_counter() - t0
+            floor = sum(measure_floor(paths).values())
             assert rec["rows"] == len(utts), rec["rejects"][:3]
-            parts = {p: spent.get(p, 0.0) for p in PROFILE_PARTS}
             parts["glue"] = total - sum(parts.values())
-            out.append({"total_s": total, "x_rt": audio / total, "parts_s": parts})
+            out.append({"total_s": total, "x_rt": audio / total, "parts_s": parts, "handwritten_s": hand,
+                        "floor_s": floor, "vs_handwritten": hand / total, "vs_floor": floor / total})
     finally:
         for obj, name, fn in saved:
             setattr(obj, name, fn)
@@ -232,6 +245,12 @@ def profile_table(profiles: dict) -> str:
     lines.append("| **total** | " + " | ".join(
         f"{1000 * med[c]['total_s'] / p['utterances']:.2f} ms, {med[c]['x_rt']:.0f}x RT" for c, p in profiles.items())
         + " |")
+    for key, label in (("vs_handwritten", "hand-written time / audiopipe time"), ("vs_floor", "floor / audiopipe")):
+        cells = []
+        for p in profiles.values():
+            v = sorted(r[key] for r in p["rounds"])
+            cells.append(f"{v[len(v) // 2]:.2f} ({v[0]:.2f}-{v[-1]:.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
