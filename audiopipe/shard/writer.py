@@ -99,6 +99,8 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
     return f.digest()
 
 
+_TAR_COPY_BUFSIZE = 1 << 26  # larger than any member in practice (a 10-minute mel is ~10 MB)
+
 # The WebDataset key of an id (an injective escape, see audiopipe.shard.keys); kept under this name for readers.
 wds_key = sample_key
 
@@ -128,8 +130,10 @@ def sample_json(row: dict[str, Any], array_cols: list[ArrayColumn], scalar_cols:
 def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
               scalar_cols: list[ScalarColumn], pcm_rate: int | None) -> Digest:
     """Write the shard's WebDataset tar; returns its size and sha256, hashed as the bytes were written."""
+    # copybufsize: a member's bytes reach the file (and the hash) in one write, not in 16 KB pieces (~20 % of
+    # the tar's time went to the pieces' Python calls).
     with atomic_path(path) as tmp, HashingWriter(tmp) as f, \
-            tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_TAR_COPY_BUFSIZE) as tar:
         for row in rows:
             key = sample_key(row["id"])
             # Plan-time checks refuse such ids; this is the last line of defence, whatever the input.
