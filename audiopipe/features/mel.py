@@ -164,12 +164,13 @@ def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
     """One waveform -> float32 |STFT| [n_fft // 2 + 1, T] (time contiguous): `magnitude_spectrogram` in float32,
     in one pass after the FFT (the offline path; features sharing `key` share its result).
 
-    float32, as the models' own mels are: F5-TTS/vocos (torchaudio), HiFi-GAN/BigVGAN (torch.stft) and librosa
-    on a float32 waveform all take the FFT in single precision. Its rounding noise is relative to the frame's
+    float32, as the models' own mels are: F5-TTS/vocos (torchaudio) and HiFi-GAN/BigVGAN (torch.stft) take the
+    FFT in single precision (librosa does not: its float64 window makes the FFT float64). Its rounding noise is relative to the frame's
     loudest bins (~1e-7 of them), so bands within ~1e-5 of the log floor in a loud frame move by up to ~1 nat,
     exactly as they do between any two float32 implementations (ours and the trainers' batched torch mel differ
-    as much from a float64 mel as each other); where the mel is above 1e-2 the log-mel is within ~3e-4 of the
-    float64 one (tests/test_features_spectral.py). A float64 FFT costs ~2x.
+    as much from a float64 mel as each other); where the mel is above 1e-2 the log-mel is within 3.5e-4 nats of
+    the float64 one on the test clips, above 1 within 4e-6 (tests/test_features_spectral.py,
+    tests/test_features_mel.py). A float64 FFT costs ~2x.
     """
     need = stft_min_samples(key.n_fft, key.hop_length, key.padding)
     if len(x) < need:
