@@ -144,6 +144,116 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool) -> dict[str,
             "warmup_s": warm, "extract_s": total - startup}
 
 
+# ------------------------------------------------------------------ where a worker's time goes
+
+PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + log)", "Arrow file", "tar file",
+                 "done record")
+
+
+def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
+    """`build_shard` (what one Ray task runs) on the whole of `corpus` as one shard, in this process, with each
+    stage of the hot path timed by a wrapper; "glue" is the rest (checks, row building, the loop itself).
+    Each round then runs the hand-written loop's per-file work (`handwritten_mel`) and the floor on the same
+    files in the same process: per-core ratios without Ray's or the Pool's start-up, under the same load.
+
+    Arrow and tar include building the members, writing, hashing (sha256 while writing) and fsync. Ray's own
+    part is not here: a task receives its unit's utterance list and returns the done record (a few KB)."""
+    from dataclasses import asdict
+
+    import torch
+
+    import audiopipe.decode.segments as segments
+    import audiopipe.features.mel as mel
+    import audiopipe.shard.build as build
+    from audiopipe.corpus.discover import discover
+    from audiopipe.decode.audio import DecodeLimits
+    from audiopipe.presets import resolve
+    from audiopipe.shard.job import Job
+    from audiopipe.shard.plan import PlannedUtt, WorkUnit
+
+    torch.set_num_threads(1)  # as in a Ray worker (one CPU per task)
+    utts = [PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration) for u in discover(corpus).utterances]
+    unit = WorkUnit("shard-000000", 0, utts)
+    audio = sum(u.duration for u in utts)
+    spent: dict[str, float] = {}
+
+    def timed(part: str, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    patches = [(segments.RecordingCache, "load", "decode"), (build, "resample_to", "resample"),
+               (build, "stft_magnitude", "STFT + magnitude"), (mel._LogMel, "from_magnitude", "mel (filterbank + log)"),
+               (build, "write_arrow", "Arrow file"), (build, "write_tar", "tar file"),
+               (build, "write_json_atomic", "done record")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    out = []
+    try:
+        for obj, name, part in patches:
+            setattr(obj, name, timed(part, getattr(obj, name)))
+        preset = resolve(["f5tts"])
+        with tempfile.TemporaryDirectory() as d:  # warm-up: compile the kernels, fill the page cache
+            job = Job(corpus=str(corpus), out=d, presets=["f5tts"], features=list(preset.features),
+                      limits=asdict(DecodeLimits()), write_tar=tar)
+            build.build_shard(WorkUnit("warm", 0, utts[:4]), job)
+        paths = [Path(u.path) for u in utts]
+        _baseline_init()
+        torch.set_num_threads(1)
+        for _ in range(rounds):
+            spent.clear()
+            with tempfile.TemporaryDirectory() as d:
+                job = Job(corpus=str(corpus), out=d, presets=["f5tts"], features=list(preset.features),
+                          limits=asdict(DecodeLimits()), write_tar=tar)
+                t0 = time.perf_counter()
+                rec = build.build_shard(unit, job)
+                total = time.perf_counter() - t0
+                parts = {p: spent.get(p, 0.0) for p in PROFILE_PARTS}  # before the floor calls the mel too
+                # Right after, in the same process: the hand-written loop's per-file work and the floor, so
+                # the per-core ratios see the same load (the machine is shared).
+                t0 = time.perf_counter()
+                for i, f in enumerate(paths):
+                    handwritten_mel((str(f), f"{d}/{i:06d}.npy"))
+                hand = time.perf_counter() - t0
+            floor = sum(measure_floor(paths).values())
+            assert rec["rows"] == len(utts), rec["rejects"][:3]
+            parts["glue"] = total - sum(parts.values())
+            out.append({"total_s": total, "x_rt": audio / total, "parts_s": parts, "handwritten_s": hand,
+                        "floor_s": floor, "vs_handwritten": hand / total, "vs_floor": floor / total})
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return {"utterances": len(utts), "audio_s": audio, "tar": tar, "rounds": out}
+
+
+def profile_table(profiles: dict) -> str:
+    """Markdown: per corpus and tar setting, ms per utterance and share of the worker's time (median round)."""
+    cols = list(profiles)
+    lines = ["| part | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    med = {}
+    for c, p in profiles.items():
+        med[c] = sorted(p["rounds"], key=lambda r: r["total_s"])[len(p["rounds"]) // 2]
+    for part in PROFILE_PARTS + ("glue",):
+        cells = []
+        for c, p in profiles.items():
+            v = med[c]["parts_s"][part]
+            cells.append(f"{1000 * v / p['utterances']:.2f} ms ({100 * v / med[c]['total_s']:.0f} %)")
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("| **total** | " + " | ".join(
+        f"{1000 * med[c]['total_s'] / p['utterances']:.2f} ms, {med[c]['x_rt']:.0f}x RT" for c, p in profiles.items())
+        + " |")
+    for key, label in (("vs_handwritten", "hand-written time / audiopipe time"), ("vs_floor", "floor / audiopipe")):
+        cells = []
+        for p in profiles.values():
+            v = sorted(r[key] for r in p["rounds"])
+            cells.append(f"{v[len(v) // 2]:.2f} ({v[0]:.2f}-{v[-1]:.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ corpora
 
 def corpus_files(root: Path) -> list[Path]:
@@ -177,13 +287,21 @@ def make_ogg(src: Path, dst: Path) -> None:
 
 # ------------------------------------------------------------------ discovery
 
-def measure_discovery(n_files: int, tmp: Path, rounds: int) -> dict:
-    """audiopipe's discover() against the bare parallel header read (16 threads of sf.info) of n tiny files.
-
-    Target: discovery takes no longer than reading the headers in parallel."""
+def _in_threads(fn, files: list[str]) -> list:
     from concurrent.futures import ThreadPoolExecutor
 
-    from audiopipe.corpus.discover import DEFAULT_HEADER_THREADS, discover
+    from audiopipe.corpus.discover import DEFAULT_HEADER_THREADS
+
+    with ThreadPoolExecutor(DEFAULT_HEADER_THREADS) as pool:
+        return list(pool.map(fn, files, chunksize=64))
+
+
+def measure_discovery(n_files: int, tmp: Path, rounds: int) -> dict:
+    """audiopipe's discover() against a bare parallel header read (16 threads) of n tiny files: sf.info, and
+    the lighter SoundFile open that discover uses itself (ratio_open).
+
+    Target: discovery takes no longer than reading the headers in parallel."""
+    from audiopipe.corpus.discover import discover
 
     root = tmp / "many"
     clip = (0.1 * np.sin(np.arange(4000) / 5.0)).astype(np.float32)
@@ -193,16 +311,26 @@ def measure_discovery(n_files: int, tmp: Path, rounds: int) -> dict:
             d.mkdir(parents=True, exist_ok=True)
         sf.write(str(d / f"u{i:07d}.wav"), clip, 8000)
     files = sorted(str(p) for p in root.rglob("*.wav"))
+
+    def open_header(path: str) -> tuple[int, int, int]:  # the lighter read discover itself does
+        with sf.SoundFile(path) as f:
+            return f.samplerate, f.frames, f.channels
+
     res = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(DEFAULT_HEADER_THREADS) as pool:
-            list(pool.map(sf.info, files, chunksize=64))
-        t1 = time.perf_counter()
-        disc = discover(root)
-        t2 = time.perf_counter()
-        assert len(disc.utterances) == n_files
-        res.append({"headers_parallel_s": t1 - t0, "discover_s": t2 - t1, "ratio": (t2 - t1) / (t1 - t0)})
+    for rnd in range(rounds):
+        # Rotate the order of the three so the page cache and the load favour none of them.
+        t: dict[str, float] = {}
+        steps = [("headers_parallel_s", lambda: _in_threads(sf.info, files)),
+                 ("headers_open_parallel_s", lambda: _in_threads(open_header, files)),
+                 ("discover_s", lambda: discover(root))]
+        for name, fn in steps[rnd % 3:] + steps[:rnd % 3]:
+            t0 = time.perf_counter()
+            out = fn()
+            t[name] = time.perf_counter() - t0
+            if name == "discover_s":
+                assert len(out.utterances) == n_files
+        res.append({**t, "ratio": t["discover_s"] / t["headers_parallel_s"],
+                    "ratio_open": t["discover_s"] / t["headers_open_parallel_s"]})
     shutil.rmtree(root, ignore_errors=True)
     return {"files": n_files, "rounds": res}
 
@@ -307,8 +435,15 @@ def main() -> int:
     p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     p.add_argument("--discovery-files", type=int, default=0,
                    help="only time discovery of this many tiny files against a bare parallel header read")
+    p.add_argument("--profile", action="store_true",
+                   help="only time the parts of one worker's build_shard (decode, resample, STFT, mel, Arrow, tar, "
+                        "glue) on --files files of each corpus, tars on and off")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
     a = p.parse_args()
+    if a.quick:
+        a.files, a.rounds = 40, 1
     workers = [int(w) for w in a.workers.split(",")]
     if a.replot:
         saved = json.loads(Path(a.json).read_text())
@@ -326,6 +461,21 @@ def main() -> int:
         return 0
     if a.make_ogg:
         make_ogg(a.wav_corpus, a.ogg_corpus)
+    if a.profile:
+        tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-profile-"))
+        try:
+            profiles = {}
+            for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
+                sub = subset(root, a.files, tmp / f"corpus-{name}")
+                for tar in (True, False):
+                    profiles[f"{name}, tars {'on' if tar else 'off'}"] = profile_worker(sub, tar, a.rounds)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(profile_table(profiles))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})",
+                                            "command": " ".join(sys.argv), "profiles": profiles}, indent=1))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     corpora = {}
     for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):

@@ -32,3 +32,21 @@ def test_handwritten_pool_writes_one_npy_per_utterance_equal_to_audiopipes_mel(e
         assert loud.mean() > 0.3
         np.testing.assert_allclose(got[loud], ref[loud], atol=1e-2)
         assert np.median(np.abs(got - ref)) < 1e-4
+
+
+def test_profile_times_every_stage_of_a_worker(espeak_corpus):
+    # The profile wraps the hot path's functions by name: a renamed one would silently read 0 s and its time
+    # would land in "glue". Every stage must be seen, and the tar only when tars are written.
+    from bench_extract import PROFILE_PARTS, profile_worker
+
+    for tar in (True, False):
+        prof = profile_worker(espeak_corpus.root, tar, rounds=1)
+        assert prof["utterances"] == 24
+        parts = prof["rounds"][0]["parts_s"]
+        for part in PROFILE_PARTS:
+            if part == "tar file" and not tar:
+                assert parts[part] == 0.0
+            else:
+                assert parts[part] > 0.0, part
+        assert parts["glue"] < 0.5 * prof["rounds"][0]["total_s"]
+        assert parts["glue"] >= 0.0  # no stage counted twice (the floor, run after, calls the mel as well)

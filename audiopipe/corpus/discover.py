@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import soundfile as sf
 
@@ -181,7 +181,7 @@ def _parse_speaker_rule(speaker: str) -> int | None:
 
 
 def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataIndex) -> str:
-    folders = list(PurePosixPath(source).parts[:-1])
+    folders = source.split("/")[:-1]  # sources are '/'-separated; PurePosixPath per file costs as much as a header
     if rule is None:
         return ""
     if rule >= 0:
@@ -213,12 +213,14 @@ def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
         return info, None, e
 
 
-def _read_all(cands: list[_Candidate], threads: int) -> list[tuple[Any, str | None, Exception | None]]:
-    """_read_one for every candidate, in the candidates' order (so the result never depends on timing)."""
+def _read_all(cands: list[_Candidate], threads: int) -> Iterator[tuple[Any, str | None, Exception | None]]:
+    """_read_one for every candidate, in the candidates' order (so the result never depends on timing). Results
+    are yielded as they come in, so the caller's decisions overlap the reads still running."""
     if threads <= 1 or len(cands) < PARALLEL_HEADERS_FROM:
-        return [_read_one(c) for c in cands]
+        yield from map(_read_one, cands)
+        return
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="headers") as pool:
-        return list(pool.map(_read_one, cands, chunksize=64))
+        yield from pool.map(_read_one, cands, chunksize=64)
 
 
 def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,

@@ -11,6 +11,10 @@ from audiopipe.features.pcm import check_waveform
 from audiopipe.features.spectral import StftKey
 
 
+# 2: from the float32 |STFT| the mel shares (mel.stft_magnitude), not float64; values move by a few float32 ulps.
+ENERGY_VERSION = 2
+
+
 class Energy:
     """{"energy": float32 [T]}: sqrt(sum_k |STFT[k, t]|^2), hann window, the same framing as the mel.
 
@@ -41,7 +45,7 @@ class Energy:
         self.specs = (
             FeatureSpec(
                 name="energy", kind=self.kind, sample_rate=sample_rate, dtype="float32", channels=0,
-                hop_length=hop_length, params=dict(self.params),
+                hop_length=hop_length, params=dict(self.params), version=ENERGY_VERSION,
             ),
         )
 
@@ -56,8 +60,8 @@ class Energy:
         return StftKey(p["sample_rate"], p["n_fft"], p["hop_length"], p["win_length"], p["padding"], 0.0)
 
     def from_magnitude(self, mag: np.ndarray) -> dict[str, np.ndarray]:
-        # float64 for the same reason as the mel: the quietest frames stay exact.
-        energy = torch.linalg.vector_norm(torch.from_numpy(mag), dim=0)
+        # The FFT's float32 noise is relative to the frame itself, so even the quietest frames keep ~1e-6.
+        energy = torch.linalg.vector_norm(torch.from_numpy(mag), dim=0, dtype=torch.float64)
         return {"energy": energy.numpy().astype(np.float32)}
 
     def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:

@@ -161,12 +161,21 @@ def magnitude_spectrogram(
 
 
 def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
-    """One float32 waveform -> float64 [n_fft // 2 + 1, T]: `magnitude_spectrogram` in float64 (to 1 ulp), in
-    one pass after the FFT (the offline path; features sharing `key` share its result)."""
+    """One waveform -> float32 |STFT| [n_fft // 2 + 1, T] (time contiguous): `magnitude_spectrogram` in float32,
+    in one pass after the FFT (the offline path; features sharing `key` share its result).
+
+    float32, as the models' own mels are: F5-TTS/vocos (torchaudio) and HiFi-GAN/BigVGAN (torch.stft) take the
+    FFT in single precision (librosa does not: its float64 window makes the FFT float64). Its rounding noise is relative to the frame's
+    loudest bins (~1e-7 of them), so bands within ~1e-5 of the log floor in a loud frame move by up to ~1 nat,
+    exactly as they do between any two float32 implementations (ours and the trainers' batched torch mel differ
+    as much from a float64 mel as each other); where the mel is above 1e-2 the log-mel is within 3.5e-4 nats of
+    the float64 one on the test clips, above 1 within 4e-6 (tests/test_features_spectral.py,
+    tests/test_features_mel.py). A float64 FFT costs ~2x.
+    """
     need = stft_min_samples(key.n_fft, key.hop_length, key.padding)
     if len(x) < need:
         raise ValueError(f"waveform of {len(x)} samples is too short for this STFT framing (needs >= {need})")
-    w = torch.from_numpy(np.asarray(x, dtype=np.float64))[None]
+    w = torch.from_numpy(np.asarray(x, dtype=np.float32))[None]
     with torch.inference_mode():
         if key.padding == "hifigan":
             pad = (key.n_fft - key.hop_length) // 2
@@ -174,11 +183,10 @@ def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
         elif key.padding != "center":
             raise ValueError(f"unknown padding {key.padding!r}: expected 'center' or 'hifigan'")
         spec = torch.stft(w, key.n_fft, hop_length=key.hop_length, win_length=key.win_length,
-                          window=_hann(key.win_length, w.device, torch.float64), center=key.padding == "center",
+                          window=_hann(key.win_length, w.device, torch.float32), center=key.padding == "center",
                           pad_mode="reflect", normalized=False, onesided=True, return_complex=True)[0]
-        # torch.stft lays frames out outermost: [F, T] with strides (1, F). Read it in that order, return [F, T]
-        # as the transposed view of the [T, F] result (SparseMel reads it frames-outer too).
-        return abs_complex(torch.view_as_real(spec.transpose(0, 1)).numpy(), float(key.magnitude_eps)).T
+        # torch.stft lays frames out outermost: [F, T] with strides (1, F). Read it in that order ([T, F]).
+        return abs_complex(torch.view_as_real(spec.transpose(0, 1)).numpy(), float(key.magnitude_eps))
 
 
 def mel_spectrogram(
@@ -229,12 +237,14 @@ def hifigan_mel_kwargs() -> dict:
     )
 
 
-class _LogMel:
-    """One utterance -> {"mel": float32 [n_mels, T]} through `mel_spectrogram` on CPU.
+# Version of the offline mel's stored values. 2: computed in float32 (`stft_magnitude`), not float64; values
+# move by float32 FFT noise, so shards of version 1 and 2 have different feature hashes and are never mixed.
+MEL_VERSION = 2
 
-    Computed in float64 and stored as float32: a float32 FFT's rounding noise (~1e-7 of the frame's peak)
-    is comparable to the 1e-5 log floor, so near-silent bands would otherwise wobble by up to ~1 nat.
-    """
+
+class _LogMel:
+    """One utterance -> {"mel": float32 [n_mels, T]}: `mel_spectrogram`'s maths on CPU in float32, in fewer
+    passes (`stft_magnitude`, then the banded mel of audiopipe/features/spectral.py)."""
 
     kind: str
     specs: tuple[FeatureSpec, ...]
@@ -262,7 +272,7 @@ class _LogMel:
         self.specs = (
             FeatureSpec(
                 name="mel", kind=self.kind, sample_rate=p["sample_rate"], dtype="float32",
-                channels=p["n_mels"], hop_length=p["hop_length"], params=dict(p),
+                channels=p["n_mels"], hop_length=p["hop_length"], params=dict(p), version=MEL_VERSION,
             ),
         )
 
@@ -278,13 +288,12 @@ class _LogMel:
                        p["magnitude_eps"])
 
     def from_magnitude(self, mag: np.ndarray) -> dict[str, np.ndarray]:
-        """The mel of a float64 |STFT| from `stft_magnitude(x, self.stft_key)`."""
+        """The mel of a float32 |STFT| [F, T] from `stft_magnitude(x, self.stft_key)`."""
         if self.params["power"] != 1.0:
             mag = np.power(mag, self.params["power"])
         return {"mel": self._sparse(mag)}
 
     def __call__(self, wav: np.ndarray) -> dict[str, np.ndarray]:
-        # mel_spectrogram's maths on one utterance, in fewer passes (audiopipe/features/spectral.py).
         return self.from_magnitude(stft_magnitude(check_waveform(wav, self.kind), self.stft_key))
 
 

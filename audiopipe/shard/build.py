@@ -22,7 +22,6 @@ from audiopipe.features.mel import stft_magnitude
 from audiopipe.features.pcm import check_waveform
 from audiopipe.features.registry import build_feature
 from audiopipe.features.trim import trim_silence
-from audiopipe.shard.checksum import sha256_file
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import WorkUnit
 from audiopipe.shard.writer import ArrayColumn, ScalarColumn, write_arrow, write_tar
@@ -302,22 +301,21 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     meta = shard_metadata(job, specs)
     arrow_path = out / "arrow" / f"{unit.name}.arrow"
     tar_path = out / "wds" / f"{unit.name}.tar"
-    write_arrow(arrow_path, rows, acols, scols, meta)
+    # Checksums are taken as the bytes are written (no second read of either file).
+    arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta)
     pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
     if job.write_tar:
-        write_tar(tar_path, rows, acols, scols, pcm_rate)
+        tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate)
     record = {
         "name": unit.name,
         "index": unit.index,
         "rows": len(rows),
         "duration": float(sum(r["duration"] for r in rows)),
         "planned": len(unit.utterances),
-        "arrow": {"path": f"arrow/{unit.name}.arrow", "bytes": arrow_path.stat().st_size,
-                  "sha256": sha256_file(arrow_path)},
+        "arrow": {"path": f"arrow/{unit.name}.arrow", "bytes": arrow_digest.bytes, "sha256": arrow_digest.sha256},
         "rejects": rejects,
     }
     if job.write_tar:
-        record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_path.stat().st_size,
-                         "sha256": sha256_file(tar_path)}
+        record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_digest.bytes, "sha256": tar_digest.sha256}
     write_json_atomic(done_path(out, unit.name), record)  # the shard counts as finished only once this exists
     return record

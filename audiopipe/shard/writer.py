@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
+from audiopipe.shard.checksum import Digest, HashingWriter
 from audiopipe.shard.keys import member_name_problem, sample_key
 from audiopipe.storage.atomic import atomic_path
 
@@ -74,7 +75,8 @@ def shard_schema(array_cols: list[ArrayColumn], scalar_cols: list[ScalarColumn],
 
 
 def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-                scalar_cols: list[ScalarColumn], metadata: dict[str, Any]) -> None:
+                scalar_cols: list[ScalarColumn], metadata: dict[str, Any]) -> Digest:
+    """Write the shard's Arrow file; returns its size and sha256, hashed as the bytes were written."""
     schema = shard_schema(array_cols, scalar_cols, metadata)
     data: list[pa.Array] = [
         pa.array([r["id"] for r in rows], pa.string()),
@@ -91,9 +93,13 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
         data.append(pa.array([r["scalars"][c.name] for r in rows], c.type))
     batch = pa.RecordBatch.from_arrays(data, schema=schema)
     # IPC *file* format, no compression: readers memory-map it and take zero-copy views.
-    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_batch(batch)
+    with atomic_path(path) as tmp:
+        with HashingWriter(tmp) as f, pa.PythonFile(f, mode="w") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)
+    return f.digest()
 
+
+_TAR_COPY_BUFSIZE = 1 << 26  # larger than any member in practice (a 10-minute mel is ~10 MB)
 
 # The WebDataset key of an id (an injective escape, see audiopipe.shard.keys); kept under this name for readers.
 wds_key = sample_key
@@ -122,8 +128,12 @@ def sample_json(row: dict[str, Any], array_cols: list[ArrayColumn], scalar_cols:
 
 
 def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-              scalar_cols: list[ScalarColumn], pcm_rate: int | None) -> None:
-    with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+              scalar_cols: list[ScalarColumn], pcm_rate: int | None) -> Digest:
+    """Write the shard's WebDataset tar; returns its size and sha256, hashed as the bytes were written."""
+    # copybufsize: a member's bytes reach the file (and the hash) in one write, not in 16 KB pieces (~20 % of
+    # the tar's time went to the pieces' Python calls).
+    with atomic_path(path) as tmp, HashingWriter(tmp) as f, \
+            tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_TAR_COPY_BUFSIZE) as tar:
         for row in rows:
             key = sample_key(row["id"])
             # Plan-time checks refuse such ids; this is the last line of defence, whatever the input.
@@ -148,3 +158,4 @@ def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColu
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(blob))
+    return f.digest()
