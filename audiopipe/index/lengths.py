@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from audiopipe.shard.columns import numeric_view, numeric_view_possible
+from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.storage.atomic import atomic_path
 
 INDEX_NAME = "index.arrow"

@@ -33,7 +33,8 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader import integrity
 from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
 from audiopipe.shard.checksum import sha256_file
-from audiopipe.shard.columns import ListColumn, numeric_view, numeric_view_possible
+from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
+from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.shard.writer import METADATA_KEY
 from audiopipe.storage.paths import require_local
