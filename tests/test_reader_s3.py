@@ -446,3 +446,17 @@ def test_a_mix_of_a_local_folder_and_an_s3_prefix_reads_as_two_local_folders(rem
     assert {c for b in want for c in b.pop("corpus")} == {str(twin), str(local.root)}
     _same(want, got)
     assert loader.dataset.datasets[1].diagnostics()["bytes_delivered"] > 0  # the second corpus came from s3
+
+
+def test_the_index_and_the_transcripts_read_from_s3_as_from_the_folder(remote, local):
+    """What the trainers read besides batches (the length index for their selections, the transcripts for a
+    vocab) comes from an s3:// prefix as from the local folder, so `--shards s3://...` works in every trainer."""
+    from audiopipe.index.lengths import LengthIndex
+    from audiopipe.reader.texts import shard_texts
+
+    server, url = remote
+    assert LengthIndex.open(url).table.equals(LengthIndex.open(local.root).table)
+    texts = shard_texts(url)
+    assert texts == shard_texts(local.root) and texts[0].endswith("é") and len(texts) == len(local.rows)
+    with pytest.raises(FileNotFoundError, match="index.arrow not found"):
+        LengthIndex.open(url + "-missing")

@@ -86,7 +86,7 @@ def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout:
 
 def read_speaker_index(shards: str | Path) -> tuple[list[str], np.ndarray]:
     """Speaker strings and PCM sample counts from index.arrow, after checking the shards hold 16 kHz PCM."""
-    feats = read_manifest(Path(shards))["features"]
+    feats = read_manifest(shards)["features"]
     if "pcm" not in feats:
         raise SystemExit(f"{shards} has no 'pcm' feature (it has {sorted(feats)}): shard the corpus with "
                          f"`audiopipe shard --preset eres2net` (or campplus)")

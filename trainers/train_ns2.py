@@ -185,7 +185,7 @@ def usable_subset(shards: str | Path) -> tuple[np.ndarray, list[str], int]:
 
 def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
     """Refuse shards this config cannot read; True when they have a `durations` column (MFA, maybe empty)."""
-    m = read_manifest(Path(shards))
+    m = read_manifest(shards)
     feats = m["features"]
     if "codes" not in feats or "f0" not in feats:
         raise SystemExit(f"{shards} has no codes/f0 columns ({sorted(feats)}): make it with `--preset ns2`")

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.storage.atomic import atomic_path
+from audiopipe.storage.s3 import is_s3, parse_s3
 
 INDEX_NAME = "index.arrow"
 _KEEP = ("id", "speaker", "duration")
@@ -59,7 +60,18 @@ class LengthIndex:
 
     @staticmethod
     def open(shards_dir: str | Path) -> "LengthIndex":
-        """Memory-map index.arrow: nothing is read until a column is asked for (a 50M-row index opens in ms)."""
+        """Memory-map index.arrow: nothing is read until a column is asked for (a 50M-row index opens in ms).
+
+        On s3:// the object is fetched whole (the index is the small part of a shard set: ~40 bytes an utterance)."""
+        if is_s3(shards_dir):
+            from audiopipe.storage.s3_ranges import ObjectChanged, RangeReader
+
+            url = parse_s3(shards_dir).child(INDEX_NAME)
+            try:
+                data = RangeReader().read_object(url)
+            except ObjectChanged as e:
+                raise FileNotFoundError(f"{url} not found: is {shards_dir} an audiopipe shard prefix? ({e})") from e
+            return LengthIndex(pa.ipc.open_file(pa.BufferReader(data)).read_all())
         path = Path(shards_dir) / INDEX_NAME
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
