@@ -53,6 +53,26 @@ class S3Server:
         self.start()
 
 
+def admin_client(server: S3Server):
+    """A client of the test's own (not audiopipe's) for putting and breaking objects."""
+    from pyarrow import fs as pafs
+
+    env = server.env()
+    return pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
+                             region=env["AWS_REGION"], endpoint_override=server.endpoint, scheme="http")
+
+
+def upload(server: S3Server, folder, url: str) -> str:
+    """Copy a local shard folder under an s3:// prefix, the same layout (what `shard --out s3://` leaves)."""
+    from pyarrow import fs as pafs
+
+    from audiopipe.storage.s3 import parse_s3
+
+    pafs.copy_files(str(folder), parse_s3(url).path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=admin_client(server))
+    return url
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     server = S3Server()

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pyarrow import fs as pafs
 
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
@@ -39,18 +38,16 @@ def local(tmp_path_factory):
     return write_shards(tmp_path_factory.mktemp("s3read") / "shards", tars=False)
 
 
-def _admin(server) -> pafs.S3FileSystem:
-    """A client of the test's own (not audiopipe's) for putting and breaking objects."""
-    env = server.env()
-    return pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
-                             region=env["AWS_REGION"], endpoint_override=server.endpoint, scheme="http")
+def _admin(server):
+    from s3server import admin_client  # here, not at import: pytest_plugins loads s3server first (assert rewriting)
+
+    return admin_client(server)
 
 
 def upload(server, folder: Path, url: str) -> str:
-    """Copy a local shard folder under an s3:// prefix, the same layout."""
-    pafs.copy_files(str(folder), parse_s3(url).path, source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=_admin(server))
-    return url
+    from s3server import upload as copy_up
+
+    return copy_up(server, folder, url)
 
 
 @pytest.fixture
