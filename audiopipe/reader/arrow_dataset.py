@@ -176,6 +176,16 @@ def _read_ahead_loop(ref: "weakref.ref[ShardDataset]", q: queue.SimpleQueue) -> 
         del ds
 
 
+def keep_rows(ok: np.ndarray, subset: np.ndarray | None, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, lengths) of the rows `ok` keeps: of the subset when one is given (lengths indexed like it),
+    else of every row."""
+    if subset is None:
+        keep = np.flatnonzero(ok)
+        return keep, lengths[keep]
+    keep = ok[subset]
+    return subset[keep], lengths[keep]
+
+
 class ShardDataset:
     """`ds[i]` -> {"id", "speaker", "text", "duration", "<feature>": np.ndarray view, ...}.
 
@@ -292,12 +302,7 @@ class ShardDataset:
         lengths = np.asarray(lengths)
         if not self.skipped:
             return subset, lengths
-        ok = ~self._skipped_shard[self._shard_of]
-        if subset is None:
-            keep = np.flatnonzero(ok)
-            return keep, lengths[keep]
-        keep = ok[subset]
-        return subset[keep], lengths[keep]
+        return keep_rows(~self._skipped_shard[self._shard_of], subset, lengths)
 
     def diagnostics(self) -> dict[str, Any]:
         """Skipped shards and rows (decided at open), and this process's mappings: open now, the cap, and how

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from audiopipe.collate.rows import RowBatch, Rows
-from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.arrow_dataset import ShardDataset, keep_rows
 from audiopipe.reader.errors import ConfigMismatch
 
 
@@ -109,11 +109,7 @@ class MixtureDataset:
                 part = np.zeros(len(d), dtype=bool)
                 part[kept] = True
                 ok[self.offsets[k]:self.offsets[k + 1]] = part
-        if subset is None:
-            keep = np.flatnonzero(ok)
-            return keep, lengths[keep]
-        keep = ok[subset]
-        return subset[keep], lengths[keep]
+        return keep_rows(ok, subset, lengths)
 
     def diagnostics(self) -> dict[str, Any]:
         """Each corpus's reader diagnostics (skipped shards, mappings), by name."""
