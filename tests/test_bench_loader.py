@@ -69,7 +69,9 @@ def test_time_loader_reports_consistent_rates(corpus):
     assert r["timed_batches"] >= 2 and r["timed_s"] > 0 and r["first_batch_s"] > 0
     assert r["batches_per_s"] == pytest.approx(r["timed_batches"] / r["timed_s"])
     assert r["utterances_per_s"] >= r["batches_per_s"] and r["audio_s_per_s"] > 0 and r["mb_per_s"] > 0
-    assert 0 < r["padding_efficiency"] <= 1 and r["over_budget_batches"] == 0 and 0 < r["worst_padded_vs_budget"] <= 1
+    # The pooled sort-and-pack plan aims at 97 % on this corpus (0.970 measured); 0.9 leaves room for the
+    # partial epochs a time-boxed run ends in, and is far above what unsorted batches of it would give.
+    assert r["padding_efficiency"] >= 0.9 and r["over_budget_batches"] == 0 and r["worst_padded_vs_budget"] <= 1
     assert r["peak_rss_mb"] >= r["rss_start_mb"] > 0 and r["peak_private_mb"] > 0
 
 
@@ -103,7 +105,7 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     assert report["corpus"]["utterances"] == len(w.rows) and report["corpus"]["shards"] == 3
     assert [r["name"] for r in report["loaders"]] == ["mmap", "npy_per_utt"]
     for r in report["loaders"]:
-        assert r["batches_per_s"] > 0 and r["mb_per_s"] > 0 and 0 < r["padding_efficiency"] <= 1
+        assert r["batches_per_s"] > 0 and r["mb_per_s"] > 0 and r["padding_efficiency"] >= 0.9  # same plan, both
         assert len(r["rounds"]) == 1
     assert report["memcpy"]["mb_per_s"] > 0
     t = report["targets"]

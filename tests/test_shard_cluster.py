@@ -8,6 +8,8 @@ write the bytes of an uninterrupted run.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import os
 import shutil
 import signal
@@ -123,6 +125,24 @@ def _kill(pid: int) -> None:
         pass
 
 
+def lose_node_mid_job(proc, raylet: int, done: Callable[[], int], n_shards: int, timeout: float) -> None:
+    """SIGKILL a node's raylet and its workers once a quarter of the shards are done and that node is running a
+    shard task (so the loss takes work in flight with it)."""
+    deadline = time.monotonic() + timeout
+    busy: list[int] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        busy = [c for c in _children(raylet) if b"shard_task" in Path(f"/proc/{c}/cmdline").read_bytes()] \
+            if Path(f"/proc/{raylet}").exists() else []
+        if done() >= n_shards // 4 and busy:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None and busy, "the node must be lost while it holds a shard"
+    workers = _children(raylet)
+    _kill(raylet)
+    for w in workers:
+        _kill(w)
+
+
 def test_losing_a_worker_node_mid_job_keeps_the_job_and_its_bytes(espeak_corpus, two_node_cluster, tmp_path):
     address, second_raylet, env = two_node_cluster
     clean = tmp_path / "clean"
@@ -137,21 +157,8 @@ def test_losing_a_worker_node_mid_job_keeps_the_job_and_its_bytes(espeak_corpus,
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
     # Wait for a quarter of the shards, and for the second node to be working on one, then lose that node.
-    deadline = time.monotonic() + 120
-    busy_on_second = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        done = len(list((out / "done").glob("*.json"))) if (out / "done").is_dir() else 0
-        busy_on_second = [c for c in _children(second_raylet)
-                          if b"shard_task" in Path(f"/proc/{c}/cmdline").read_bytes()] \
-            if Path(f"/proc/{second_raylet}").exists() else []
-        if done >= n_shards // 4 and busy_on_second:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None and busy_on_second, "the node must be lost while it holds a shard"
-    workers = _children(second_raylet)
-    _kill(second_raylet)
-    for w in workers:
-        _kill(w)
+    lose_node_mid_job(proc, second_raylet, lambda: len(list((out / "done").glob("*.json")))
+                      if (out / "done").is_dir() else 0, n_shards, timeout=120)
     done_at_kill = len(list((out / "done").glob("*.json")))
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr

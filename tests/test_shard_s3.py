@@ -22,7 +22,7 @@ import pytest
 
 from audiopipe.storage.lock import LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
-from test_shard_cluster import _children, _kill
+from test_shard_cluster import lose_node_mid_job
 from test_shard_cluster import two_node_cluster  # noqa: F401  (a fixture: the 2-node Ray cluster)
 
 pytest_plugins = ["s3server"]
@@ -308,20 +308,8 @@ def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espe
            "--ray-address", address]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
-    deadline = time.monotonic() + 180
-    busy = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        done = sum(k.startswith("done/") for k in _keys(out))
-        busy = [c for c in _children(second_raylet) if b"shard_task" in Path(f"/proc/{c}/cmdline").read_bytes()] \
-            if Path(f"/proc/{second_raylet}").exists() else []
-        if done >= n_shards // 4 and busy:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None and busy, "the node must be lost while it holds a shard"
-    workers = _children(second_raylet)
-    _kill(second_raylet)
-    for w in workers:
-        _kill(w)
+    lose_node_mid_job(proc, second_raylet, lambda: sum(k.startswith("done/") for k in _keys(out)), n_shards,
+                      timeout=180)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
     assert _objects(out) == want
