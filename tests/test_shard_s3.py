@@ -110,11 +110,30 @@ def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, 
     assert r.returncode == 1 and f"{victim['name']}: {victim['arrow']['path']} checksum mismatch" in r.stdout, r.stdout
     assert r.stdout.count("checksum mismatch") == 1
 
-    # Put right again: a rerun on a finished prefix re-reads every object's sha256 and has nothing to do
+    # Put right again: a rerun on a finished prefix checks every object's sha256 and has nothing to do
     # (test_kill_9_... shows a rerun rebuilding a corrupted shard).
     _put(out, victim["arrow"]["path"], (local / victim["arrow"]["path"]).read_bytes())
     r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
     assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+
+    # How a rerun checks: by the sha256 uploaded with each object (one HEAD), reading back only an object that
+    # lacks it (the one rewritten above by another writer), and a rewrite with other bytes is still caught.
+    from audiopipe.shard.output import S3Output
+    from audiopipe.storage.upload import head
+
+    other = manifest["shards"][0]["tar"]
+    assert head(parse_s3(out).child(other["path"])) == (other["bytes"], other["sha256"])
+    names = [s["name"] for s in manifest["shards"]]
+    o, hashed = S3Output(out), []
+    read_whole = o.sha256
+    o.sha256 = lambda rel: hashed.append(rel) or read_whole(rel)  # counts the reads, each still done for real
+    try:
+        assert o.finished(names) == set(names)
+        assert hashed == [victim["arrow"]["path"]]
+        _put(out, victim["arrow"]["path"], bytes(data))
+        assert o.finished(names) == set(names) - {victim["name"]}
+    finally:
+        o.close()
 
 
 def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference):
@@ -174,7 +193,7 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
 
 
 def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
-    from audiopipe.storage.upload import abort_incomplete, incomplete_uploads, upload_file
+    from audiopipe.storage.upload import abort_incomplete, head, incomplete_uploads, upload_file
 
     server, root = s3
     big = tmp_path / "big.bin"
@@ -207,8 +226,11 @@ def test_an_upload_cut_off_mid_way_publishes_nothing(s3, tmp_path):
     # The abort could not reach the stopped server: the parts stay invisible until a rerun aborts them.
     assert abort_incomplete(parse_s3(root)) >= 1 and incomplete_uploads(parse_s3(root)) == []
     # The same file uploads whole once the server is back; a file within one part is a single PUT.
-    assert upload_file(big, url, part_size=5 << 20) == big.stat().st_size
-    assert hashlib.sha256(_get(root, "x/big.bin")).digest() == hashlib.sha256(big.read_bytes()).digest()
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    assert upload_file(big, url, part_size=5 << 20, sha256=sha) == big.stat().st_size
+    assert hashlib.sha256(_get(root, "x/big.bin")).hexdigest() == sha
+    assert head(url) == (big.stat().st_size, sha)  # a multipart upload keeps the sha256 given with it
+    assert head(parse_s3(root).child("x", "none.bin")) is None
 
 
 def test_why_uploads_avoid_pyarrow_streams_an_exception_publishes_a_prefix(s3):

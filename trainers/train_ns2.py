@@ -124,7 +124,7 @@ class PromptSplit:
         self.min_frac, self.max_frac, self.seed, self.vocab_size = min_frac, max_frac, seed, vocab_size
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        codes, lengths = batch["codes"], batch["codes_lengths"]
+        lengths = batch["codes_lengths"]
         ids = batch.get("id", [str(i) for i in range(len(lengths))])
         p_lens = batch.get("phones_lengths")
         d_lens = batch.get("durations_lengths")

@@ -6,9 +6,15 @@ same rule: a shard counts as finished only when its done record exists and the f
 On s3:// every file is first written whole on local disk (a staging folder on the machine that made it: a Ray
 worker for shards, the driver for the rest), then uploaded so that the object appears only when complete
 (audiopipe.storage.upload). Order carries the meaning: a shard's Arrow file and tar, then its done record; the
-plan first; rejects, index.arrow and finally manifest.json last. A rerun lists the prefix and re-reads every
-object a done record names, checking size and sha256: one that disagrees is rebuilt (its done record is deleted
-first, so a run killed meanwhile still sees it as unfinished).
+plan first; rejects, index.arrow and finally manifest.json last. A rerun lists the prefix and checks every
+object a done record names, size and sha256: one that disagrees is rebuilt (its done record is deleted first,
+so a run killed meanwhile still sees it as unfinished).
+
+The sha256 is checked without reading the object back: a shard's objects are uploaded with their sha256 as user
+metadata (taken while the file was written), and a rerun compares it with one HEAD request per object. Reading
+every object back would cost a rerun of a 10 TB shard set 10 TB of downloads. An object replaced by any other
+writer loses that metadata (S3 stores metadata with each PUT), so it is read back and hashed, as is an object
+written before the metadata existed; `audiopipe verify` still hashes every byte.
 """
 
 from __future__ import annotations
@@ -178,6 +184,18 @@ class S3Output:
                 h.update(block)
         return h.hexdigest()
 
+    def holds(self, rel: str, sha256: str) -> bool:
+        """Whether the object `rel` has this sha256: by the sha256 uploaded with it (one HEAD) if it has one, else
+        by reading it whole."""
+        from audiopipe.storage.upload import head
+
+        found = head(self.url.child(rel))
+        if found is None:
+            return False
+        if found[1] is not None:
+            return found[1] == sha256
+        return self.sha256(rel) == sha256
+
     def finished(self, names: list[str]) -> set[str]:
         sizes = self.listing()
         claims: dict[str, list[tuple[str, str]]] = {}  # unit -> [(object, sha256 its done record names)]
@@ -197,7 +215,7 @@ class S3Output:
                 stale.append(n)
         checks = [(n, p, s) for n, files in claims.items() for p, s in files]
         with ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="s3-check") as pool:
-            ok = list(pool.map(lambda c: self.sha256(c[1]) == c[2], checks))
+            ok = list(pool.map(lambda c: self.holds(c[1], c[2]), checks))
         bad = {n for (n, _, _), good in zip(checks, ok) if not good}
         from audiopipe.storage.upload import delete
 
@@ -247,9 +265,11 @@ def build_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) 
     tmp = Path(tempfile.mkdtemp(prefix=f"audiopipe-{unit.name}-", dir=staging))
     try:
         rec = build_shard(unit, replace(job, out=str(tmp)), **kw)
-        rels = [rec[k]["path"] for k in ("arrow", "tar") if k in rec] + [_rel_done(unit.name)]
-        for rel in rels:  # the done record last: it is what makes the shard count as finished
-            upload_file(tmp / rel, root.child(rel))
+        for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
+            if k in rec:
+                upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])
+        # The done record last: it is what makes the shard count as finished.
+        upload_file(tmp / _rel_done(unit.name), root.child(_rel_done(unit.name)))
         return rec
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

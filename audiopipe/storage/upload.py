@@ -27,6 +27,9 @@ from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL, _endpoint
 # 8 MiB parts: S3's minimum is 5 MiB (except the last); a 256 MB shard is then 32 requests.
 PART_SIZE = 8 << 20
 
+# The user-metadata key (x-amz-meta-audiopipe-sha256) under which an object's sha256 is stored.
+SHA256_META = "audiopipe-sha256"
+
 
 def client(settings: S3Settings | None = None):
     """A boto3 S3 client from the environment (one per settings and environment per process; it is thread-safe)."""
@@ -56,27 +59,44 @@ def _fail(op: str, url: S3URL, e: Exception) -> ObjectStoreError:
     return ObjectStoreError(f"{op} {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def put_bytes(url: S3URL, data: bytes, settings: S3Settings | None = None) -> None:
+def _metadata(sha256: str | None) -> dict:
+    """User metadata stored with an object: its sha256, so that a rerun can check a finished object with one
+    HEAD request instead of reading it back whole (see audiopipe.shard.output)."""
+    return {"Metadata": {SHA256_META: sha256}} if sha256 else {}
+
+
+def head(url: S3URL, settings: S3Settings | None = None) -> tuple[int, str | None] | None:
+    """(size, the sha256 stored with it or None) of an object, or None if there is none."""
+    try:
+        r = client(settings).head_object(Bucket=url.bucket, Key=url.key)
+    except Exception as e:
+        if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise _fail("head", url, e) from e
+    return int(r["ContentLength"]), r.get("Metadata", {}).get(SHA256_META)
+
+
+def put_bytes(url: S3URL, data: bytes, settings: S3Settings | None = None, sha256: str | None = None) -> None:
     """One PutObject: the object appears whole or not at all."""
     try:
-        client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data)
+        client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data, **_metadata(sha256))
     except Exception as e:
         raise _fail("upload", url, e) from e
 
 
 def upload_file(path: str | os.PathLike[str], url: S3URL, *, part_size: int = PART_SIZE,
-                settings: S3Settings | None = None) -> int:
+                settings: S3Settings | None = None, sha256: str | None = None) -> int:
     """Upload the finished local file `path` to `url`; return its size. Nothing is visible under `url` until the
     whole file is stored (see the module docstring); on any error the upload is aborted and ObjectStoreError
-    raised."""
+    raised. `sha256` (the file's, as the caller computed it while writing) is stored with the object."""
     path = Path(path)
     size = path.stat().st_size
     if size <= part_size:
-        put_bytes(url, path.read_bytes(), settings)
+        put_bytes(url, path.read_bytes(), settings, sha256)
         return size
     s3 = client(settings)
     try:
-        upload_id = s3.create_multipart_upload(Bucket=url.bucket, Key=url.key)["UploadId"]
+        upload_id = s3.create_multipart_upload(Bucket=url.bucket, Key=url.key, **_metadata(sha256))["UploadId"]
     except Exception as e:
         raise _fail("upload", url, e) from e
     try:
