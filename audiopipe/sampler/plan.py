@@ -177,7 +177,10 @@ def pack_runs(counts: np.ndarray, caps: np.ndarray) -> np.ndarray:
         # Few items per length (a pool of a small corpus): batches cross runs all the time, and pack_sorted's
         # per-position search with one array step per batch is cheaper than walking runs in Python.
         g = np.arange(1, n + 1, dtype=np.int64) - np.repeat(caps, counts)
-        end = np.searchsorted(g, np.arange(n, dtype=np.int64), side="right")
+        # end[i] = #{j : g[j] <= i}. g holds strictly increasing integers below n (cap >= 1), so a histogram and
+        # its running sum give it in two linear passes: a searchsorted of n sorted keys was most of a 1M-item
+        # epoch's planning (~3 ms a 60k-item pool).
+        end = np.cumsum(np.bincount(np.maximum(g, 0), minlength=n)[:n])
         cuts = []
         i = 0
         while i < n:

@@ -21,21 +21,58 @@ Batches are rows (pool, start, end); splitting a length-sorted batch keeps it a 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import threading
+from typing import Callable
 
 import numpy as np
 
 from audiopipe.sampler.plan import BatchBudget, best_cut, capacities, pack_runs
 
 
-@dataclass(frozen=True)
-class LengthOrder:
-    """The kept items grouped by length: lengths values[k] (ascending) held by by_len[starts[k]:starts[k+1]]."""
+class _InBackground:
+    """fn() run on a daemon thread; result() waits for it (and raises what it raised)."""
 
-    values: np.ndarray  # int64 [K] distinct lengths of the kept items
-    counts: np.ndarray  # int64 [K]
-    starts: np.ndarray  # int64 [K + 1]
-    by_len: np.ndarray  # int32 (int64 past 2**31 items) [kept] item indices, stable by length
+    def __init__(self, fn: Callable[[], np.ndarray]):
+        self._done = threading.Event()
+        self._value: np.ndarray | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name="audiopipe-length-order", daemon=True).start()
+
+    def _run(self, fn: Callable[[], np.ndarray]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to the thread that asks for the result
+            self._error = e
+        finally:
+            self._done.set()
+
+    def result(self) -> np.ndarray:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class LengthOrder:
+    """The kept items grouped by length: lengths values[k] (ascending) held by by_len[starts[k]:starts[k+1]].
+
+    values (int64 [K], the distinct kept lengths), counts (int64 [K]) and starts (int64 [K + 1]) come from a
+    histogram; by_len (int32, int64 past 2**31 items; [kept] item indices, stable by length) from a sort. Only
+    a batch's items need by_len, never the plan (it is packed and dealt from the histogram), so from
+    BACKGROUND_SORT_FROM items the sort runs on a thread (numpy's sort releases the GIL) while the sampler is
+    built and the first epoch is planned; by_len waits for it.
+    """
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray, starts: np.ndarray,
+                 by_len: np.ndarray | _InBackground):
+        self.values, self.counts, self.starts = values, counts, starts
+        self._by_len = by_len
+
+    @property
+    def by_len(self) -> np.ndarray:
+        if not isinstance(self._by_len, np.ndarray):  # still being sorted: wait for it
+            self._by_len = self._by_len.result()
+        return self._by_len
 
     @staticmethod
     def build(lengths: np.ndarray, longest: int, items: np.ndarray | None = None) -> "LengthOrder":
@@ -47,7 +84,9 @@ class LengthOrder:
         Memory-lean for 50M items: the lengths are counted into a histogram, then the items are placed by a
         stable counting sort into an int32 index; temporaries stay the size of a chunk. From
         COMPILED_SORT_FROM items both passes are compiled (sampler/counting.py); below, numpy does them chunk
-        by chunk (uint16 length codes, radix-sorted per chunk). Both give the same order (tested).
+        by chunk (uint16 length codes, radix-sorted per chunk), on a thread from BACKGROUND_SORT_FROM items
+        (every index of `lengths` only: a per-epoch selection is sorted at once). All give the same order
+        (tested).
         """
         chunk = 1 << 22
         total = lengths.size if items is None else items.size
@@ -76,29 +115,35 @@ class LengthOrder:
         rank[0] = rank[top + 1] = k  # left-out items sort after every kept length
         index_dtype = np.int32 if lengths.size < 2**31 else np.int64
         starts = np.concatenate([[0], np.cumsum(counts)])
-        by_len = np.empty(int(starts[-1]), dtype=index_dtype)
         cursor = np.append(starts[:-1], starts[-1])  # next free slot of every length (left-out: past the end)
         if compiled:
+            by_len = np.empty(int(starts[-1]), dtype=index_dtype)
             counting_sort(source, rank, top, cursor, by_len)  # positions in `source`
             if items is not None:
                 by_len = items[by_len].astype(index_dtype)
             return LengthOrder(values.astype(np.int64), counts, starts, by_len)
-        # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
-        clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
-        for s in range(0, total, chunk):
-            ids = None if items is None else items[s : s + chunk]
-            part = lengths[s : s + chunk] if items is None else lengths[ids]
-            code = rank[np.minimum(part, top + 1) if clip else part]
-            seen = np.bincount(code, minlength=k + 1)
-            order = np.argsort(code, kind="stable")[: code.size - int(seen[k])]  # radix sort (uint16 codes)
-            placed = order + s if ids is None else ids[order]
-            if total <= chunk:  # one chunk: its sorted order is the whole index
-                by_len[:] = placed
-                break
-            first = np.cumsum(seen) - seen  # where each length starts in the sorted chunk
-            by_len[(cursor - first)[code[order]] + np.arange(order.size)] = placed
-            cursor += seen
-        return LengthOrder(values.astype(np.int64), counts, starts, by_len)
+
+        def group() -> np.ndarray:
+            # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
+            by_len = np.empty(int(starts[-1]), dtype=index_dtype)
+            clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
+            for s in range(0, total, chunk):
+                ids = None if items is None else items[s : s + chunk]
+                part = lengths[s : s + chunk] if items is None else lengths[ids]
+                code = rank[np.minimum(part, top + 1) if clip else part]
+                seen = np.bincount(code, minlength=k + 1)
+                order = np.argsort(code, kind="stable")[: code.size - int(seen[k])]  # radix sort (uint16 codes)
+                placed = order + s if ids is None else ids[order]
+                if total <= chunk:  # one chunk: its sorted order is the whole index
+                    by_len[:] = placed
+                    break
+                first = np.cumsum(seen) - seen  # where each length starts in the sorted chunk
+                by_len[(cursor - first)[code[order]] + np.arange(order.size)] = placed
+                cursor[:] += seen
+            return by_len
+
+        background = items is None and total >= BACKGROUND_SORT_FROM
+        return LengthOrder(values.astype(np.int64), counts, starts, _InBackground(group) if background else group())
 
     @property
     def size(self) -> int:
@@ -106,6 +151,8 @@ class LengthOrder:
 
 
 COMPILED_SORT_FROM = 1 << 23  # items; tests lower it to check both paths give the same order
+# Items from which the numpy sort runs on a thread (below, ~2 ms: less than waiting for one); tests vary it.
+BACKGROUND_SORT_FROM = 1 << 17
 
 
 def _equal_sizes(n: int, parts: int) -> np.ndarray:
@@ -145,25 +192,25 @@ class EpochPlan:
         self._frames = np.cumsum(hist * order.values, axis=1)  # [P, K] frames up to each run's end
         caps = capacities(order.values, budget)
         rows: list[np.ndarray] = []
-        tails: list[tuple[np.ndarray, np.ndarray]] = []
+        tails: list[tuple[int, int, int]] = []
         for p in range(pools):
             ends = pack_runs(hist[p], caps)
             begins = _begins(ends)
             if pools > 1 and ends.size > 1:
                 # The pool's last (partial) batch joins the other pools' leftovers; a pool of one batch is kept
                 # whole: merging it would undo its random draw.
-                tails.append((self.items(p, int(begins[-1]), int(ends[-1])),
-                              self.lengths_at(p, int(begins[-1]), int(ends[-1]))))
+                tails.append((p, int(begins[-1]), int(ends[-1])))
                 begins, ends = begins[:-1], ends[:-1]
             rows.append(np.stack([np.full(ends.size, p, dtype=np.int64), begins, ends], axis=1))
-        # Pool `pools` (when any leftovers) is explicit: the leftovers sorted by length.
+        # Pool `pools` (when any leftovers) is explicit: the leftovers sorted by length. Packing it needs their
+        # lengths only (from the histograms); which items they are is looked up when one of its batches is drawn
+        # (_explicit_items), so a first batch from another pool computes its own items and nothing else.
+        self._tails = tails
         self._explicit: np.ndarray | None = None
         if tails:
-            rest = np.concatenate([t[0] for t in tails])
-            rest_len = np.concatenate([t[1] for t in tails])
-            sort = np.argsort(rest_len, kind="stable")
-            self._explicit = rest[sort]
-            rest_len = rest_len[sort]
+            rest_len = np.concatenate([self.lengths_at(*t) for t in tails])
+            self._explicit_sort = np.argsort(rest_len, kind="stable")
+            rest_len = rest_len[self._explicit_sort]
             edges = np.flatnonzero(np.diff(rest_len)) + 1  # np.unique without its import of numpy.ma (0.2 s)
             values = rest_len[np.concatenate([[0], edges])]
             run_counts = np.diff(np.concatenate([[0], edges, [rest_len.size]]))
@@ -186,13 +233,19 @@ class EpochPlan:
     def items(self, pool: int, start: int, end: int) -> np.ndarray:
         """The item indices (int64) at positions [start, end) of `pool`'s sorted order: one batch."""
         if pool == self.num_pools:
-            return self._explicit[start:end].astype(np.int64)
+            return self._explicit_items()[start:end].astype(np.int64)
         self.items_computed += end - start
         x = np.arange(start, end, dtype=np.int64)
         k = np.searchsorted(self._run_end[pool], x, side="right")
         rank = self._offset[pool, k] + x - self._run_start[pool, k]  # rank among all items of length k
         seg = (self._mul[k] * rank + self._add[k]) % self.order.counts[k]
         return self.order.by_len[self.order.starts[k] + seg].astype(np.int64)
+
+    def _explicit_items(self) -> np.ndarray:
+        """The leftover pool's items in its sorted order: every pool's last batch, looked up once, when first needed."""
+        if self._explicit is None:
+            self._explicit = np.concatenate([self.items(*t) for t in self._tails])[self._explicit_sort]
+        return self._explicit
 
     def batch(self, row: np.ndarray) -> np.ndarray:
         return self.items(int(row[0]), int(row[1]), int(row[2]))
