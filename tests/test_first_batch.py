@@ -135,3 +135,39 @@ def test_make_loader_first_batch_is_built_before_the_copy_kernel_loads(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "EVENTS ['first batch built', 'kernel load'] READY True BATCHES" in out.stdout, out.stdout
     assert int(out.stdout.split("BATCHES")[1]) > 1
+
+
+class _Blocked:
+    """A sort that has not finished: done() is False, and waiting for it fails the test."""
+
+    def done(self):
+        return False
+
+    def result(self):
+        raise AssertionError("waited for the sort")
+
+
+def test_first_batch_items_while_the_sort_runs_are_the_sorted_ones(monkeypatch):
+    from audiopipe.sampler import pools
+
+    monkeypatch.setattr(pools, "SCAN_LENGTHS_UP_TO", 3)
+    lengths = np.random.default_rng(8).integers(30, 2000, 300_000)
+    budget = BatchBudget(38_400)
+    order = LengthOrder.build(lengths, budget.longest_alone())
+    sorting = LengthOrder(order.values, order.counts, order.starts, _Blocked(), lengths)
+    rng_a, rng_b = np.random.default_rng(9), np.random.default_rng(9)
+    plan, blind = EpochPlan(order, budget, 16, rng_a), EpochPlan(sorting, budget, 16, rng_b)
+    d = deal(plan.table, plan, budget, 4, rng_a)
+    d_blind = deal(blind.table, blind, budget, 4, rng_b)
+    assert np.array_equal(d.steps, d_blind.steps)
+
+    def lengths_of(b):
+        return set(plan.lengths_at(*d.table[b]).tolist())
+
+    # A batch of a pool spanning a few lengths (a first batch, typically): each length scanned for once.
+    first = next(b for b in d.steps.ravel().tolist() if len(lengths_of(b)) == 3)
+    assert np.array_equal(d.batch(first), d_blind.batch(first))
+    # Beyond SCAN_LENGTHS_UP_TO lengths in all, scanning would cost more than the sort: lookups wait for it.
+    other = next(b for b in d.steps.ravel().tolist() if not lengths_of(b) <= lengths_of(first))
+    with pytest.raises(AssertionError, match="waited for the sort"):
+        d_blind.batch(other)

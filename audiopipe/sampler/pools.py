@@ -46,6 +46,9 @@ class _InBackground:
         finally:
             self._done.set()
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def result(self) -> np.ndarray:
         self._done.wait()
         if self._error is not None:
@@ -60,19 +63,40 @@ class LengthOrder:
     histogram; by_len (int32, int64 past 2**31 items; [kept] item indices, stable by length) from a sort. Only
     a batch's items need by_len, never the plan (it is packed and dealt from the histogram), so from
     BACKGROUND_SORT_FROM items the sort runs on a thread (numpy's sort releases the GIL) while the sampler is
-    built and the first epoch is planned; by_len waits for it.
+    built and the first epoch is planned; by_len waits for it. members() does not: while the sort runs, a batch
+    of a few lengths finds their items with one scan of the lengths per length (the first batch, typically).
     """
 
     def __init__(self, values: np.ndarray, counts: np.ndarray, starts: np.ndarray,
-                 by_len: np.ndarray | _InBackground):
+                 by_len: np.ndarray | _InBackground, lengths: np.ndarray | None = None):
         self.values, self.counts, self.starts = values, counts, starts
         self._by_len = by_len
+        self._lengths = lengths  # while by_len is sorted: members() scans it for the few lengths it needs
+        self._scanned: dict[int, np.ndarray] = {}
 
     @property
     def by_len(self) -> np.ndarray:
         if not isinstance(self._by_len, np.ndarray):  # still being sorted: wait for it
             self._by_len = self._by_len.result()
+            self._lengths, self._scanned = None, {}
         return self._by_len
+
+    def members(self, k: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """by_len[starts[k] + seg]: the seg-th item (in index order) of length values[k], for arrays k, seg."""
+        pending = self._by_len
+        if isinstance(pending, np.ndarray) or self._lengths is None or pending.done():
+            return self.by_len[self.starts[k] + seg]
+        kinds = set(k.tolist())
+        if len(kinds | self._scanned.keys()) > SCAN_LENGTHS_UP_TO:  # more scans would cost more than the wait
+            return self.by_len[self.starts[k] + seg]
+        out = np.empty(k.size, dtype=np.int64)
+        for kind in kinds:
+            if kind not in self._scanned:
+                # Exactly by_len's slice of this length: its items in index order (~0.5 ms a million lengths).
+                self._scanned[kind] = np.flatnonzero(self._lengths == self.values[kind])
+            sel = k == kind
+            out[sel] = self._scanned[kind][seg[sel]]
+        return out
 
     @staticmethod
     def build(lengths: np.ndarray, longest: int, items: np.ndarray | None = None) -> "LengthOrder":
@@ -142,8 +166,9 @@ class LengthOrder:
                 cursor[:] += seen
             return by_len
 
-        background = items is None and total >= BACKGROUND_SORT_FROM
-        return LengthOrder(values.astype(np.int64), counts, starts, _InBackground(group) if background else group())
+        if items is None and total >= BACKGROUND_SORT_FROM:
+            return LengthOrder(values.astype(np.int64), counts, starts, _InBackground(group), lengths)
+        return LengthOrder(values.astype(np.int64), counts, starts, group())
 
     @property
     def size(self) -> int:
@@ -153,6 +178,8 @@ class LengthOrder:
 COMPILED_SORT_FROM = 1 << 23  # items; tests lower it to check both paths give the same order
 # Items from which the numpy sort runs on a thread (below, ~2 ms: less than waiting for one); tests vary it.
 BACKGROUND_SORT_FROM = 1 << 17
+# Distinct lengths scanned for, in all, while the sort runs (each ~0.5 ms at 1M items; the sort ~15-25 ms).
+SCAN_LENGTHS_UP_TO = 8
 
 
 def _equal_sizes(n: int, parts: int) -> np.ndarray:
@@ -239,7 +266,7 @@ class EpochPlan:
         k = np.searchsorted(self._run_end[pool], x, side="right")
         rank = self._offset[pool, k] + x - self._run_start[pool, k]  # rank among all items of length k
         seg = (self._mul[k] * rank + self._add[k]) % self.order.counts[k]
-        return self.order.by_len[self.order.starts[k] + seg].astype(np.int64)
+        return self.order.members(k, seg).astype(np.int64)
 
     def _explicit_items(self) -> np.ndarray:
         """The leftover pool's items in its sorted order: every pool's last batch, looked up once, when first needed."""
