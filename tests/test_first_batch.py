@@ -150,24 +150,31 @@ class _Blocked:
 def test_first_batch_items_while_the_sort_runs_are_the_sorted_ones(monkeypatch):
     from audiopipe.sampler import pools
 
-    monkeypatch.setattr(pools, "SCAN_LENGTHS_UP_TO", 3)
-    lengths = np.random.default_rng(8).integers(30, 2000, 300_000)
+    monkeypatch.setattr(pools, "SCAN_PASSES_UP_TO", 2)
+    lengths = np.random.default_rng(8).integers(0, 2500, 300_000)  # some empty, some too long: left out
     budget = BatchBudget(38_400)
-    order = LengthOrder.build(lengths, budget.longest_alone())
-    sorting = LengthOrder(order.values, order.counts, order.starts, _Blocked(), lengths)
+    order = LengthOrder.build(lengths, 2000)
+    running = LengthOrder.build(lengths, 2000)  # its sort on a thread; replaced by one that never ends
+    assert not isinstance(running._by_len, np.ndarray)
+    running._by_len = _Blocked()
     rng_a, rng_b = np.random.default_rng(9), np.random.default_rng(9)
-    plan, blind = EpochPlan(order, budget, 16, rng_a), EpochPlan(sorting, budget, 16, rng_b)
+    plan, blind = EpochPlan(order, budget, 16, rng_a), EpochPlan(running, budget, 16, rng_b)
     d = deal(plan.table, plan, budget, 4, rng_a)
     d_blind = deal(blind.table, blind, budget, 4, rng_b)
     assert np.array_equal(d.steps, d_blind.steps)
+    seen: set[int] = set()
 
     def lengths_of(b):
         return set(plan.lengths_at(*d.table[b]).tolist())
 
-    # A batch of a pool spanning a few lengths (a first batch, typically): each length scanned for once.
-    first = next(b for b in d.steps.ravel().tolist() if len(lengths_of(b)) == 3)
-    assert np.array_equal(d.batch(first), d_blind.batch(first))
-    # Beyond SCAN_LENGTHS_UP_TO lengths in all, scanning would cost more than the sort: lookups wait for it.
-    other = next(b for b in d.steps.ravel().tolist() if not lengths_of(b) <= lengths_of(first))
+    # The first batch and the two read ahead with it, each in one pass whatever its lengths; the third shares
+    # the first one's lengths: no pass.
+    first, second = d.steps[0, 0], d.steps[1, 0]
+    for b in (first, second, first):
+        assert np.array_equal(d.batch(b), d_blind.batch(b))
+        seen |= lengths_of(b)
+    assert running._scans == 2
+    # Past SCAN_PASSES_UP_TO passes, a sort is cheaper than more passes: lookups of new lengths wait for it.
+    other = next(b for b in d.steps.ravel().tolist() if not lengths_of(b) <= seen)
     with pytest.raises(AssertionError, match="waited for the sort"):
         d_blind.batch(other)

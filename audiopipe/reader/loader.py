@@ -74,15 +74,16 @@ class _Collate:
 
     def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False):
         self.pad, self.batch_transform = pad, batch_transform
-        self.release_kernels = release_kernels  # num_workers=0: the kernel load waits for the first batch
+        # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
+        # second batch: started as the first is returned, it held the GIL the hand-over needed).
+        self.batches_before_release = 1 if release_kernels else -1
 
     def __call__(self, items):
-        batch = self.pad(items)
-        batch = self.batch_transform(batch) if self.batch_transform else batch
-        if self.release_kernels:
+        if self.batches_before_release == 0:
             release_warm_up()
-            self.release_kernels = False
-        return batch
+        self.batches_before_release -= self.batches_before_release >= 0
+        batch = self.pad(items)
+        return self.batch_transform(batch) if self.batch_transform else batch
 
 
 @dataclass
@@ -261,7 +262,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
         sampler.epoch_items = mix
     if num_workers == 0:
         # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2),
-        # from the moment the first batch is in hand: loading it meanwhile made that batch 2-3x slower (GIL).
+        # once the first batch is in hand: loading it meanwhile made that batch 2-3x slower (GIL).
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
         feats = ds.manifest["features"] if reader == "mmap" else {}
         warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)

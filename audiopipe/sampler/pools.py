@@ -63,37 +63,45 @@ class LengthOrder:
     histogram; by_len (int32, int64 past 2**31 items; [kept] item indices, stable by length) from a sort. Only
     a batch's items need by_len, never the plan (it is packed and dealt from the histogram), so from
     BACKGROUND_SORT_FROM items the sort runs on a thread (numpy's sort releases the GIL) while the sampler is
-    built and the first epoch is planned; by_len waits for it. members() does not: while the sort runs, a batch
-    of a few lengths finds their items with one scan of the lengths per length (the first batch, typically).
+    built and the first epoch is planned; by_len waits for it. members() need not: while the sort runs, the
+    lengths a lookup needs are found by one pass over the items' length codes (~1 ms a million items, whatever
+    the number of lengths), up to SCAN_PASSES_UP_TO passes in all; the first batches, typically.
     """
 
     def __init__(self, values: np.ndarray, counts: np.ndarray, starts: np.ndarray,
-                 by_len: np.ndarray | _InBackground, lengths: np.ndarray | None = None):
+                 by_len: np.ndarray | _InBackground, codes: np.ndarray | None = None):
         self.values, self.counts, self.starts = values, counts, starts
         self._by_len = by_len
-        self._lengths = lengths  # while by_len is sorted: members() scans it for the few lengths it needs
+        # While by_len is sorted: every item's length code (k, or K when left out), for members() to scan.
+        self._codes = codes
         self._scanned: dict[int, np.ndarray] = {}
+        self._scans = 0
 
     @property
     def by_len(self) -> np.ndarray:
         if not isinstance(self._by_len, np.ndarray):  # still being sorted: wait for it
             self._by_len = self._by_len.result()
-            self._lengths, self._scanned = None, {}
+            self._codes, self._scanned = None, {}
         return self._by_len
 
     def members(self, k: np.ndarray, seg: np.ndarray) -> np.ndarray:
         """by_len[starts[k] + seg]: the seg-th item (in index order) of length values[k], for arrays k, seg."""
         pending = self._by_len
-        if isinstance(pending, np.ndarray) or self._lengths is None or pending.done():
+        if isinstance(pending, np.ndarray) or self._codes is None or pending.done():
             return self.by_len[self.starts[k] + seg]
-        kinds = set(k.tolist())
-        if len(kinds | self._scanned.keys()) > SCAN_LENGTHS_UP_TO:  # more scans would cost more than the wait
-            return self.by_len[self.starts[k] + seg]
+        new = set(k.tolist()) - self._scanned.keys()
+        if new:
+            if self._scans >= SCAN_PASSES_UP_TO:  # more passes would cost more than waiting for the sort
+                return self.by_len[self.starts[k] + seg]
+            wanted = np.zeros(self.values.size + 1, dtype=bool)
+            wanted[list(new)] = True
+            hit = np.flatnonzero(wanted[self._codes])
+            codes = self._codes[hit]
+            for kind in new:  # exactly by_len's slice of this length: its items in index order
+                self._scanned[kind] = hit[codes == kind]
+            self._scans += 1
         out = np.empty(k.size, dtype=np.int64)
-        for kind in kinds:
-            if kind not in self._scanned:
-                # Exactly by_len's slice of this length: its items in index order (~0.5 ms a million lengths).
-                self._scanned[kind] = np.flatnonzero(self._lengths == self.values[kind])
+        for kind in set(k.tolist()):
             sel = k == kind
             out[sel] = self._scanned[kind][seg[sel]]
         return out
@@ -166,8 +174,14 @@ class LengthOrder:
                 cursor[:] += seen
             return by_len
 
-        if items is None and total >= BACKGROUND_SORT_FROM:
-            return LengthOrder(values.astype(np.int64), counts, starts, _InBackground(group), lengths)
+        if items is None and BACKGROUND_SORT_FROM <= total <= chunk and total:
+            # One chunk: its length codes are computed here (members() scans them while the sort runs), the
+            # stable sort of them (group()'s single-chunk case) on a thread.
+            clip = int(lengths.max()) > top + 1
+            codes = rank[np.minimum(lengths, top + 1) if clip else lengths]
+            kept = int(starts[-1])
+            sort = _InBackground(lambda: np.argsort(codes, kind="stable")[:kept].astype(index_dtype))
+            return LengthOrder(values.astype(np.int64), counts, starts, sort, codes)
         return LengthOrder(values.astype(np.int64), counts, starts, group())
 
     @property
@@ -176,10 +190,12 @@ class LengthOrder:
 
 
 COMPILED_SORT_FROM = 1 << 23  # items; tests lower it to check both paths give the same order
-# Items from which the numpy sort runs on a thread (below, ~2 ms: less than waiting for one); tests vary it.
+# Items from which the numpy sort runs on a thread (below, ~2 ms: less than waiting for one), up to one chunk
+# (4M: beyond, the chunked sort runs at once, and from 8M the compiled one); tests vary it.
 BACKGROUND_SORT_FROM = 1 << 17
-# Distinct lengths scanned for, in all, while the sort runs (each ~0.5 ms at 1M items; the sort ~15-25 ms).
-SCAN_LENGTHS_UP_TO = 8
+# Passes over the length codes members() makes, in all, while the sort runs (each ~1 ms at 1M items; the
+# sort ~15-25 ms): the first batch and those make_loader's read-ahead announces with it, typically.
+SCAN_PASSES_UP_TO = 8
 
 
 def _equal_sizes(n: int, parts: int) -> np.ndarray:
