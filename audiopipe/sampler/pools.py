@@ -12,8 +12,9 @@ histograms (planning work ~ pools x distinct lengths + batches, never ~ items), 
   permutation of the items into equal pools gives. Inside a pool, same-length items keep that random order.
 - Position x of pool p: its length run k (searchsorted over the pool's histogram), its rank inside the run,
   the bijection, `by_len` -- O(batch size) for one batch, nothing for the batches not drawn.
-- Leftovers (each pool's last, partial batch: its longest items) are materialised (pools x one batch) and
-  sorted and packed together as one more pool, so an epoch has about one partial batch, not `pools`.
+- Leftovers (each pool's last, partial batch: its longest items) are sorted and packed together as one more
+  pool, from their lengths, so an epoch has about one partial batch, not `pools`; their items are looked up
+  (pools x one batch) when a batch of that pool is first drawn.
 
 Batches are rows (pool, start, end); splitting a length-sorted batch keeps it a range of the same pool.
 """
@@ -155,34 +156,31 @@ class LengthOrder:
                 by_len = items[by_len].astype(index_dtype)
             return LengthOrder(values.astype(np.int64), counts, starts, by_len)
 
-        def group() -> np.ndarray:
-            # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
-            by_len = np.empty(int(starts[-1]), dtype=index_dtype)
-            clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
-            for s in range(0, total, chunk):
-                ids = None if items is None else items[s : s + chunk]
-                part = lengths[s : s + chunk] if items is None else lengths[ids]
-                code = rank[np.minimum(part, top + 1) if clip else part]
-                seen = np.bincount(code, minlength=k + 1)
-                order = np.argsort(code, kind="stable")[: code.size - int(seen[k])]  # radix sort (uint16 codes)
-                placed = order + s if ids is None else ids[order]
-                if total <= chunk:  # one chunk: its sorted order is the whole index
-                    by_len[:] = placed
-                    break
-                first = np.cumsum(seen) - seen  # where each length starts in the sorted chunk
-                by_len[(cursor - first)[code[order]] + np.arange(order.size)] = placed
-                cursor[:] += seen
-            return by_len
-
         if items is None and BACKGROUND_SORT_FROM <= total <= chunk and total:
-            # One chunk: its length codes are computed here (members() scans them while the sort runs), the
-            # stable sort of them (group()'s single-chunk case) on a thread.
+            # One chunk: its length codes are computed here (members() scans them while the sort runs), their
+            # stable sort (the loop's single-chunk case below) on a thread.
             clip = int(lengths.max()) > top + 1
             codes = rank[np.minimum(lengths, top + 1) if clip else lengths]
             kept = int(starts[-1])
             sort = _InBackground(lambda: np.argsort(codes, kind="stable")[:kept].astype(index_dtype))
             return LengthOrder(values.astype(np.int64), counts, starts, sort, codes)
-        return LengthOrder(values.astype(np.int64), counts, starts, group())
+        by_len = np.empty(int(starts[-1]), dtype=index_dtype)
+        # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
+        clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
+        for s in range(0, total, chunk):
+            ids = None if items is None else items[s : s + chunk]
+            part = lengths[s : s + chunk] if items is None else lengths[ids]
+            code = rank[np.minimum(part, top + 1) if clip else part]
+            seen = np.bincount(code, minlength=k + 1)
+            order = np.argsort(code, kind="stable")[: code.size - int(seen[k])]  # radix sort (uint16 codes)
+            placed = order + s if ids is None else ids[order]
+            if total <= chunk:  # one chunk: its sorted order is the whole index
+                by_len[:] = placed
+                break
+            first = np.cumsum(seen) - seen  # where each length starts in the sorted chunk
+            by_len[(cursor - first)[code[order]] + np.arange(order.size)] = placed
+            cursor += seen
+        return LengthOrder(values.astype(np.int64), counts, starts, by_len)
 
     @property
     def size(self) -> int:
@@ -212,7 +210,7 @@ class EpochPlan:
     def __init__(self, order: LengthOrder, budget: BatchBudget, pools: int, rng: np.random.Generator | None):
         self.order = order
         self.budget = budget
-        # Items looked up so far (diagnostic: planning costs the pools' leftovers, then each drawn batch its own).
+        # Items looked up so far (diagnostic: each drawn batch its own; the leftover pool's first batch all of it).
         self.items_computed = 0
         n, k = order.size, order.values.size
         pools = max(1, min(int(pools), n)) if rng is not None else 1
