@@ -36,9 +36,14 @@ def test_packing_runs_of_a_histogram_cuts_where_packing_the_sorted_items_does(po
     assert np.array_equal(pack_runs(counts, capacities(values, budget)), want)
 
 
-@FAST
+@pytest.mark.parametrize("background", [False, True])  # sorted at once / on a thread
 @given(st.lists(st.integers(0, 300), max_size=300), st.integers(1, 400))
-def test_length_order_is_a_stable_sort_of_the_kept_items(lengths, longest):
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_length_order_is_a_stable_sort_of_the_kept_items(background, monkeypatch, lengths, longest):
+    from audiopipe.sampler import pools
+
+    monkeypatch.setattr(pools, "BACKGROUND_SORT_FROM", 0 if background else 1 << 40)
     lengths = np.asarray(lengths, dtype=np.int64)
     order = LengthOrder.build(lengths, longest)
     keep = np.flatnonzero((lengths > 0) & (lengths <= longest))
@@ -93,14 +98,19 @@ def test_epoch_plan_rows_hold_every_kept_item_once_with_the_lengths_the_histogra
         assert budget.cost(size, m) <= max_frames and (max_items is None or size <= max_items)
 
 
-def test_first_batch_computes_only_its_own_items_and_the_leftovers():
+def test_first_batch_computes_only_its_own_items():
     lengths = np.random.default_rng(1).integers(50, 1900, 200_000)
     s = BucketBatchSampler(lengths, 38_400, seed=1, rank=5, world_size=16)
     first = next(iter(s))
     plan = s._plan(0)
-    # Each pool's last batch is looked up when planning (the leftovers); then only the batch drawn.
-    assert plan.items_computed <= s.pools * 60 + len(first)
-    assert plan.items_computed < 0.01 * lengths.size
+    d = s._deal(0, ())
+    assert d.table[d.steps[0, 5], 0] < plan.num_pools  # drawn from a pool, not from the leftovers
+    # Planning packs the leftover pool from its lengths alone: no item is looked up but the batch drawn.
+    assert plan.items_computed == len(first)
+    # A batch of the leftover pool looks its items up then, all pools' last batches at once.
+    explicit = np.flatnonzero(d.table[:, 0] == plan.num_pools)
+    assert explicit.size
+    assert len(d.batch(explicit[0])) and plan.items_computed > len(first)
     # The whole epoch's batches, materialised, are what the ranks get: every item once.
     every = sorted(i for r in range(16) for b in BucketBatchSampler(lengths, 38_400, seed=1, rank=r, world_size=16)
                    for i in b)

@@ -17,6 +17,7 @@ ready, `pad_rows_into` copies with numpy, one row at a time (same bytes), so the
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Sequence
 
@@ -117,7 +118,7 @@ def _pad_rows_time_major_numpy(src, starts, frames, positions, channels, t_max, 
     return -1
 
 
-_warm = {"started": False, "ready": threading.Event()}
+_warm = {"started": False, "ready": threading.Event(), "go": threading.Event()}
 _warm_lock = threading.Lock()
 
 
@@ -137,10 +138,32 @@ def _load_kernels(itemsizes: tuple[int, ...], kernels: tuple = (_pad_rows,)) -> 
         _warm["ready"].set()
 
 
-def warm_up_in_background(itemsizes: Sequence[int] = (4,), layout: str = "BCT") -> None:
+def _load_when_released(itemsizes: tuple[int, ...], kernels: tuple) -> None:
+    _warm["go"].wait()
+    _load_kernels(itemsizes, kernels)
+
+
+def _finish_load_at_exit() -> None:
+    # A script that exits right after its first batch would cut the load off inside numba/LLVM, which can
+    # abort the process at shutdown ("terminate called without an active exception"): let it end first.
+    if _warm["go"].is_set():
+        _warm["ready"].wait(timeout=30)
+
+
+def release_warm_up() -> None:
+    """Let a load started with after_release=True begin (make_loader: once its first batch is in hand)."""
+    _warm["go"].set()
+
+
+def warm_up_in_background(itemsizes: Sequence[int] = (4,), layout: str = "BCT", after_release: bool = False) -> None:
     """Load the compiled kernels for these item sizes (bytes per value of the padded features) and this batch
     layout in a daemon thread, once per process; pad_rows_into uses numpy meanwhile. Another variant loads on
     its first use.
+
+    after_release: the thread waits for release_warm_up() before loading. The load holds the GIL for ~0.4 s
+    in small steps, and a first batch built meanwhile (sampler plan, shard mapping: many short GIL-releasing
+    numpy and pyarrow calls, each waiting up to a switch interval to get it back) took 2-3x longer; make_loader
+    releases it once the first batch is in hand, so the load overlaps the first training step instead.
 
     Not for a process that is about to fork DataLoader workers: a fork during the load could leave numba's
     compiler lock held in the child. make_loader calls it only with num_workers=0.
@@ -152,7 +175,10 @@ def warm_up_in_background(itemsizes: Sequence[int] = (4,), layout: str = "BCT") 
     sizes = tuple(sorted({int(s) for s in itemsizes if int(s) in _UINT})) or (4,)
     # A [T] feature is copied by _pad_rows in either layout; a [C, T] one by the layout's kernel.
     kernels = (_pad_rows,) if layout == "BCT" else (_pad_rows, _pad_rows_time_major)
-    threading.Thread(target=_load_kernels, args=(sizes, kernels), name="audiopipe-kernel-load",
+    if not after_release:
+        _warm["go"].set()
+    atexit.register(_finish_load_at_exit)
+    threading.Thread(target=_load_when_released, args=(sizes, kernels), name="audiopipe-kernel-load",
                      daemon=True).start()
 
 
@@ -163,6 +189,7 @@ def kernels_ready() -> bool:
 def wait_for_kernels() -> None:
     """Block until a background load (if one was started) is done: call before forking workers."""
     if _warm["started"]:
+        _warm["go"].set()  # a load still waiting for its release starts now
         _warm["ready"].wait()
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from audiopipe.collate.kernels import wait_for_kernels, warm_up_in_background
+from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.mixture import MixtureDataset
@@ -72,10 +72,16 @@ class _View:
 class _Collate:
     """PadCollator, then an optional batch transform, both inside the worker that built the batch."""
 
-    def __init__(self, pad: PadCollator, batch_transform: Callable | None):
+    def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False):
         self.pad, self.batch_transform = pad, batch_transform
+        # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
+        # second batch: started as the first is returned, it held the GIL the hand-over needed).
+        self.batches_before_release = 1 if release_kernels else -1
 
     def __call__(self, items):
+        if self.batches_before_release == 0:
+            release_warm_up()
+        self.batches_before_release -= self.batches_before_release >= 0
         batch = self.pad(items)
         return self.batch_transform(batch) if self.batch_transform else batch
 
@@ -255,11 +261,12 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
                             usable=(n > 0) & sampler.budget.fits_alone(n), seed=seed)
         sampler.epoch_items = mix
     if num_workers == 0:
-        # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2).
+        # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2),
+        # once the first batch is in hand: loading it meanwhile made that batch 2-3x slower (GIL).
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
         feats = ds.manifest["features"] if reader == "mmap" else {}
         warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
-                               if f in feats and "dtype" in feats[f]], layout)
+                               if f in feats and "dtype" in feats[f]], layout, after_release=True)
     else:
         wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
     if read_ahead < 0:
@@ -282,6 +289,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
-                                     collate_fn=_Collate(collate, batch_transform), num_workers=num_workers,
+                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0),
+                                     num_workers=num_workers,
                                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev, mix=mix)

@@ -12,8 +12,9 @@ histograms (planning work ~ pools x distinct lengths + batches, never ~ items), 
   permutation of the items into equal pools gives. Inside a pool, same-length items keep that random order.
 - Position x of pool p: its length run k (searchsorted over the pool's histogram), its rank inside the run,
   the bijection, `by_len` -- O(batch size) for one batch, nothing for the batches not drawn.
-- Leftovers (each pool's last, partial batch: its longest items) are materialised (pools x one batch) and
-  sorted and packed together as one more pool, so an epoch has about one partial batch, not `pools`.
+- Leftovers (each pool's last, partial batch: its longest items) are sorted and packed together as one more
+  pool, from their lengths, so an epoch has about one partial batch, not `pools`; their items are looked up
+  (pools x one batch) when a batch of that pool is first drawn.
 
 Batches are rows (pool, start, end); splitting a length-sorted batch keeps it a range of the same pool.
 """
@@ -21,21 +22,90 @@ Batches are rows (pool, start, end); splitting a length-sorted batch keeps it a 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import threading
+from typing import Callable
 
 import numpy as np
 
 from audiopipe.sampler.plan import BatchBudget, best_cut, capacities, pack_runs
 
 
-@dataclass(frozen=True)
-class LengthOrder:
-    """The kept items grouped by length: lengths values[k] (ascending) held by by_len[starts[k]:starts[k+1]]."""
+class _InBackground:
+    """fn() run on a daemon thread; result() waits for it (and raises what it raised)."""
 
-    values: np.ndarray  # int64 [K] distinct lengths of the kept items
-    counts: np.ndarray  # int64 [K]
-    starts: np.ndarray  # int64 [K + 1]
-    by_len: np.ndarray  # int32 (int64 past 2**31 items) [kept] item indices, stable by length
+    def __init__(self, fn: Callable[[], np.ndarray]):
+        self._done = threading.Event()
+        self._value: np.ndarray | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name="audiopipe-length-order", daemon=True).start()
+
+    def _run(self, fn: Callable[[], np.ndarray]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to the thread that asks for the result
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> np.ndarray:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class LengthOrder:
+    """The kept items grouped by length: lengths values[k] (ascending) held by by_len[starts[k]:starts[k+1]].
+
+    values (int64 [K], the distinct kept lengths), counts (int64 [K]) and starts (int64 [K + 1]) come from a
+    histogram; by_len (int32, int64 past 2**31 items; [kept] item indices, stable by length) from a sort. Only
+    a batch's items need by_len, never the plan (it is packed and dealt from the histogram), so from
+    BACKGROUND_SORT_FROM items the sort runs on a thread (numpy's sort releases the GIL) while the sampler is
+    built and the first epoch is planned; by_len waits for it. members() need not: while the sort runs, the
+    lengths a lookup needs are found by one pass over the items' length codes (~1 ms a million items, whatever
+    the number of lengths), up to SCAN_PASSES_UP_TO passes in all; the first batches, typically.
+    """
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray, starts: np.ndarray,
+                 by_len: np.ndarray | _InBackground, codes: np.ndarray | None = None):
+        self.values, self.counts, self.starts = values, counts, starts
+        self._by_len = by_len
+        # While by_len is sorted: every item's length code (k, or K when left out), for members() to scan.
+        self._codes = codes
+        self._scanned: dict[int, np.ndarray] = {}
+        self._scans = 0
+
+    @property
+    def by_len(self) -> np.ndarray:
+        if not isinstance(self._by_len, np.ndarray):  # still being sorted: wait for it
+            self._by_len = self._by_len.result()
+            self._codes, self._scanned = None, {}
+        return self._by_len
+
+    def members(self, k: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """by_len[starts[k] + seg]: the seg-th item (in index order) of length values[k], for arrays k, seg."""
+        pending = self._by_len
+        if isinstance(pending, np.ndarray) or self._codes is None or pending.done():
+            return self.by_len[self.starts[k] + seg]
+        new = set(k.tolist()) - self._scanned.keys()
+        if new:
+            if self._scans >= SCAN_PASSES_UP_TO:  # more passes would cost more than waiting for the sort
+                return self.by_len[self.starts[k] + seg]
+            wanted = np.zeros(self.values.size + 1, dtype=bool)
+            wanted[list(new)] = True
+            hit = np.flatnonzero(wanted[self._codes])
+            codes = self._codes[hit]
+            for kind in new:  # exactly by_len's slice of this length: its items in index order
+                self._scanned[kind] = hit[codes == kind]
+            self._scans += 1
+        out = np.empty(k.size, dtype=np.int64)
+        for kind in set(k.tolist()):
+            sel = k == kind
+            out[sel] = self._scanned[kind][seg[sel]]
+        return out
 
     @staticmethod
     def build(lengths: np.ndarray, longest: int, items: np.ndarray | None = None) -> "LengthOrder":
@@ -47,7 +117,9 @@ class LengthOrder:
         Memory-lean for 50M items: the lengths are counted into a histogram, then the items are placed by a
         stable counting sort into an int32 index; temporaries stay the size of a chunk. From
         COMPILED_SORT_FROM items both passes are compiled (sampler/counting.py); below, numpy does them chunk
-        by chunk (uint16 length codes, radix-sorted per chunk). Both give the same order (tested).
+        by chunk (uint16 length codes, radix-sorted per chunk), on a thread from BACKGROUND_SORT_FROM items
+        (every index of `lengths` only: a per-epoch selection is sorted at once). All give the same order
+        (tested).
         """
         chunk = 1 << 22
         total = lengths.size if items is None else items.size
@@ -76,13 +148,23 @@ class LengthOrder:
         rank[0] = rank[top + 1] = k  # left-out items sort after every kept length
         index_dtype = np.int32 if lengths.size < 2**31 else np.int64
         starts = np.concatenate([[0], np.cumsum(counts)])
-        by_len = np.empty(int(starts[-1]), dtype=index_dtype)
         cursor = np.append(starts[:-1], starts[-1])  # next free slot of every length (left-out: past the end)
         if compiled:
+            by_len = np.empty(int(starts[-1]), dtype=index_dtype)
             counting_sort(source, rank, top, cursor, by_len)  # positions in `source`
             if items is not None:
                 by_len = items[by_len].astype(index_dtype)
             return LengthOrder(values.astype(np.int64), counts, starts, by_len)
+
+        if items is None and BACKGROUND_SORT_FROM <= total <= chunk and total:
+            # One chunk: its length codes are computed here (members() scans them while the sort runs), their
+            # stable sort (the loop's single-chunk case below) on a thread.
+            clip = int(lengths.max()) > top + 1
+            codes = rank[np.minimum(lengths, top + 1) if clip else lengths]
+            kept = int(starts[-1])
+            sort = _InBackground(lambda: np.argsort(codes, kind="stable")[:kept].astype(index_dtype))
+            return LengthOrder(values.astype(np.int64), counts, starts, sort, codes)
+        by_len = np.empty(int(starts[-1]), dtype=index_dtype)
         # A stable counting sort, chunk by chunk: memory stays ~ a chunk, not 50M sort indices (400 MB).
         clip = lengths.size and int(lengths.max()) > top + 1  # too-long items map to the left-out code top + 1
         for s in range(0, total, chunk):
@@ -106,6 +188,12 @@ class LengthOrder:
 
 
 COMPILED_SORT_FROM = 1 << 23  # items; tests lower it to check both paths give the same order
+# Items from which the numpy sort runs on a thread (below, ~2 ms: less than waiting for one), up to one chunk
+# (4M: beyond, the chunked sort runs at once, and from 8M the compiled one); tests vary it.
+BACKGROUND_SORT_FROM = 1 << 17
+# Passes over the length codes members() makes, in all, while the sort runs (each ~1 ms at 1M items; the
+# sort ~15-25 ms): the first batch and those make_loader's read-ahead announces with it, typically.
+SCAN_PASSES_UP_TO = 8
 
 
 def _equal_sizes(n: int, parts: int) -> np.ndarray:
@@ -122,7 +210,7 @@ class EpochPlan:
     def __init__(self, order: LengthOrder, budget: BatchBudget, pools: int, rng: np.random.Generator | None):
         self.order = order
         self.budget = budget
-        # Items looked up so far (diagnostic: planning costs the pools' leftovers, then each drawn batch its own).
+        # Items looked up so far (diagnostic: each drawn batch its own; the leftover pool's first batch all of it).
         self.items_computed = 0
         n, k = order.size, order.values.size
         pools = max(1, min(int(pools), n)) if rng is not None else 1
@@ -145,25 +233,25 @@ class EpochPlan:
         self._frames = np.cumsum(hist * order.values, axis=1)  # [P, K] frames up to each run's end
         caps = capacities(order.values, budget)
         rows: list[np.ndarray] = []
-        tails: list[tuple[np.ndarray, np.ndarray]] = []
+        tails: list[tuple[int, int, int]] = []
         for p in range(pools):
             ends = pack_runs(hist[p], caps)
             begins = _begins(ends)
             if pools > 1 and ends.size > 1:
                 # The pool's last (partial) batch joins the other pools' leftovers; a pool of one batch is kept
                 # whole: merging it would undo its random draw.
-                tails.append((self.items(p, int(begins[-1]), int(ends[-1])),
-                              self.lengths_at(p, int(begins[-1]), int(ends[-1]))))
+                tails.append((p, int(begins[-1]), int(ends[-1])))
                 begins, ends = begins[:-1], ends[:-1]
             rows.append(np.stack([np.full(ends.size, p, dtype=np.int64), begins, ends], axis=1))
-        # Pool `pools` (when any leftovers) is explicit: the leftovers sorted by length.
+        # Pool `pools` (when any leftovers) is explicit: the leftovers sorted by length. Packing it needs their
+        # lengths only (from the histograms); which items they are is looked up when one of its batches is drawn
+        # (_explicit_items), so a first batch from another pool computes its own items and nothing else.
+        self._tails = tails
         self._explicit: np.ndarray | None = None
         if tails:
-            rest = np.concatenate([t[0] for t in tails])
-            rest_len = np.concatenate([t[1] for t in tails])
-            sort = np.argsort(rest_len, kind="stable")
-            self._explicit = rest[sort]
-            rest_len = rest_len[sort]
+            rest_len = np.concatenate([self.lengths_at(*t) for t in tails])
+            self._explicit_sort = np.argsort(rest_len, kind="stable")
+            rest_len = rest_len[self._explicit_sort]
             edges = np.flatnonzero(np.diff(rest_len)) + 1  # np.unique without its import of numpy.ma (0.2 s)
             values = rest_len[np.concatenate([[0], edges])]
             run_counts = np.diff(np.concatenate([[0], edges, [rest_len.size]]))
@@ -186,13 +274,19 @@ class EpochPlan:
     def items(self, pool: int, start: int, end: int) -> np.ndarray:
         """The item indices (int64) at positions [start, end) of `pool`'s sorted order: one batch."""
         if pool == self.num_pools:
-            return self._explicit[start:end].astype(np.int64)
+            return self._explicit_items()[start:end].astype(np.int64)
         self.items_computed += end - start
         x = np.arange(start, end, dtype=np.int64)
         k = np.searchsorted(self._run_end[pool], x, side="right")
         rank = self._offset[pool, k] + x - self._run_start[pool, k]  # rank among all items of length k
         seg = (self._mul[k] * rank + self._add[k]) % self.order.counts[k]
-        return self.order.by_len[self.order.starts[k] + seg].astype(np.int64)
+        return self.order.members(k, seg).astype(np.int64)
+
+    def _explicit_items(self) -> np.ndarray:
+        """The leftover pool's items in its sorted order: every pool's last batch, looked up once, when first needed."""
+        if self._explicit is None:
+            self._explicit = np.concatenate([self.items(*t) for t in self._tails])[self._explicit_sort]
+        return self._explicit
 
     def batch(self, row: np.ndarray) -> np.ndarray:
         return self.items(int(row[0]), int(row[1]), int(row[2]))
