@@ -491,11 +491,12 @@ class ShardDataset:
         names = self.meta_columns
         meta = np.empty((n, len(names)), dtype=object)
         # A column is in the batch when the index holds it or a shard of the batch has it (as item dicts do).
-        have = [c in self._index_meta() for c in names]
+        have = tuple(c in self._index_meta() for c in names)
         for k, sh, positions, rows in self._by_shard(idx):
             values, present = self._meta_block(k, sh)
             meta[positions] = values[rows]
-            have = [a or b for a, b in zip(have, present)]
+            if present != have:
+                have = tuple(a or b for a, b in zip(have, present))
             for f in self.features:
                 arrays[f].append(sh.rows(f, rows, positions))
         columns = {c: col for c, col, h in zip(names, meta.T.tolist(), have) if h}
