@@ -166,21 +166,25 @@ def test_a_batch_read_at_once_equals_its_items_read_one_by_one(shards):
         ds.__getitems__([0, len(ds)])
 
 
-def test_a_shards_metadata_is_decoded_once_not_per_batch(shards):
+def test_a_rows_metadata_is_decoded_once_not_per_batch(shards):
     """Strings cost more to decode than their rows cost to copy (docs/bench-loader.md, "Where the bytes go"): a
-    shard's id, speaker, text and duration are decoded the first time a batch touches it, and every later batch
-    over it gathers them from there, with the same values."""
+    row's text is decoded from its shard the first time a batch asks for it, and every later batch over it
+    gathers it from there, with the same values. Only the rows asked for are decoded, never a whole shard (a
+    shard mapped again after an eviction would otherwise pay for all its rows)."""
     ds = ShardDataset(shards.root, ["mel"])
-    idx = [_global_of(1, 0), _global_of(3, 2), _global_of(1, 4)]
-    first = ds.__getitems__(idx)
     decoded = []
     for k in (1, 3):
         sh = ds._shard(k)
         real = sh.meta_values
-        sh.meta_values = lambda c, rows, real=real: decoded.append(c) or real(c, rows)
+        sh.meta_values = lambda c, rows, k=k, real=real: decoded.append((k, c, rows.tolist())) or real(c, rows)
+    idx = [_global_of(1, 0), _global_of(3, 2), _global_of(1, 4)]
+    first = ds.__getitems__(idx)
+    assert sorted(decoded) == [(1, "text", [0, 4]), (3, "text", [2])]
+    decoded.clear()
     again = ds.__getitems__(idx[::-1])
-    assert decoded == []
-    for batch, order in ((first, idx), (again, idx[::-1])):
+    more = ds.__getitems__([_global_of(1, 4), _global_of(1, 5)])
+    assert decoded == [(1, "text", [5])]
+    for batch, order in ((first, idx), (again, idx[::-1]), (more, [_global_of(1, 4), _global_of(1, 5)])):
         for got, i in zip(batch, order):
             want = shards.rows[i]
             assert (got["id"], got["speaker"], got["text"], got["duration"], got["index"]) == (

@@ -242,7 +242,6 @@ class ShardDataset:
         shard_bytes = sum(int(e["arrow"]["bytes"]) for e in self.manifest["shards"])
         self._hint_always = shard_bytes > _physical_memory() // 2
         self._index_meta_readers: dict[str, Callable[[np.ndarray], list[Any]]] | None = None
-        self._index_sorted: bool | None = None  # does the index list shards in order (set on first use)
         self.skipped: tuple[integrity.CorruptShard, ...] = ()
         self._skipped_shard = np.zeros(len(self.manifest["shards"]), dtype=bool)
         self._hashed = False  # sha256 done by the open-time scan (workers inherit it and do not hash again)
@@ -441,44 +440,37 @@ class ShardDataset:
         for k, a, b in zip(by_shard[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
             yield k, self._shard(k), order[a:b], rows[a:b]
 
-    def _shard_rows_in_index(self, k: int) -> np.ndarray:
-        """Global rows of shard k. The index lists shards in order (how build_index writes it), so that is a
-        range found by bisection; an index in any other order is scanned (once per shard mapped)."""
-        if self._index_sorted is None:
-            shard_of = self._shard_of
-            self._index_sorted = bool(shard_of.size < 2 or (shard_of[1:] >= shard_of[:-1]).all())
-        if self._index_sorted:
-            a, b = np.searchsorted(self._shard_of, [k, k + 1]).tolist()
-            return np.arange(a, b, dtype=np.int64)
-        return np.flatnonzero(self._shard_of == k)
-
-    def _meta_block(self, k: int, sh: Any) -> tuple[np.ndarray, tuple[bool, ...]]:
-        """Shard k's metadata decoded once, the first time a batch touches it: an object array [rows, columns]
-        (columns: meta_columns, in order), and which columns the shard has. Per batch this is one numpy
-        gather per shard instead of decoding ~80 strings per column (docs/bench-loader.md, "Where the bytes
-        go"); it lives as long as the shard stays mapped, so it is bounded by max_open shards' rows."""
+    def _meta_block(self, k: int, sh: Any, rows: np.ndarray,
+                    globals_: np.ndarray) -> tuple[np.ndarray, tuple[bool, ...]]:
+        """Shard k's metadata block with these rows decoded: an object array [rows of the shard, meta_columns]
+        and which columns the shard has. A row is decoded the first time a batch asks for it, and kept while the
+        shard stays mapped (so at most max_open shards' rows); every later batch over it gathers its values
+        with one numpy call per shard instead of decoding ~80 strings per column (docs/bench-loader.md, "Where
+        the bytes go"). Only the rows asked for are decoded: mapping a shard again after an eviction, or a
+        first batch over many large shards, costs no more than before.
+        globals_: the rows' places in the index (where id, speaker and duration are read)."""
         block = getattr(sh, "meta_block", None)
-        if block is not None:
-            return block
-        index_meta = self._index_meta()
-        names = self.meta_columns
-        rows = int(self.manifest["shards"][k]["rows"])
-        values = np.full((rows, len(names)), None, dtype=object)
-        present = []
-        for j, c in enumerate(names):
-            if c in index_meta:
-                g = self._shard_rows_in_index(k)
-                at, got = self._row_of[g].tolist(), index_meta[c](g)
-            elif c in sh.meta:
-                at, got = range(rows), sh.meta_values(c, np.arange(rows, dtype=np.int64))
-            else:
-                present.append(False)
-                continue
-            present.append(True)
-            for r, v in zip(at, got):  # item by item: a list value must stay one object, not become a row
-                values[r, j] = v
-        sh.meta_block = block = (values, tuple(present))
-        return block
+        if block is None:
+            n_rows = int(self.manifest["shards"][k]["rows"])
+            present = tuple(c in self._index_meta() or c in sh.meta for c in self.meta_columns)
+            block = sh.meta_block = (np.full((n_rows, len(self.meta_columns)), None, dtype=object),
+                                     np.zeros(n_rows, dtype=bool), present)
+        values, known, present = block
+        seen = known[rows]
+        if not seen.all():
+            index_meta = self._index_meta()
+            rows, globals_ = rows[~seen], globals_[~seen]
+            for j, c in enumerate(self.meta_columns):
+                if c in index_meta:
+                    got = index_meta[c](globals_)
+                elif c in sh.meta:
+                    got = sh.meta_values(c, rows)
+                else:
+                    continue
+                for r, v in zip(rows.tolist(), got):  # one by one: a list value must stay one object
+                    values[r, j] = v
+            known[rows] = True
+        return values, present
 
     def __getitems__(self, indices: Sequence[int]) -> RowBatch:
         """A whole batch at once (torch's DataLoader calls this), as columns: see audiopipe/collate/rows.py.
@@ -493,7 +485,7 @@ class ShardDataset:
         # A column is in the batch when the index holds it or a shard of the batch has it (as item dicts do).
         have = tuple(c in self._index_meta() for c in names)
         for k, sh, positions, rows in self._by_shard(idx):
-            values, present = self._meta_block(k, sh)
+            values, present = self._meta_block(k, sh, rows, idx[positions])
             meta[positions] = values[rows]
             if present != have:
                 have = tuple(a or b for a, b in zip(have, present))
