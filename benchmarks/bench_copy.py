@@ -17,7 +17,11 @@ prefaulted buffers of the pass' size, 0.3 s each):
                (the rows are transposed once before timing; not a shard format, a measurement of one)
 
 and the stages of a batch: `rows` (ShardDataset.__getitems__: locating rows, reading metadata), `collate`
-(PadCollator on the RowBatch: the copy plus lengths, mask and statistics), per batch in ms.
+(PadCollator on the RowBatch: the copy plus lengths, mask and statistics), per batch in ms; and the whole
+loader the way `audiopipe bench-loader` times it (`loader`: make_loader, num_workers=0, epoch after epoch, the
+batch's lengths and durations read as bench-loader does) next to `sampler` (its BucketBatchSampler alone, with
+the read-ahead hook make_loader gives it, set_epoch and each epoch's plan included), so that
+`other` = loader - sampler - rows - collate is the DataLoader and the loop around them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 from audiopipe.collate.kernels import _UINT, _copy_elems, _pad_rows, _pad_rows_time_major
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.loader import make_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
 
@@ -87,6 +92,39 @@ def _time_major_copy(parts, channels: int):
     return out
 
 
+def _per_batch(epochs, least: float = 0.5) -> tuple[float, float]:
+    """(wall, CPU) seconds per batch over whole epochs (epoch 1, 2, ...) repeated for at least `least` seconds;
+    epoch 0 is run first and not timed (first touches, kernel load). The CPU time is this thread's: on a
+    loaded machine the wall time also counts the waits for a core, the CPU time does not."""
+    sum(1 for _ in epochs(0))
+    n, e, t0, c0 = 0, 1, time.perf_counter(), time.thread_time()
+    while n == 0 or time.perf_counter() - t0 < least:
+        n += sum(1 for _ in epochs(e))
+        e += 1
+    return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
+
+
+def loader_stages(shards: Path, budget: int, seed: int, feature: str) -> dict:
+    """The whole loader per batch, and its sampler alone, in ms (make_loader with its defaults, workers 0)."""
+    loader = make_loader(shards, [feature], max_frames=budget, seed=seed)
+
+    def loader_epoch(e: int):
+        loader.set_epoch(e)
+        for batch in loader:  # what bench-loader's loop reads of every batch
+            int(batch[f"{feature}_lengths"].sum())
+            float(sum(batch["duration"]))
+            yield batch
+
+    def sampler_epoch(e: int):
+        loader.sampler.set_epoch(e)
+        return iter(loader.sampler)
+
+    loader_wall, loader_cpu = _per_batch(loader_epoch)
+    sampler_wall, sampler_cpu = _per_batch(sampler_epoch)
+    return {"loader_ms_per_batch": 1e3 * loader_wall, "loader_cpu_ms_per_batch": 1e3 * loader_cpu,
+            "sampler_ms_per_batch": 1e3 * sampler_wall, "sampler_cpu_ms_per_batch": 1e3 * sampler_cpu}
+
+
 def measure(shards: Path, budget: int, seed: int, feature: str, max_batches: int | None) -> dict:
     ds, batches = _plan(shards, budget, seed, feature)
     if max_batches:
@@ -105,14 +143,16 @@ def measure(shards: Path, budget: int, seed: int, feature: str, max_batches: int
         real_bytes += int(lengths.sum()) * width * itemsize
         prepared.append((parts, _time_major_copy(parts, width), int(lengths.max()), int(b.size)))
     # The stages, on a second pass (the first mapped the shards' pages into this process, once per process).
-    t_rows = t_coll = 0.0
+    t_rows = t_coll = c_rows = c_coll = 0.0
     for b in batches:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rb = ds.__getitems__(b)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         collate(rb)
         t_coll += time.perf_counter() - t1
+        c_coll += time.thread_time() - c1
         t_rows += t1 - t0
+        c_rows += c1 - c0
     uint = _UINT[itemsize]
     dst = np.empty(max(n * width * t for _, _, t, n in prepared) + 64, dtype=uint)
     pad = uint(0)
@@ -145,7 +185,17 @@ def measure(shards: Path, budget: int, seed: int, feature: str, max_batches: int
     result = {"batches": len(prepared), "real_mb": real_bytes / 1e6,
               "items_per_batch": float(np.mean([n for *_, n in prepared])),
               "rows_ms_per_batch": 1e3 * t_rows / len(prepared),
-              "collate_ms_per_batch": 1e3 * t_coll / len(prepared)}
+              "collate_ms_per_batch": 1e3 * t_coll / len(prepared),
+              "rows_cpu_ms_per_batch": 1e3 * c_rows / len(prepared),
+              "collate_cpu_ms_per_batch": 1e3 * c_coll / len(prepared)}
+    if not max_batches:  # whole epochs only
+        result.update(loader_stages(shards, budget, seed, feature))
+        for t in ("", "_cpu"):
+            result[f"other{t}_ms_per_batch"] = result[f"loader{t}_ms_per_batch"] - sum(
+                result[f"{stage}{t}_ms_per_batch"] for stage in ("sampler", "rows", "collate"))
+        # The loader's MB/s against this round's memcpy, as bench-loader reports it (real bytes per batch).
+        mb_per_batch = real_bytes / len(prepared) / 1e6
+        result["loader_mb_per_s"] = mb_per_batch / (result["loader_ms_per_batch"] / 1e3)
     for name in VARIANTS:
         # memcpy of the same bytes just before and after each variant: bandwidth on a shared VM drifts
         before = seconds_per_pass(lambda: np.copyto(c, a))
@@ -156,6 +206,8 @@ def measure(shards: Path, budget: int, seed: int, feature: str, max_batches: int
         result[f"{name}_memcpy_mb_per_s"] = 2 * real_bytes / (before + after) / 1e6
         result[f"{name}_vs_memcpy"] = result[f"{name}_mb_per_s"] / result[f"{name}_memcpy_mb_per_s"]
     result["memcpy_mb_per_s"] = float(np.mean([result[f"{v}_memcpy_mb_per_s"] for v in VARIANTS]))
+    if "loader_mb_per_s" in result:
+        result["loader_vs_memcpy"] = result["loader_mb_per_s"] / result["memcpy_mb_per_s"]
     return result
 
 
@@ -177,6 +229,16 @@ def markdown(rows: dict[str, dict]) -> str:
                  f"{r[f'{v}_vs_memcpy_max']:.0%})" for v in VARIANTS]
         lines.append(f"| {name} | {r['items_per_batch']:.0f} | {r['rows_ms_per_batch']:.2f} | "
                      f"{r['collate_ms_per_batch']:.2f} | {r['memcpy_mb_per_s']:,.0f} | " + " | ".join(cells) + " |")
+    if all("loader_ms_per_batch" in r for r in rows.values()):
+        lines += ["", "| corpus | clock | loader ms/batch | sampler | rows | collate | other | copy kernel alone | "
+                      "loader % of memcpy (range) |", "|" + "---|" * 9]
+        for name, r in rows.items():
+            for t, clock in (("", "wall"), ("_cpu", "thread CPU")):
+                cells = " | ".join(f"{r[f'{stage}{t}_ms_per_batch']:.2f}"
+                                   for stage in ("loader", "sampler", "rows", "collate", "other"))
+                share = (f"{r['loader_vs_memcpy']:.0%} ({r['loader_vs_memcpy_min']:.0%}-"
+                         f"{r['loader_vs_memcpy_max']:.0%})") if not t else ""
+                lines.append(f"| {name} | {clock} | {cells} | {r['bct_ms_per_batch']:.2f} | {share} |")
     return "\n".join(lines)
 
 
@@ -228,7 +290,8 @@ def main() -> None:
         for s in args.shards:
             res = measure(s, args.budget, args.seed, args.feature, limit)
             runs[str(s)].append(res)
-            print(f"round {r}: {s.name}: " + ", ".join(f"{v} {res[f'{v}_vs_memcpy']:.0%}" for v in VARIANTS)
+            print(f"round {r}: {s.name}: " + ", ".join(f"{v} {res[f'{v}_vs_memcpy']:.0%}" for v in
+                                                       (*VARIANTS, "loader") if f"{v}_vs_memcpy" in res)
                   + f" of memcpy ({res['memcpy_mb_per_s']:,.0f} MB/s)", flush=True)
     rows = {Path(k).name: summarize(v) for k, v in runs.items()}
     print(markdown(rows))

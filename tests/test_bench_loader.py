@@ -131,3 +131,34 @@ def test_bad_arguments_are_refused_clearly(corpus, tmp_path):
         loader_bench.run(p.parse_args(["--shards", str(tmp_path)]))
     with pytest.raises(ValueError, match="no feature 'fbank'"):
         loader_bench.run(p.parse_args(["--shards", str(w.root), "--feature", "fbank"]))
+
+
+def test_bench_copy_breaks_the_loader_down_per_batch_and_compare_stages_tabulates_it(corpus, tmp_path):
+    """benchmarks/bench_copy.py times the whole loader next to its stages (the breakdown docs/bench-loader.md
+    reports for issue 10.4), and benchmarks/compare_stages.py puts two such runs side by side."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w, _ = corpus
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    out = tmp_path / "copy.json"
+    subprocess.run([sys.executable, str(bench / "bench_copy.py"), "--shards", str(w.root), "--budget", str(BUDGET),
+                    "--rounds", "1", "--json", str(out)], check=True, capture_output=True, text=True)
+    r = json.loads(out.read_text())["corpora"][w.root.name]
+    for clock in ("", "_cpu"):
+        stages = [r[f"{s}{clock}_ms_per_batch"] for s in ("sampler", "rows", "collate")]
+        assert r[f"loader{clock}_ms_per_batch"] > 0 and min(stages) > 0
+        assert r[f"other{clock}_ms_per_batch"] == pytest.approx(r[f"loader{clock}_ms_per_batch"] - sum(stages))
+    assert r["loader_vs_memcpy"] == pytest.approx(r["loader_mb_per_s"] / r["memcpy_mb_per_s"])
+    got = subprocess.run([sys.executable, str(bench / "compare_stages.py"), "--run", f"a={out}", "--run",
+                          f"b={out},{out}", "--json", str(tmp_path / "cmp.json"), "--plot", str(tmp_path / "c.png")],
+                         check=True, capture_output=True, text=True).stdout
+    rows = [line for line in got.splitlines() if line.startswith(f"| {w.root.name} |")]
+    assert [line.split(" | ")[1:3] for line in rows] == [["a", "wall"], ["a", "thread CPU"], ["b", "wall"],
+                                                         ["b", "thread CPU"]]
+    assert f"| {r['loader_ms_per_batch']:.2f} (" in rows[0]  # one run: median = the run's value
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, str(bench / "compare_stages.py"), "--run", "nolabel"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "LABEL=file.json" in bad.stderr

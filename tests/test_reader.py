@@ -166,6 +166,53 @@ def test_a_batch_read_at_once_equals_its_items_read_one_by_one(shards):
         ds.__getitems__([0, len(ds)])
 
 
+def test_a_rows_metadata_is_decoded_once_not_per_batch(shards):
+    """Strings cost more to decode than their rows cost to copy (docs/bench-loader.md, "Where the bytes go"): a
+    row's text is decoded from its shard the first time a batch asks for it, and every later batch over it
+    gathers it from there, with the same values. Only the rows asked for are decoded, never a whole shard (a
+    shard mapped again after an eviction would otherwise pay for all its rows)."""
+    ds = ShardDataset(shards.root, ["mel"])
+    decoded = []
+    for k in (1, 3):
+        sh = ds._shard(k)
+        real = sh.meta_values
+        sh.meta_values = lambda c, rows, k=k, real=real: decoded.append((k, c, rows.tolist())) or real(c, rows)
+    idx = [_global_of(1, 0), _global_of(3, 2), _global_of(1, 4)]
+    first = ds.__getitems__(idx)
+    assert sorted(decoded) == [(1, "text", [0, 4]), (3, "text", [2])]
+    decoded.clear()
+    again = ds.__getitems__(idx[::-1])
+    more = ds.__getitems__([_global_of(1, 4), _global_of(1, 5)])
+    assert decoded == [(1, "text", [5])]
+    for batch, order in ((first, idx), (again, idx[::-1]), (more, [_global_of(1, 4), _global_of(1, 5)])):
+        for got, i in zip(batch, order):
+            want = shards.rows[i]
+            assert (got["id"], got["speaker"], got["text"], got["duration"], got["index"]) == (
+                want["id"], want["speaker"], want["text"], want["duration"], i)
+
+
+def test_metadata_is_right_when_the_index_does_not_list_shards_in_order(tmp_path):
+    """The index as build_index writes it lists each shard's rows as one run, which lets a shard find its rows by
+    bisection; an index in another order (rows permuted) must give each row its own metadata all the same."""
+    from audiopipe.index.lengths import INDEX_NAME
+
+    w = write_shards(tmp_path / "s", (3, 4, 2), tars=False)
+    path = w.root / INDEX_NAME
+    with pa.memory_map(str(path)) as src:
+        table = pa.ipc.open_file(src).read_all()
+    perm = np.random.default_rng(1).permutation(table.num_rows)
+    table = table.take(pa.array(perm)).combine_chunks()
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as out:
+        out.write_table(table)
+    ds = ShardDataset(w.root, ["mel"], check_shards=False)
+    batch = ds.__getitems__(list(range(len(ds)))[::-1])
+    for got, i in zip(batch, range(len(ds))[::-1]):
+        want = w.rows[int(perm[i])]
+        assert (got["id"], got["speaker"], got["text"], got["duration"]) == (
+            want["id"], want["speaker"], want["text"], want["duration"])
+        np.testing.assert_array_equal(got["mel"], want["arrays"]["mel"])
+
+
 def _cached_fraction(path: Path, offset: int, length: int) -> float:
     """Share of the pages of path[offset:offset+length] that are in the page cache (mincore on a fresh map)."""
     import ctypes

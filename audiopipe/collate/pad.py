@@ -77,11 +77,18 @@ def _shared_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(numel, dtype=dtype).share_memory_()
 
 
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
 def _torch_dtype(dtype: np.dtype, feature: str) -> torch.dtype:
+    have = _TORCH_DTYPES.get(dtype)  # asked once per batch and feature: remembered, not re-derived
+    if have is not None:
+        return have
     try:
-        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        have = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     except TypeError as e:
         raise TypeError(f"feature {feature!r} has dtype {dtype}, which torch cannot hold") from e
+    return have
 
 
 class PadCollator:
@@ -130,6 +137,7 @@ class PadCollator:
         self.pin_memory = bool(pin_memory)
         self.stats = CollateStats()
         self._rings: dict[tuple[str, str], _Ring] = {}
+        self._ramp = np.arange(0, dtype=np.int64)
         self._reserved = {"padding_ratio"} | {f"{f}_{s}" for f in self.features for s in ("lengths", "mask")}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -247,7 +255,9 @@ class PadCollator:
     def _finish(self, f: str, lengths: np.ndarray, mask: torch.Tensor) -> float:
         """Write the mask, count real and padded frames; returns the batch's padding ratio."""
         n, t_max = mask.shape
-        np.less(np.arange(t_max)[None, :], lengths[:, None], out=mask.numpy())
+        if self._ramp.size < t_max:  # 0, 1, 2, ... kept between batches: the mask is one comparison with it
+            self._ramp = np.arange(max(t_max, 2 * self._ramp.size), dtype=np.int64)
+        np.less(self._ramp[:t_max], lengths[:, None], out=mask.numpy())
         real, total = int(lengths.sum()), n * t_max
         self.stats.real[f] = self.stats.real.get(f, 0) + real
         self.stats.padded[f] = self.stats.padded.get(f, 0) + total

@@ -56,7 +56,7 @@ except (OSError, AttributeError):  # no madvise here: read-ahead becomes a no-op
 class _Column:
     values: np.ndarray  # flat zero-copy view over the mmap'd buffer
     offsets: np.ndarray  # int64 [rows + 1]
-    frames: np.ndarray  # int32 [rows]
+    frames: np.ndarray  # int64 [rows]
     channels: int
 
 
@@ -85,7 +85,8 @@ class _MappedShard:
             # Structural checks are O(rows) and catch truncation or corruption of the offsets.
             if offsets[-1] != len(values) or (np.diff(offsets) != np.maximum(ch, 1) * frames).any():
                 raise CorruptShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
-            self.columns[f] = _Column(values, offsets, frames, ch)
+            # int64 once here: the copy kernel takes int64 frame counts, and a batch gathers them per shard.
+            self.columns[f] = _Column(values, offsets, frames.astype(np.int64), ch)
         self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
         self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
 
@@ -113,8 +114,7 @@ class _MappedShard:
     def rows(self, feature: str, rows: np.ndarray, positions: np.ndarray) -> Rows:
         """Where these rows of `feature` lie: views into the mapped column (collate copies them)."""
         column = self.columns[feature]
-        return Rows(column.values, column.offsets[rows].astype(np.int64, copy=False),
-                    column.frames[rows].astype(np.int64, copy=False), positions)
+        return Rows(column.values, column.offsets[rows].astype(np.int64, copy=False), column.frames[rows], positions)
 
     def meta_values(self, column: str, rows: np.ndarray) -> list[Any]:
         """Python values of a metadata column at `rows` (int64 array), without a pyarrow scalar per value."""
@@ -379,7 +379,7 @@ class ShardDataset:
     def willneed(self, indices: Sequence[int]) -> None:
         """Start reading these utterances' feature bytes into the page cache; returns without waiting for
         the disk. About 2 us per row and feature when the rows are cached already."""
-        for sh, _, rows in self._by_shard(self._positions(indices)):
+        for _, sh, _, rows in self._by_shard(self._positions(indices)):
             sh.willneed(rows)
 
     def read_ahead(self, indices: Sequence[int]) -> None:
@@ -426,16 +426,51 @@ class ShardDataset:
             raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
         return idx % max(len(self), 1)
 
-    def _by_shard(self, idx: np.ndarray) -> Iterator[tuple[_MappedShard, np.ndarray, np.ndarray]]:
-        """(shard, positions in idx, rows in that shard) for each shard idx touches, in shard order."""
+    def _by_shard(self, idx: np.ndarray) -> Iterator[tuple[int, _MappedShard, np.ndarray, np.ndarray]]:
+        """(shard number, shard, positions in idx, rows in that shard) for each shard idx touches, in shard order."""
+        if idx.size == 0:
+            return
         shard_of = self._shard_of[idx]
+        # All in a few numpy calls for the whole batch; per shard only slices (views) are taken.
         order = np.argsort(shard_of, kind="stable")
-        bounds = [0, *(np.flatnonzero(np.diff(shard_of[order])) + 1).tolist(), int(idx.size)]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if a < b:
-                positions = order[a:b]
-                rows = self._row_of[idx[positions]].astype(np.int64)
-                yield self._shard(int(shard_of[positions[0]])), positions, rows
+        by_shard = shard_of[order]
+        rows = self._row_of[idx[order]].astype(np.int64)
+        cut = np.flatnonzero(by_shard[1:] != by_shard[:-1]) + 1
+        bounds = [0, *cut.tolist(), int(idx.size)]
+        for k, a, b in zip(by_shard[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
+            yield k, self._shard(k), order[a:b], rows[a:b]
+
+    def _meta_block(self, k: int, sh: Any, rows: np.ndarray,
+                    globals_: np.ndarray) -> tuple[np.ndarray, tuple[bool, ...]]:
+        """Shard k's metadata block with these rows decoded: an object array [rows of the shard, meta_columns]
+        and which columns the shard has. A row is decoded the first time a batch asks for it, and kept while the
+        shard stays mapped (so at most max_open shards' rows); every later batch over it gathers its values
+        with one numpy call per shard instead of decoding ~80 strings per column (docs/bench-loader.md, "Where
+        the bytes go"). Only the rows asked for are decoded: mapping a shard again after an eviction, or a
+        first batch over many large shards, costs no more than before.
+        globals_: the rows' places in the index (where id, speaker and duration are read)."""
+        block = getattr(sh, "meta_block", None)
+        if block is None:
+            n_rows = int(self.manifest["shards"][k]["rows"])
+            present = tuple(c in self._index_meta() or c in sh.meta for c in self.meta_columns)
+            block = sh.meta_block = (np.full((n_rows, len(self.meta_columns)), None, dtype=object),
+                                     np.zeros(n_rows, dtype=bool), present)
+        values, known, present = block
+        seen = known[rows]
+        if not seen.all():
+            index_meta = self._index_meta()
+            rows, globals_ = rows[~seen], globals_[~seen]
+            for j, c in enumerate(self.meta_columns):
+                if c in index_meta:
+                    got = index_meta[c](globals_)
+                elif c in sh.meta:
+                    got = sh.meta_values(c, rows)
+                else:
+                    continue
+                for r, v in zip(rows.tolist(), got):  # one by one: a list value must stay one object
+                    values[r, j] = v
+            known[rows] = True
+        return values, present
 
     def __getitems__(self, indices: Sequence[int]) -> RowBatch:
         """A whole batch at once (torch's DataLoader calls this), as columns: see audiopipe/collate/rows.py.
@@ -445,18 +480,17 @@ class ShardDataset:
         idx = self._positions(indices)
         n = int(idx.size)
         arrays: dict[str, list[Rows]] = {f: [] for f in self.features}
-        # Metadata the index holds (id, speaker, duration) comes from there in one call per column; only the
-        # rest (text) is read shard by shard.
-        index_meta = self._index_meta()
-        columns: dict[str, list[Any]] = {c: get(idx) for c, get in index_meta.items()}
-        for sh, positions, rows in self._by_shard(idx):
-            for c in sh.meta:
-                if c not in index_meta:
-                    col = columns.setdefault(c, [None] * n)
-                    for p, v in zip(positions.tolist(), sh.meta_values(c, rows)):
-                        col[p] = v
+        names = self.meta_columns
+        meta = np.empty((n, len(names)), dtype=object)
+        # A column is in the batch when the index holds it or a shard of the batch has it (as item dicts do).
+        have = tuple(c in self._index_meta() for c in names)
+        for k, sh, positions, rows in self._by_shard(idx):
+            values, present = self._meta_block(k, sh, rows, idx[positions])
+            meta[positions] = values[rows]
+            if present != have:
+                have = tuple(a or b for a, b in zip(have, present))
             for f in self.features:
                 arrays[f].append(sh.rows(f, rows, positions))
-        columns = {c: columns[c] for c in (*self.meta_columns, "index") if c in columns} if n else columns
+        columns = {c: col for c, col, h in zip(names, meta.T.tolist(), have) if h}
         columns["index"] = idx.tolist()
-        return RowBatch(int(idx.size), dict(self.channels), arrays, columns)
+        return RowBatch(n, dict(self.channels), arrays, columns)
