@@ -179,7 +179,13 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
             over += int(b * t_max > spec.max_frames)
             worst = max(worst, b * t_max / spec.max_frames)
             if first is None:
-                first, start = now - t0, now
+                first = now - t0
+                # make_loader loads the compiled copy kernel once its first batch is out (~0.4 s, once per
+                # process, overlapping a trainer's first step): the rates below are the steady state after it.
+                from audiopipe.collate.kernels import wait_for_kernels
+
+                wait_for_kernels()
+                start = time.perf_counter()
                 continue
             n += 1
             items += b
