@@ -158,7 +158,7 @@ def test_direct_header_equals_libsndfile_on_mutated_and_cut_files(tmp_path):
         if got is not None:
             assert tuple(got) == _reference(p), (i, kind)
             answered += 1
-    assert answered > 60  # the mutations that keep a plain WAV (e.g. a changed sample byte) still take the fast path
+    assert answered > 20  # the mutations that keep a plain WAV (e.g. a changed sample byte) still take the fast path
 
 
 def test_direct_header_leaves_missing_and_special_files_to_libsndfile(tmp_path):
