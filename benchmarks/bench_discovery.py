@@ -1,7 +1,7 @@
 """Discovery of many small files against reading their headers in parallel (issue 12), at 10k, 100k and 1M files.
 
-    python benchmarks/bench_discovery.py --files 10000,100000,1000000 --rounds 3 \
-        --json benchmarks/results/discovery.json --plot docs/img/discovery.png
+    python benchmarks/bench_discovery.py --files 10000,100000,1000000 --rounds 3 --cold 100000,1000000 \
+        --json benchmarks/results/discovery.json --plot docs/img/discovery.png --clean
     python benchmarks/bench_discovery.py --quick        # 10k and 100k files, 1 round, < 2 min
 
 Corpora (built once by `--make`, or on the first run, under --dir, default /tmp/discovery1m): N tiny real WAV
@@ -15,6 +15,7 @@ Each measurement runs in a fresh child process (so its peak RSS is its own) and 
 - `open`: a bare 16-thread `soundfile.SoundFile` open of every audio file (the lighter libsndfile read).
 Ratios are discover / baseline per round (median and range). `--cold` drops the page cache before every
 measurement (`echo 3 > /proc/sys/vm/drop_caches`, root only; it slows everything else on the machine).
+The JSON is rewritten after each corpus size, so a run stopped part-way keeps what it measured.
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def child(what: str, root: str) -> dict:
         sec = time.perf_counter() - t0
         counts = {"utterances": len(d.utterances), "rejects": len(d.rejects)}
     else:
+        import soundfile  # noqa: F401  (imported before the clock, as discover's module is)
+
         files = audio_files(root)
         t0 = time.perf_counter()
         heads = headers_in_threads(files, what)
@@ -273,6 +276,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cold", default="", help="sizes (comma-separated) also measured with the page cache dropped "
                                               "before each measurement (root only)")
+    p.add_argument("--cold-rounds", type=int, default=1, help="rounds of each --cold size (each round drops the "
+                                                                 "page cache three times)")
     p.add_argument("--make", action="store_true", help="only build the corpora")
     p.add_argument("--clean", action="store_true", help="delete --dir at the end")
     p.add_argument("--quick", action="store_true", help="10k and 100k files, 1 round (< 2 min; indicative only)")
@@ -291,18 +296,21 @@ def main() -> int:
     made = {n: corpus(a.dir, n) for n in sizes}
     if a.make:
         return 0
-    runs = {}
+    runs: dict = {}
+    loads: list = []
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     for n in sizes:
         root, expected = made[n]
-        audio_files(root)  # warm: the listing and the headers are in the page cache
-        runs[f"{n}_warm"] = measure(root, expected, a.rounds, cold=False)
-        if n in cold:
-            runs[f"{n}_cold"] = measure(root, expected, a.rounds, cold=True)
-    summary = summarise(runs)
+        for cache in ("warm", "cold") if n in cold else ("warm",):
+            if cache == "warm":
+                headers_in_threads(audio_files(root), "open")  # the listing and the headers in the page cache
+            runs[f"{n}_{cache}"] = measure(root, expected, a.rounds if cache == "warm" else a.cold_rounds,
+                                           cold=cache == "cold")
+            loads.append({"run": f"{n}_{cache}", "load_average": os.getloadavg()})
+            summary = summarise(runs)  # written after every size, so a long run that is stopped keeps its figures
+            Path(a.json).write_text(json.dumps({"machine": a.machine, "command": " ".join(sys.argv), "loads": loads,
+                                                "summary": summary, "runs": runs}, indent=1))
     print(table(summary))
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps({"machine": a.machine, "command": " ".join(sys.argv),
-                                        "load_average": os.getloadavg(), "summary": summary, "runs": runs}, indent=1))
     if a.plot:
         plot(summary, Path(a.plot), a.machine)
     if a.clean:

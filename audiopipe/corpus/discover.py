@@ -340,9 +340,9 @@ def _discover(root: str, manifest: str | os.PathLike[str] | None, rule: int | No
 def _folders_with_metadata(root: str, cands: list[_Candidate]) -> bool:
     """Whether a metadata.csv sits in the root or any folder between it and a candidate (a stat per folder)."""
     folders = {root}
-    for c in cands:
-        d = os.path.dirname(c.path)
-        while c.inside and d not in folders and len(d) > len(root):
+    # The distinct folders first (a string slice per file), then their ancestors (path arithmetic per folder).
+    for d in {c.path[:c.path.rfind(os.sep)] for c in cands if c.inside}:
+        while d not in folders and len(d) > len(root):
             folders.add(d)
             d = os.path.dirname(d)
     return any(os.path.isfile(os.path.join(d, METADATA_NAME)) for d in folders)
