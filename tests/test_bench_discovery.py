@@ -31,3 +31,18 @@ def test_each_baseline_reads_every_header_and_discover_finds_every_file(tmp_path
         assert (r["headers"], r["readable"]) == (expected["audio_files"], expected["utterances"])
     r = child("discover", str(tmp_path))
     assert (r["utterances"], r["rejects"]) == (expected["utterances"], expected["rejects"])
+
+
+def test_peak_rss_is_the_childs_own():
+    # ru_maxrss survives fork + exec on Linux: a child started by a 2 GB parent reported 2 GB for every
+    # measurement. VmHWM belongs to the child's own address space.
+    import json
+    import subprocess
+
+    import numpy as np
+
+    big = np.ones(300 * 2**20 // 8)  # this process: 300 MB more resident
+    code = "import json, bench_discovery as b; print(json.dumps(b._peak_rss_mb()))"
+    bench = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=bench)
+    assert json.loads(out.stdout) < 200 < big.nbytes / 2**20
