@@ -3,8 +3,8 @@
     python benchmarks/bench_extract.py --wav-corpus /tmp/extractbench/wav --ogg-corpus /tmp/extractbench/ogg \
         --files 400 --workers 1,2 --rounds 2 --json benchmarks/results/extract.json --plot docs/img/extract.png
 
-`--discovery-files 20000 --json benchmarks/results/discovery.json` instead times discovery of many tiny files
-against a bare 16-thread header read of the same files.
+`--discovery-files N` runs benchmarks/bench_discovery.py on a corpus of N tiny files instead (discovery against
+a bare 16-thread header read; see that script for 10k / 100k / 1M files, page cache warm and cold).
 
 (`python benchmarks/make_loader_corpus.py /tmp/extractbench/wav --speakers 12 --per-speaker 48` builds the WAV
 corpus from Debian packages; `--make-ogg DIR` converts it to OGG Vorbis with soundfile.)
@@ -285,56 +285,6 @@ def make_ogg(src: Path, dst: Path) -> None:
             shutil.copy(txt, q.with_suffix(".txt"))
 
 
-# ------------------------------------------------------------------ discovery
-
-def _in_threads(fn, files: list[str]) -> list:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from audiopipe.corpus.discover import DEFAULT_HEADER_THREADS
-
-    with ThreadPoolExecutor(DEFAULT_HEADER_THREADS) as pool:
-        return list(pool.map(fn, files, chunksize=64))
-
-
-def measure_discovery(n_files: int, tmp: Path, rounds: int) -> dict:
-    """audiopipe's discover() against a bare parallel header read (16 threads) of n tiny files: sf.info, and
-    the lighter SoundFile open that discover uses itself (ratio_open).
-
-    Target: discovery takes no longer than reading the headers in parallel."""
-    from audiopipe.corpus.discover import discover
-
-    root = tmp / "many"
-    clip = (0.1 * np.sin(np.arange(4000) / 5.0)).astype(np.float32)
-    for i in range(n_files):
-        d = root / f"spk{i // 1000:03d}"
-        if i % 1000 == 0:
-            d.mkdir(parents=True, exist_ok=True)
-        sf.write(str(d / f"u{i:07d}.wav"), clip, 8000)
-    files = sorted(str(p) for p in root.rglob("*.wav"))
-
-    def open_header(path: str) -> tuple[int, int, int]:  # the lighter read discover itself does
-        with sf.SoundFile(path) as f:
-            return f.samplerate, f.frames, f.channels
-
-    res = []
-    for rnd in range(rounds):
-        # Rotate the order of the three so the page cache and the load favour none of them.
-        t: dict[str, float] = {}
-        steps = [("headers_parallel_s", lambda: _in_threads(sf.info, files)),
-                 ("headers_open_parallel_s", lambda: _in_threads(open_header, files)),
-                 ("discover_s", lambda: discover(root))]
-        for name, fn in steps[rnd % 3:] + steps[:rnd % 3]:
-            t0 = time.perf_counter()
-            out = fn()
-            t[name] = time.perf_counter() - t0
-            if name == "discover_s":
-                assert len(out.utterances) == n_files
-        res.append({**t, "ratio": t["discover_s"] / t["headers_parallel_s"],
-                    "ratio_open": t["discover_s"] / t["headers_open_parallel_s"]})
-    shutil.rmtree(root, ignore_errors=True)
-    return {"files": n_files, "rounds": res}
-
-
 # ------------------------------------------------------------------ report
 
 def _ratio_stats(values: list[float]) -> dict[str, float]:
@@ -434,7 +384,7 @@ def main() -> int:
     p.add_argument("--plot", default="docs/img/extract.png")
     p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     p.add_argument("--discovery-files", type=int, default=0,
-                   help="only time discovery of this many tiny files against a bare parallel header read")
+                   help="run benchmarks/bench_discovery.py on this many tiny files instead")
     p.add_argument("--profile", action="store_true",
                    help="only time the parts of one worker's build_shard (decode, resample, STFT, mel, Arrow, tar, "
                         "glue) on --files files of each corpus, tars on and off")
@@ -449,16 +399,9 @@ def main() -> int:
         saved = json.loads(Path(a.json).read_text())
         plot(saved["summary"], workers, Path(a.plot), saved["machine"])
         return 0
-    if a.discovery_files:
-        tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-discovery-"))
-        try:
-            res = measure_discovery(a.discovery_files, tmp, a.rounds)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        print(json.dumps(res, indent=1))
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"machine": a.machine, "command": " ".join(sys.argv), **res}, indent=1))
-        return 0
+    if a.discovery_files:  # moved to its own benchmark (issue 12 at 1M files)
+        return subprocess.call([sys.executable, str(Path(__file__).with_name("bench_discovery.py")),
+                                "--files", str(a.discovery_files), "--rounds", str(a.rounds), "--json", a.json])
     if a.make_ogg:
         make_ogg(a.wav_corpus, a.ogg_corpus)
     if a.profile:

@@ -28,21 +28,24 @@ def test_headers_are_read_concurrently_and_the_result_is_the_serial_one(tmp_path
     _corpus(tmp_path)
     serial = discover(tmp_path, header_threads=1)
 
-    real = discover_mod.read_info
     active, peak, lock = [0], [0], threading.Lock()
 
-    def timed_read_info(path):  # the real read, made as slow as a network file system's round trip
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        try:
-            time.sleep(0.005)
-            return real(path)
-        finally:
+    def slowed(real):
+        def timed(path):  # the real read, made as slow as a network file system's round trip
             with lock:
-                active[0] -= 1
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            try:
+                time.sleep(0.005)
+                return real(path)
+            finally:
+                with lock:
+                    active[0] -= 1
+        return timed
 
-    monkeypatch.setattr(discover_mod, "read_info", timed_read_info)
+    # WAV headers are read directly, anything else (the FLAC, the broken file) by libsndfile: slow both.
+    monkeypatch.setattr(discover_mod, "read_info", slowed(discover_mod.read_info))
+    monkeypatch.setattr(discover_mod, "read_wav_header", slowed(discover_mod.read_wav_header))
     parallel = discover(tmp_path, header_threads=8)
     assert peak[0] > 1, "headers were read one at a time"
     assert parallel == serial
@@ -69,3 +72,37 @@ def test_the_light_header_read_agrees_with_soundfile_info(tmp_path):
         assert e.reason == "unreadable" and "cannot read the header" in e.detail
     else:
         raise AssertionError("a broken header was accepted")
+
+
+def test_reads_stay_a_few_blocks_ahead_of_the_caller(monkeypatch):
+    # At a million files, handing every read to the pool at once (one future each) cost ~1 KB per file and the
+    # reads ran far ahead of the decisions; now only a few blocks per thread are in flight.
+    done = [0]
+    lock = threading.Lock()
+
+    def counted(c):
+        with lock:
+            done[0] += 1
+        return c
+
+    monkeypatch.setattr(discover_mod, "_read_one", counted)
+    reads = discover_mod._read_all(list(range(50_000)), 4)
+    assert next(reads) == 0
+    time.sleep(0.3)  # let the pool run as far ahead as it will
+    assert done[0] <= 3 * 4 * 256  # blocks of at most 256, two per thread queued, one per thread running
+    assert list(reads) == list(range(1, 50_000)) and done[0] == 50_000
+
+
+def test_discovery_leaves_the_garbage_collector_as_it_found_it(tmp_path):
+    import gc
+
+    _corpus(tmp_path, n=8)
+    assert gc.isenabled()
+    discover(tmp_path)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        discover(tmp_path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

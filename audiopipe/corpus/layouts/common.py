@@ -7,6 +7,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
+from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
 
 
@@ -22,8 +23,10 @@ def header(path: str, source: str, where: str = "") -> tuple[Any, Reject | None]
     """soundfile info of the file, or the Reject that says why it cannot be used (its detail starting with
     `where`, the index line that named the file, when given)."""
     at = f"{where}: " if where else ""
+    # A plain PCM WAV directly (as walked corpora are read, audiopipe/corpus/wavheader.py), the rest by libsndfile.
+    info = read_wav_header(path) if path.lower().endswith((".wav", ".wave")) else None
     try:
-        info = read_info(path)
+        info = info if info is not None else read_info(path)
     except RejectError as e:
         return None, Reject(path, source, e.reason, at + e.detail)
     if info.frames <= 0:

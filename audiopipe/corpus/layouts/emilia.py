@@ -18,7 +18,6 @@ listed (it cannot be read in place: decompress it first).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import tarfile
@@ -32,12 +31,41 @@ EXPECTS = "JSONL files (id, wav, text, ...) beside their audio folders, in the f
 _REQUIRED = ("id", "wav", "text")
 
 
+def _index_files(root: str) -> tuple[list[str], list[str]]:
+    """(JSONL files, tar files) in root and one folder below, sorted, hidden names left out (glob's `*`).
+
+    One listing per folder for both kinds: detection runs on every corpus, and a walked corpus of a million
+    files in a thousand speaker folders would otherwise be listed twice through glob's per-name matching."""
+    jsonl: list[str] = []
+    tars: list[str] = []
+
+    def take(folder: str, names: list[str]) -> None:
+        for n in names:
+            if n.endswith(".jsonl") and not n.startswith("."):
+                jsonl.append(os.path.join(folder, n))
+            elif n.endswith(".tar") and not n.startswith("."):
+                tars.append(os.path.join(folder, n))
+
+    try:
+        entries = [e for e in os.scandir(root) if not e.name.startswith(".")]
+    except OSError:
+        return [], []
+    take(root, [e.name for e in entries])
+    for e in entries:
+        try:
+            if e.is_dir():
+                take(e.path, os.listdir(e.path))
+        except OSError:  # an unreadable folder is reported by the walk, not by layout detection
+            continue
+    return sorted(jsonl), sorted(tars)
+
+
 def _jsonl_files(root: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(root, "*.jsonl")) + glob.glob(os.path.join(root, "*", "*.jsonl")))
+    return _index_files(root)[0]
 
 
 def _tar_files(root: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(root, "*.tar")) + glob.glob(os.path.join(root, "*", "*.tar")))
+    return _index_files(root)[1]
 
 
 _AUDIO_EXTS = (".mp3", ".wav", ".flac", ".ogg", ".opus")
@@ -83,10 +111,9 @@ def _looks_like_emilia(path: str) -> bool:
 
 
 def detect(root: str) -> bool:
-    files = _jsonl_files(root)
+    files, tars = _index_files(root)
     if files:
         return _looks_like_emilia(files[0])
-    tars = _tar_files(root)
     return bool(tars) and _looks_like_emilia_tar(tars[0])
 
 
