@@ -96,6 +96,31 @@ def test_reject_details_say_why(broken_corpus):
         load_audio(u.path)
 
 
+def test_a_named_pipe_with_an_audio_name_is_a_reject_not_a_hang(tmp_path):
+    """libsndfile's open of a FIFO blocks until a writer appears: discovery (and decoding) must refuse it first."""
+    import threading
+
+    put(tmp_path / "spk" / "good.wav")
+    for name in ("pipe.wav", "pipe.flac"):  # the direct WAV header read and libsndfile's path
+        os.mkfifo(tmp_path / "spk" / name)
+    found: list[Discovery] = []
+    t = threading.Thread(target=lambda: found.append(discover(tmp_path)), daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():  # release the blocked open(s) so the test process can end, then fail
+        for name in ("pipe.wav", "pipe.flac"):
+            fd = os.open(tmp_path / "spk" / name, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        pytest.fail("discovery hung on a named pipe")
+    d = found[0]
+    assert [u.source for u in d.utterances] == ["spk/good.wav"]
+    assert {r.source: (r.reason, r.detail) for r in d.rejects} == {
+        f"spk/{n}": ("unreadable", "not a regular file (a named pipe, socket or device)")
+        for n in ("pipe.wav", "pipe.flac")}
+    with pytest.raises(RejectError, match="not a regular file"):
+        load_audio(str(tmp_path / "spk" / "pipe.flac"))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # layouts and speaker rules
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple
@@ -87,11 +88,15 @@ def check_header(info: Any, limits: DecodeLimits | None = None) -> None:
 
 def _checked_size(path: str) -> int:
     try:
-        size = os.stat(path).st_size  # one stat: discovery calls this for every file of the corpus
+        st = os.stat(path)  # one stat: discovery calls this for every file it hands to libsndfile
     except FileNotFoundError:
         raise RejectError("missing", f"no such file: {path}") from None
     except OSError as e:
         raise RejectError("unreadable", f"cannot stat the file: {e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        # libsndfile's open of a named pipe blocks until a writer appears: it would hang the whole job.
+        raise RejectError("unreadable", "not a regular file (a named pipe, socket or device)")
+    size = st.st_size
     if size == 0:
         raise RejectError("empty", "the file is 0 bytes")
     return size
@@ -112,13 +117,11 @@ def read_info(path: str | os.PathLike[str]) -> Header:
     unreadable). Opening a SoundFile costs ~2/3 of soundfile.info(), which also builds format descriptions and
     libsndfile's log text; discovery reads a header per file of the corpus, with the GIL held for that Python."""
     path = os.fspath(path)
+    size = _checked_size(path)  # first: a named pipe must be refused before libsndfile blocks opening it
     try:
         with sf.SoundFile(path) as f:
             return Header(f.samplerate, f.frames, f.channels, f.format, f.subtype)
     except (RuntimeError, OSError, ValueError, TypeError) as e:  # LibsndfileError is a RuntimeError
-        # Only a refused file is stat'ed (missing, 0 bytes, or how big the unreadable one is): one syscall and
-        # its Python less for every good file.
-        size = _checked_size(path)
         raise RejectError("unreadable", f"libsndfile cannot read the header ({size} bytes): {e}") from None
 
 
