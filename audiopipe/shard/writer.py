@@ -20,7 +20,7 @@ import soundfile as sf
 
 from audiopipe.shard.checksum import Digest, HashingWriter
 from audiopipe.shard.keys import member_name_problem, sample_key
-from audiopipe.storage.atomic import atomic_path
+from audiopipe.storage.atomic import AtomicBatch, atomic_path
 
 # 2: tar keys are an injective escape of the id (1 replaced "." by "_", so two ids could share a key).
 FORMAT_VERSION = 2
@@ -74,9 +74,15 @@ def shard_schema(array_cols: list[ArrayColumn], scalar_cols: list[ScalarColumn],
     return pa.schema(fields, metadata={METADATA_KEY: meta.encode()})
 
 
+def _target(path: Path, files: AtomicBatch | None):
+    return files.path(path) if files is not None else atomic_path(path)
+
+
 def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-                scalar_cols: list[ScalarColumn], metadata: dict[str, Any]) -> Digest:
-    """Write the shard's Arrow file; returns its size and sha256, hashed as the bytes were written."""
+                scalar_cols: list[ScalarColumn], metadata: dict[str, Any], files: AtomicBatch | None = None) -> Digest:
+    """Write the shard's Arrow file; returns its size and sha256, hashed as the bytes were written.
+
+    files: put the file in place with that batch's commit (fsync in the background), else at once."""
     schema = shard_schema(array_cols, scalar_cols, metadata)
     data: list[pa.Array] = [
         pa.array([r["id"] for r in rows], pa.string()),
@@ -93,7 +99,7 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
         data.append(pa.array([r["scalars"][c.name] for r in rows], c.type))
     batch = pa.RecordBatch.from_arrays(data, schema=schema)
     # IPC *file* format, no compression: readers memory-map it and take zero-copy views.
-    with atomic_path(path) as tmp:
+    with _target(path, files) as tmp:
         with HashingWriter(tmp) as f, pa.PythonFile(f, mode="w") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
     return f.digest()
@@ -128,11 +134,11 @@ def sample_json(row: dict[str, Any], array_cols: list[ArrayColumn], scalar_cols:
 
 
 def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-              scalar_cols: list[ScalarColumn], pcm_rate: int | None) -> Digest:
+              scalar_cols: list[ScalarColumn], pcm_rate: int | None, files: AtomicBatch | None = None) -> Digest:
     """Write the shard's WebDataset tar; returns its size and sha256, hashed as the bytes were written."""
     # copybufsize: a member's bytes reach the file (and the hash) in one write, not in 16 KB pieces (~20 % of
     # the tar's time went to the pieces' Python calls).
-    with atomic_path(path) as tmp, HashingWriter(tmp) as f, \
+    with _target(path, files) as tmp, HashingWriter(tmp) as f, \
             tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_TAR_COPY_BUFSIZE) as tar:
         for row in rows:
             key = sample_key(row["id"])
