@@ -170,3 +170,50 @@ def test_warm_ups_leave_nothing_to_import_for_the_first_shard_and_the_index(espe
     assert r.returncode == 0, r.stderr[-2000:]
     new = json.loads(r.stdout.strip().splitlines()[-1])
     assert new == {"worker": [], "driver": []}, new
+
+
+def _tarfile_reference(path, rows, cols):
+    """What write_tar wrote before it wrote members itself: tarfile, PAX format, fixed metadata, np.save."""
+    import io
+    import json
+    import tarfile
+
+    from audiopipe.shard.keys import sample_key
+    from audiopipe.shard.writer import sample_json
+
+    with tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for row in rows:
+            members = [("json", json.dumps(sample_json(row, cols, []), sort_keys=True, ensure_ascii=False).encode())]
+            for c in cols:
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(row["arrays"][c.name]), allow_pickle=False)
+                members.append((f"{c.name}.npy", buf.getvalue()))
+            for ext, blob in members:
+                info = tarfile.TarInfo(f"{sample_key(row['id'])}.{ext}")
+                info.size, info.mtime, info.mode = len(blob), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(blob))
+
+
+def test_tar_members_written_directly_are_tarfiles_bytes(tmp_path):
+    # The tar is written member by member without tarfile's copies (header, the feature's own memory,
+    # padding); its bytes must stay those of tarfile, including PAX headers for non-ASCII and long names,
+    # empty arrays, non-contiguous arrays and an empty shard.
+    from audiopipe.shard.checksum import sha256_file
+    from audiopipe.shard.writer import ArrayColumn, write_tar
+
+    rng = np.random.default_rng(0)
+    cols = [ArrayColumn("mel", "float32", 100), ArrayColumn("codes", "int16", 16), ArrayColumn("phones", "int16", 0)]
+    rows = []
+    for i, uid in enumerate(["spk/a.b", "ünï/côdé", "x" * 140, "中文/句子", "plain"]):
+        t = int(rng.integers(1, 700))
+        rows.append({"id": uid, "speaker": "é", "text": "héllo 中", "source": f"/c/{uid}.wav", "duration": 1.2345,
+                     "scalars": {}, "arrays": {"mel": rng.standard_normal((100, t)).astype(np.float32),
+                                               "codes": rng.integers(0, 1024, (t, 16)).astype(np.int16).T,
+                                               "phones": np.zeros(i % 2 * 5, np.int16)}})
+    for n in (0, 1, len(rows)):
+        digest = write_tar(tmp_path / "new.tar", rows[:n], cols, [], None)
+        _tarfile_reference(tmp_path / "ref.tar", rows[:n], cols)
+        assert (tmp_path / "new.tar").read_bytes() == (tmp_path / "ref.tar").read_bytes(), n
+        assert (digest.bytes, digest.sha256) == ((tmp_path / "ref.tar").stat().st_size, sha256_file(tmp_path / "ref.tar"))
