@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -122,12 +121,28 @@ def measure_floor(files: list[Path]) -> dict[str, float]:
 
 # ------------------------------------------------------------------ audiopipe
 
+_SUMMARY_MARK = "BENCH-SUMMARY "
+# `audiopipe shard` as the command line runs it, printing its Summary's unrounded figures too (the summary
+# line rounds to 0.1 s, too coarse for an extraction phase of a few seconds); works on older trees as well.
+_EXACT_SUMMARY = f"""
+import dataclasses, json, sys
+import audiopipe.cli, audiopipe.shard.run as run
+real = run.run_job
+def run_job(*a, **k):
+    s = real(*a, **k)
+    print({_SUMMARY_MARK!r} + json.dumps({{k: v for k, v in dataclasses.asdict(s).items() if isinstance(v, float)}}))
+    return s
+run.run_job = run_job
+sys.exit(audiopipe.cli.main(sys.argv[1:]))
+"""
+
+
 def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path = ROOT,
                   shard_size: str = "4MB") -> dict[str, float]:
     """One `audiopipe shard` run from source tree `tree` (this checkout, or an older one exported with
     `git archive` for a before/after comparison in the same run)."""
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
+    cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
            "--preset", "f5tts", "--workers", str(workers), "--shard-size", shard_size, "--no-progress",
            "--nice", "0"]
     if not tar:
@@ -141,10 +156,9 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
-    total = float(re.search(r"h of audio in ([\d.]+) s", r.stdout).group(1))
-    m = re.search(r"start-up ([\d.]+) s .*discovery ([\d.]+) s, Ray start ([\d.]+) s, worker warm-up ([\d.]+) s",
-                  r.stdout)
-    startup, disc, ray_s, warm = map(float, m.groups())
+    exact = json.loads(r.stdout.split(_SUMMARY_MARK)[1].splitlines()[0])
+    total, startup = exact["seconds"], exact["startup_s"]
+    disc, ray_s, warm = exact["discovery_s"], exact["ray_start_s"], exact["warmup_s"]
     shutil.rmtree(out, ignore_errors=True)
     # Extraction: the job's own time less its start-up (Ray start and worker warm-up, side by side with
     # discovery); the index and the manifest stay in, they are part of the job.
