@@ -217,3 +217,34 @@ def test_tar_members_written_directly_are_tarfiles_bytes(tmp_path):
         _tarfile_reference(tmp_path / "ref.tar", rows[:n], cols)
         assert (tmp_path / "new.tar").read_bytes() == (tmp_path / "ref.tar").read_bytes(), n
         assert (digest.bytes, digest.sha256) == ((tmp_path / "ref.tar").stat().st_size, sha256_file(tmp_path / "ref.tar"))
+
+
+def test_a_failed_tar_waits_for_the_arrow_files_background_commit(espeak_corpus, tmp_path, monkeypatch):
+    # When the tar fails (a full disk, say), build_shard raises only once the Arrow file's fsync and rename
+    # are over: no thread of a failed task may still write into --out while Ray retries it.
+    import audiopipe.shard.build as build
+    import audiopipe.storage.atomic as atomic
+
+    real_finish = atomic.AtomicBatch._finish
+
+    def slow_finish(self, tmp, path):
+        import time
+
+        time.sleep(0.3)
+        return real_finish(self, tmp, path)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.AtomicBatch, "_finish", slow_finish)
+    monkeypatch.setattr(build, "write_tar", full_disk)
+    job = Job(corpus=str(espeak_corpus.root), out=str(tmp_path), presets=["f5tts"],
+              features=[("vocos_mel", {})], limits=asdict(DecodeLimits()), write_tar=True)
+    try:
+        build_shard(_unit(espeak_corpus.root, n=2), job)
+        raise AssertionError("the tar's error was swallowed")
+    except OSError:
+        pass
+    # Nothing in flight once it raised: the Arrow file is complete under its name, no temporary, no done record.
+    assert sorted(p.name for p in (tmp_path / "arrow").iterdir()) == ["shard-000000.arrow"]
+    assert not (tmp_path / "done").exists()

@@ -318,10 +318,14 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     # Checksums are taken as the bytes are written (no second read of either file); the Arrow file's fsync
     # runs in the background while the tar is built.
     files = AtomicBatch(sync)
-    arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files)
-    pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
-    if job.write_tar:
-        tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate, files=files)
+    try:
+        arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files)
+        pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
+        if job.write_tar:
+            tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate, files=files)
+    except BaseException:
+        files.abort()
+        raise
     files.commit()  # both files in place before the done record names them
     record = {
         "name": unit.name,

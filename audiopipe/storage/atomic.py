@@ -118,6 +118,14 @@ class AtomicBatch:
         if error is not None:
             raise error
 
+    def abort(self) -> None:
+        """After a failure: wait for the background work (nothing may write once the caller has moved on); the
+        files already committed are complete and stay, like a file `atomic_path` finished before the error."""
+        try:
+            self.commit()
+        except BaseException:
+            pass
+
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     with atomic_path(path) as tmp:
