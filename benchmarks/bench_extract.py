@@ -18,6 +18,14 @@ Per corpus (a WAV one and a compressed one) and per round, side by side and in r
 - audiopipe: `audiopipe shard --preset f5tts --workers N`, tars on and `--no-tar`, each in a fresh process
   with a fresh local Ray; its summary gives extraction time and start-up (Ray start, discovery) apart.
 
+- before (`--before TREE`): the same `audiopipe shard` runs from another source tree, e.g. the commit a change
+  started from (`git archive <commit> | tar -x -C TREE`), in the same rounds;
+
+audiopipe's runs write `--timings`, from which each run's extraction phase is split into the shard tasks' own
+time, idle workers, and what comes before the first task and after the last (a table of its own).
+`--repeat K` makes each corpus K times bigger by linking its speaker folders again under new names (same audio,
+new ids and speakers), for a representative corpus from the same real files; `--corpora OGG` runs one corpus.
+
 Throughput is audio seconds per wall second (x real time). Ratios are taken within a round (the machine is
 shared: other processes come and go between rounds) and reported with their range over rounds.
 """
