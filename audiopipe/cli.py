@@ -109,6 +109,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
     s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--timings", default=None, metavar="FILE",
+                   help="write where the wall time went as JSON: the driver's phases and every shard task's "
+                        "worker, start and end, in seconds since the command started (docs/extraction.md)")
 
     v = sub.add_parser("verify", help="re-check checksums and decode every record with semantic checks",
                        description="Recompute every shard's sha256, decode every record of the Arrow shards and "
@@ -199,6 +202,10 @@ def _cmd_shard(a: argparse.Namespace) -> int:
                       staging=a.staging, break_lock=a.break_lock)
     for line in summary.lines():
         print(line)
+    if a.timings:
+        import json
+
+        Path(a.timings).write_text(json.dumps(summary.timeline, indent=1) + "\n")
     return 0
 
 

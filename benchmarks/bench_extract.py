@@ -18,6 +18,14 @@ Per corpus (a WAV one and a compressed one) and per round, side by side and in r
 - audiopipe: `audiopipe shard --preset f5tts --workers N`, tars on and `--no-tar`, each in a fresh process
   with a fresh local Ray; its summary gives extraction time and start-up (Ray start, discovery) apart.
 
+- before (`--before TREE`): the same `audiopipe shard` runs from another source tree, e.g. the commit a change
+  started from (`git archive <commit> | tar -x -C TREE`), in the same rounds;
+
+audiopipe's runs write `--timings`, from which each run's extraction phase is split into the shard tasks' own
+time, idle workers, and what comes before the first task and after the last (a table of its own).
+`--repeat K` makes each corpus K times bigger by linking its speaker folders again under new names (same audio,
+new ids and speakers), for a representative corpus from the same real files; `--corpora OGG` runs one corpus.
+
 Throughput is audio seconds per wall second (x real time). Ratios are taken within a round (the machine is
 shared: other processes come and go between rounds) and reported with their range over rounds.
 """
@@ -28,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -122,26 +129,71 @@ def measure_floor(files: list[Path]) -> dict[str, float]:
 
 # ------------------------------------------------------------------ audiopipe
 
-def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool) -> dict[str, float]:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
-           "--preset", "f5tts", "--workers", str(workers), "--shard-size", "4MB", "--no-progress", "--nice", "0"]
+_SUMMARY_MARK = "BENCH-SUMMARY "
+# `audiopipe shard` as the command line runs it, printing its Summary's unrounded figures too (the summary
+# line rounds to 0.1 s, too coarse for an extraction phase of a few seconds); works on older trees as well.
+_EXACT_SUMMARY = f"""
+import dataclasses, json, sys
+import audiopipe.cli, audiopipe.shard.run as run
+real = run.run_job
+def run_job(*a, **k):
+    s = real(*a, **k)
+    print({_SUMMARY_MARK!r} + json.dumps({{k: v for k, v in dataclasses.asdict(s).items() if isinstance(v, float)}}))
+    return s
+run.run_job = run_job
+sys.exit(audiopipe.cli.main(sys.argv[1:]))
+"""
+
+
+def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path = ROOT,
+                  shard_size: str = "4MB") -> dict[str, float]:
+    """One `audiopipe shard` run from source tree `tree` (this checkout, or an older one exported with
+    `git archive` for a before/after comparison in the same run)."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
+           "--preset", "f5tts", "--workers", str(workers), "--shard-size", shard_size, "--no-progress",
+           "--nice", "0"]
     if not tar:
         cmd.append("--no-tar")
+    timings = out.parent / "timings.json"
+    has_timings = "--timings" in (tree / "audiopipe" / "cli.py").read_text()
+    if has_timings:
+        cmd += ["--timings", str(timings)]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
-    total = float(re.search(r"h of audio in ([\d.]+) s", r.stdout).group(1))
-    m = re.search(r"start-up ([\d.]+) s .*discovery ([\d.]+) s, Ray start ([\d.]+) s, worker warm-up ([\d.]+) s",
-                  r.stdout)
-    startup, disc, ray_s, warm = map(float, m.groups())
+    exact = json.loads(r.stdout.split(_SUMMARY_MARK)[1].splitlines()[0])
+    total, startup = exact["seconds"], exact["startup_s"]
+    disc, ray_s, warm = exact["discovery_s"], exact["ray_start_s"], exact["warmup_s"]
     shutil.rmtree(out, ignore_errors=True)
     # Extraction: the job's own time less its start-up (Ray start and worker warm-up, side by side with
     # discovery); the index and the manifest stay in, they are part of the job.
-    return {"wall_s": wall, "job_s": total, "startup_s": startup, "discovery_s": disc, "ray_start_s": ray_s,
-            "warmup_s": warm, "extract_s": total - startup}
+    res = {"wall_s": wall, "job_s": total, "startup_s": startup, "discovery_s": disc, "ray_start_s": ray_s,
+           "warmup_s": warm, "extract_s": total - startup}
+    if has_timings:
+        res.update(extraction_breakdown(json.loads(timings.read_text()), workers))
+        timings.unlink()
+    return res
+
+
+def extraction_breakdown(timeline: dict, workers: int) -> dict[str, float]:
+    """Where the extraction phase (from `started` to `manifest`) of one run went, from its --timings file:
+    - tasks_busy_s: the shard tasks' own time, summed over workers (what the in-process profile measures);
+    - idle_s: worker-seconds with no task, between the first task start and the last task end (dispatch gaps,
+      and the last shards running alone while the other workers have nothing left);
+    - lead_in_s / tail_s: from `started` to the first task start, and from the last task end to the manifest
+      (collecting the done records, folder fsyncs, index, rejects, manifest)."""
+    ph, tasks = timeline["phases"], timeline["tasks"]
+    if not tasks:
+        return {}
+    first = min(t["start"] for t in tasks)
+    last = max(t["end"] for t in tasks)
+    busy = sum(t["end"] - t["start"] for t in tasks)
+    return {"tasks": len(tasks), "tasks_busy_s": busy, "idle_s": workers * (last - first) - busy,
+            "lead_in_s": first - ph["started"], "tail_s": ph["manifest"] - last,
+            "extract_phase_s": ph["manifest"] - ph["started"]}
 
 
 # ------------------------------------------------------------------ where a worker's time goes
@@ -189,7 +241,7 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     patches = [(segments.RecordingCache, "load", "decode"), (build, "resample_to", "resample"),
                (build, "stft_magnitude", "STFT + magnitude"), (mel._LogMel, "from_magnitude", "mel (filterbank + log)"),
                (build, "write_arrow", "Arrow file"), (build, "write_tar", "tar file"),
-               (build, "write_json_atomic", "done record")]
+               (build, "write_done_record", "done record")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     out = []
     try:
@@ -274,6 +326,19 @@ def subset(root: Path, n: int, dest: Path) -> Path:
     return dest
 
 
+def repeat_corpus(dest: Path, times: int) -> None:
+    """Make `dest` `times` as big: every speaker folder is linked again as `r<k>-<speaker>` (same audio, new
+    ids and new speakers), so a bigger corpus keeps the real files' mix of rates, lengths and codecs."""
+    speakers = [d for d in sorted(dest.iterdir()) if d.is_dir()]
+    for k in range(1, times):
+        for d in speakers:
+            for f in sorted(d.rglob("*")):
+                if f.is_file():
+                    q = dest / f"r{k}-{d.name}" / f.relative_to(d)
+                    q.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(f.resolve(), q)
+
+
 def make_ogg(src: Path, dst: Path) -> None:
     for f in corpus_files(src):
         q = (dst / f.relative_to(src)).with_suffix(".ogg")
@@ -307,10 +372,22 @@ def summarise(rounds: list[dict], corpora: list[str], workers: list[int]) -> dic
                     "vs_handwritten": _ratio_stats([a / b for a, b in zip(ap, base)]),
                     "vs_floor_per_core": _ratio_stats([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
                 }
+                parts = [r[f"audiopipe_{key}"] for r in rs if "tasks_busy_s" in r[f"audiopipe_{key}"]]
+                if parts:
+                    d[key]["extraction_s"] = {k: _ratio_stats([p[k] for p in parts]) for k in
+                                              ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")}
+                if f"before_{key}" in rs[0]:
+                    bf = [r[f"before_{key}"]["x_rt"] for r in rs]
+                    d[key]["before_x_rt"] = _ratio_stats(bf)
+                    d[key]["before_vs_handwritten"] = _ratio_stats([a / b for a, b in zip(bf, base)])
+                    d[key]["after_vs_before"] = _ratio_stats([a / b for a, b in zip(ap, bf)])
         for tar in ("tar", "notar"):
             if 1 in workers and 2 in workers:
                 d[f"scaling_1_to_2_{tar}"] = _ratio_stats(
                     [r[f"audiopipe_w2_{tar}"]["x_rt"] / (2 * r[f"audiopipe_w1_{tar}"]["x_rt"]) for r in rs])
+                if f"before_w1_{tar}" in rs[0]:
+                    d[f"scaling_1_to_2_before_{tar}"] = _ratio_stats(
+                        [r[f"before_w2_{tar}"]["x_rt"] / (2 * r[f"before_w1_{tar}"]["x_rt"]) for r in rs])
         if 1 in workers and 2 in workers:
             d["scaling_1_to_2_handwritten"] = _ratio_stats(
                 [r["handwritten_w2"]["x_rt"] / (2 * r["handwritten_w1"]["x_rt"]) for r in rs])
@@ -322,19 +399,44 @@ def summarise(rounds: list[dict], corpora: list[str], workers: list[int]) -> dic
     return out
 
 
+def _cell(s: dict, fmt: str = ".2f") -> str:
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+
 def table(summary: dict, workers: list[int]) -> str:
-    lines = ["| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
-             "| audiopipe per core / floor |", "|---|---|---|---|---|---|---|"]
+    before = any("before_x_rt" in e for d in summary.values() for e in d.values() if isinstance(e, dict))
+    head = ("| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
+            "| audiopipe per core / floor |")
+    if before:
+        head += " before x RT | before / hand-written | after / before |"
+    lines = [head, "|---|---|---|---|---|---|---|" + ("---|---|---|" if before else "")]
     for c, d in summary.items():
         for w in workers:
             for tar in ("tar", "notar"):
                 e = d[f"w{w}_{tar}"]
-                lines.append(
-                    f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | {e['audiopipe_x_rt']['median']:.0f} | "
-                    f"{e['handwritten_x_rt']['median']:.0f} | {e['vs_handwritten']['median']:.2f} "
-                    f"({e['vs_handwritten']['min']:.2f}-{e['vs_handwritten']['max']:.2f}) | "
-                    f"{e['vs_floor_per_core']['median']:.2f} ({e['vs_floor_per_core']['min']:.2f}-"
-                    f"{e['vs_floor_per_core']['max']:.2f}) |")
+                line = (f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | {e['audiopipe_x_rt']['median']:.0f} | "
+                        f"{e['handwritten_x_rt']['median']:.0f} | {_cell(e['vs_handwritten'])} | "
+                        f"{_cell(e['vs_floor_per_core'])} |")
+                if before:
+                    line += (f" {e['before_x_rt']['median']:.0f} | {_cell(e['before_vs_handwritten'])} | "
+                             f"{_cell(e['after_vs_before'])} |")
+                lines.append(line)
+    return "\n".join(lines)
+
+
+def breakdown_table(summary: dict, workers: list[int]) -> str:
+    """Where audiopipe's extraction phase went (medians over rounds, seconds; from --timings)."""
+    lines = ["| corpus | workers | tars | extraction phase | tasks busy (worker-s) | workers idle (worker-s) "
+             "| before the first task | after the last task |", "|---|---|---|---|---|---|---|---|"]
+    for c, d in summary.items():
+        for w in workers:
+            for tar in ("tar", "notar"):
+                x = d[f"w{w}_{tar}"].get("extraction_s")
+                if x:
+                    lines.append(f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | "
+                                 + " | ".join(f"{x[k]['median']:.2f}" for k in
+                                              ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s"))
+                                 + " |")
     return "\n".join(lines)
 
 
@@ -346,12 +448,17 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
 
     fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4.8), squeeze=False)
     for ax, (c, d) in zip(axes[0], summary.items()):
-        labels, vals, lo, hi = [], [], [], []
+        labels, vals, lo, hi, colors = [], [], [], [], []
+        before = "before_x_rt" in d[f"w{workers[0]}_tar"]
         for w in workers:
-            for name, getter in (("hand-written", lambda e: e["handwritten_x_rt"]),
-                                 ("audiopipe, tars", None), ("audiopipe, no tar", None)):
+            bars = [("hand-written", "handwritten_x_rt", "#999999"), ("audiopipe, tars", "audiopipe_x_rt", "#1f77b4"),
+                    ("audiopipe, no tar", "audiopipe_x_rt", "#6baed6")]
+            if before:
+                bars += [("before, tars", "before_x_rt", "#ff7f0e"), ("before, no tar", "before_x_rt", "#fdae6b")]
+            for name, field, color in bars:
                 e = d[f"w{w}_{'notar' if 'no tar' in name else 'tar'}"]
-                s = getter(e) if getter else e["audiopipe_x_rt"]
+                s = e[field]
+                colors.append(color)
                 labels.append(f"{name}\n{w} worker{'s' if w > 1 else ''}")
                 vals.append(s["median"])
                 lo.append(s["median"] - s["min"])
@@ -360,8 +467,7 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
         vals.append(d["floor_x_rt"]["median"])
         lo.append(d["floor_x_rt"]["median"] - d["floor_x_rt"]["min"])
         hi.append(d["floor_x_rt"]["max"] - d["floor_x_rt"]["median"])
-        ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3,
-               color=["#999999", "#1f77b4", "#6baed6"] * len(workers) + ["#2ca02c"])
+        ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3, color=colors + ["#2ca02c"])
         ax.set_xticks(range(len(vals)), labels, fontsize=7, rotation=35, ha="right")
         ax.set_ylabel("x real time (median, bars: range over rounds)")
         ax.set_title(f"{c} corpus, f5tts mel", fontsize=9)
@@ -391,6 +497,14 @@ def main() -> int:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
+    p.add_argument("--before", type=Path, default=None, metavar="TREE",
+                   help="also run `audiopipe shard` from this source tree (e.g. `git archive 48425f0 | tar -x -C "
+                        "TREE`), side by side in every round: before/after in one run")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="make each corpus this many times bigger by linking its speaker folders again under new "
+                        "names (same audio, new ids and speakers)")
+    p.add_argument("--corpora", default="WAV,OGG", help="which corpora to run (WAV, OGG or both)")
+    p.add_argument("--shard-size", default="4MB", help="audiopipe's --shard-size (default 4MB)")
     a = p.parse_args()
     if a.quick:
         a.files, a.rounds = 40, 1
@@ -421,10 +535,15 @@ def main() -> int:
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     corpora = {}
+    chosen = [c.strip().upper() for c in a.corpora.split(",") if c.strip()]
     for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
+        if name not in chosen:
+            continue
         if not root.is_dir():
             raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
         corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
+        if a.repeat > 1:
+            repeat_corpus(corpora[name], a.repeat)
     audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
     rounds: list[dict] = []
     try:
@@ -432,9 +551,10 @@ def main() -> int:
             res: dict = {}
             for c, root in corpora.items():
                 files = corpus_files(root)
-                steps = [("floor", 1, None)] + [(kind, w, tar) for w in workers
-                                                 for kind, tar in (("handwritten", None), ("audiopipe", True),
-                                                                   ("audiopipe", False))]
+                kinds = [("handwritten", None), ("audiopipe", True), ("audiopipe", False)]
+                if a.before:
+                    kinds += [("before", True), ("before", False)]
+                steps = [("floor", 1, None)] + [(kind, w, tar) for w in workers for kind, tar in kinds]
                 k = rnd % len(steps)
                 steps = steps[k:] + steps[:k]  # rotate the order from round to round
                 r: dict = {}
@@ -448,8 +568,9 @@ def main() -> int:
                         shutil.rmtree(tmp / "npy", ignore_errors=True)
                         r[f"handwritten_w{w}"] = {"wall_s": wall, "x_rt": audio_s[c] / wall}
                     else:
-                        t = run_audiopipe(root, tmp / "out", w, tar)
-                        r[f"audiopipe_w{w}_{'tar' if tar else 'notar'}"] = {**t, "x_rt": audio_s[c] / t["extract_s"]}
+                        t = run_audiopipe(root, tmp / "out", w, tar, tree=a.before if kind == "before" else ROOT,
+                                          shard_size=a.shard_size)
+                        r[f"{kind}_w{w}_{'tar' if tar else 'notar'}"] = {**t, "x_rt": audio_s[c] / t["extract_s"]}
                     print(f"round {rnd} {c} {kind} w{w} {'' if tar is None else ('tar' if tar else 'notar')}: "
                           f"{json.dumps({k2: round(v, 3) for k2, v in list(r.values())[-1].items()})}", flush=True)
                 res[c] = r
@@ -458,11 +579,13 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds, list(corpora), workers)
     machine = f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})"
-    out = {"machine": machine, "command": " ".join(sys.argv), "files_per_corpus": a.files,
+    out = {"machine": machine, "command": " ".join(sys.argv), "files_per_corpus": a.files, "repeat": a.repeat,
+           "before": str(a.before) if a.before else None,
            "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(table(summary, workers))
+    print(breakdown_table(summary, workers))
     for c, d in summary.items():
         print(f"{c}: floor {d['floor_x_rt']['median']:.0f}x RT per core; start-up {d['startup_s']['median']:.1f} s "
               f"(discovery {d['discovery_s']['median']:.2f} s); scaling 1->2 "

@@ -6,6 +6,7 @@ reject with a reason: nothing is dropped silently, and one bad file never fails 
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from audiopipe.features.trim import trim_silence
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import WorkUnit
 from audiopipe.shard.writer import ArrayColumn, ScalarColumn, write_arrow, write_tar
-from audiopipe.storage.atomic import write_json_atomic
+from audiopipe.storage.atomic import AtomicBatch
 
 # A codec encoder takes waveforms at its rate and returns int16 [16, T] codes for each (batched inside).
 EncodeFn = Callable[[list[np.ndarray]], list[np.ndarray]]
@@ -146,6 +147,15 @@ def done_path(out: Path, name: str) -> Path:
     return out / "done" / f"{name}.json"
 
 
+def write_done_record(path: Path, record: dict[str, Any], sync: bool = True) -> None:
+    """The done record, atomically (the bytes of storage.atomic.write_json_atomic; its folder is fsync'd by the
+    job, once)."""
+    done = AtomicBatch(sync)
+    with done.path(path) as tmp:
+        tmp.write_text(json.dumps(record, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    done.commit()
+
+
 def _fit_length(a: np.ndarray, frames: int) -> np.ndarray:
     """Crop or edge-pad the time axis: F0 counts N//hop+1 frames, EnCodec ceil(N/hop); NS2 needs them equal."""
     t = a.shape[-1]
@@ -205,8 +215,12 @@ def shard_metadata(job: Job, specs: list[FeatureSpec]) -> dict[str, Any]:
 
 def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
                 codec_spec: FeatureSpec | None = None,
-                progress: Callable[[float], None] | None = None) -> dict[str, Any]:
-    """Write shard `unit.name` under job.out and return its completion record (also saved in done/)."""
+                progress: Callable[[float], None] | None = None, sync: bool = True) -> dict[str, Any]:
+    """Write shard `unit.name` under job.out and return its completion record (also saved in done/).
+
+    The files are fsync'd before they get their names (sync=False: not at all, for staged files that are
+    uploaded and deleted); the folders are not: the job fsyncs arrow/, wds/ and done/ once before its
+    manifest (audiopipe.shard.output.LocalOutput.sync)."""
     out = Path(job.out)
     ex = extractors_for(job, codec_spec)
     limits = DecodeLimits(**job.limits)
@@ -301,11 +315,18 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     meta = shard_metadata(job, specs)
     arrow_path = out / "arrow" / f"{unit.name}.arrow"
     tar_path = out / "wds" / f"{unit.name}.tar"
-    # Checksums are taken as the bytes are written (no second read of either file).
-    arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta)
-    pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
-    if job.write_tar:
-        tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate)
+    # Checksums are taken as the bytes are written (no second read of either file); the Arrow file's fsync
+    # runs in the background while the tar is built.
+    files = AtomicBatch(sync)
+    try:
+        arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files)
+        pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
+        if job.write_tar:
+            tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate, files=files)
+    except BaseException:
+        files.abort()
+        raise
+    files.commit()  # both files in place before the done record names them
     record = {
         "name": unit.name,
         "index": unit.index,
@@ -317,5 +338,5 @@ def build_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None,
     }
     if job.write_tar:
         record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_digest.bytes, "sha256": tar_digest.sha256}
-    write_json_atomic(done_path(out, unit.name), record)  # the shard counts as finished only once this exists
+    write_done_record(done_path(out, unit.name), record, sync)  # the shard counts as finished once this exists
     return record

@@ -34,7 +34,7 @@ import pyarrow as pa
 from audiopipe.shard.build import build_shard, done_path
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.plan import WorkUnit
-from audiopipe.storage.atomic import is_temporary
+from audiopipe.storage.atomic import fsync_dir, is_temporary
 from audiopipe.storage.lock import FolderLock, LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
 
@@ -101,6 +101,15 @@ class LocalOutput:
 
     def publish(self, *rels: str) -> None:
         pass  # already in place
+
+    def sync(self) -> None:
+        """Make the renames of every shard file durable: one fsync per folder for the whole job (the workers
+        fsync'd each file's bytes before its rename, but not the folders, which cost a journal commit each).
+        Called before the manifest, the file that declares the set complete."""
+        for sub in ("arrow", "wds", "done"):
+            d = self.root / sub
+            if d.is_dir():
+                fsync_dir(d)
 
     def read_arrow(self, rel: str, columns: Callable[[str], bool] | None = None) -> pa.Table:
         with pa.memory_map(str(self.root / rel)) as src:
@@ -229,6 +238,9 @@ class S3Output:
 
         abort_incomplete(self.url)
 
+    def sync(self) -> None:
+        pass  # an object exists durably once its upload completed
+
     def publish(self, *rels: str) -> None:
         from audiopipe.storage.upload import upload_file
 
@@ -264,7 +276,8 @@ def build_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) 
         os.makedirs(staging, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"audiopipe-{unit.name}-", dir=staging))
     try:
-        rec = build_shard(unit, replace(job, out=str(tmp)), **kw)
+        # No fsync: the staged files are read back from the page cache by the upload and deleted after it.
+        rec = build_shard(unit, replace(job, out=str(tmp)), sync=False, **kw)
         for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
             if k in rec:
                 upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])

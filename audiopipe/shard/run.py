@@ -15,7 +15,8 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from audiopipe.decode.audio import DecodeLimits, resampler_info
@@ -44,6 +45,9 @@ class Summary:
     ray_start_s: float = 0.0
     warmup_s: float = 0.0
     startup_s: float = 0.0
+    # Where the wall time went (`--timings FILE`): driver phases as seconds since the command started, and
+    # one entry per shard task built now (worker pid, start and end on the same clock).
+    timeline: dict[str, Any] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         if self.up_to_date:
@@ -162,6 +166,7 @@ def _remote_defs():
 
         _set_niceness(nice)
         torch.set_num_threads(1)
+        started = time.time()
         unit, job = WorkUnit.from_dict(unit_dict), Job.from_dict(job_dict)
         encode = None
         if codec_actors:
@@ -172,7 +177,10 @@ def _remote_defs():
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
                 return [c for part in ray.get(refs) for c in part]
 
-        return build_unit(unit, job, staging, encode=encode, codec_spec=codec_spec)
+        rec = build_unit(unit, job, staging, encode=encode, codec_spec=codec_spec)
+        # The timestamps travel back for --timings only; the done record on disk stays free of them.
+        return {"record": rec, "task": {"name": unit.name, "pid": os.getpid(), "start": started,
+                                        "end": time.time()}}
 
     return shard_task
 
@@ -237,6 +245,12 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
+    wall0 = time.time()
+    timeline: dict[str, Any] = {"phases": {}, "tasks": []}
+
+    def mark(phase: str) -> None:  # seconds since the command started, on the clock the workers' stamps use
+        timeline["phases"][phase] = round(time.time() - wall0, 4)
+
     workers = workers or os.cpu_count() or 1
     nice = default_niceness() if nice is None else nice
     out.prepare()
@@ -264,8 +278,10 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     need_ray = old_plan is None or len(finished) < len(old_plan["units"])
     with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
         planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs, layout)
+        pool.submit(_load_table_support)  # after discovery, in the same thread
         ray_start_s = _start_ray(job, workers, ray_address, nice) if need_ray else 0.0
         plan, discovery_s = planned.result()
+    mark("planned")
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete its {PLAN_NAME} to start over")
@@ -281,17 +297,27 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     if todo:
         warmup_s = _await_warmups()
     startup_s = time.monotonic() - t0
+    mark("started")
+    built: dict[str, dict[str, Any]] = {}
     if todo:
-        _run_units(job, todo, workers, ray_address, show_progress, nice, staging)
+        returned = _run_units(job, todo, workers, ray_address, show_progress, nice, staging)
+        mark("tasks_done")
+        built = {r["record"]["name"]: r["record"] for r in returned}
+        timeline["tasks"] = [{**r["task"], "start": round(r["task"]["start"] - wall0, 4),
+                              "end": round(r["task"]["end"] - wall0, 4)} for r in returned]
         # A worker killed mid-write (a lost node) leaves its temporary behind; the retry wrote the shard.
         out.clean()
+    out.sync()
 
-    records = [out.read_json(f"done/{u.name}.json") for u in units]
+    # The shards built now returned their done records; only those of an earlier run are read back.
+    records = [built.get(u.name) or out.read_json(f"done/{u.name}.json") for u in units]
+    mark("records")
     from audiopipe.index.lengths import INDEX_NAME, build_index
 
     # A local folder's shards are memory-mapped; an s3:// prefix's are read column by column over the network.
     index_path = build_index(out.work, [r["arrow"]["path"] for r in records],
                              read=out.read_arrow if isinstance(out, S3Output) else None)
+    mark("index")
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out.work, rejects)
@@ -314,10 +340,11 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     if hasattr(lock, "check"):
         lock.check()  # an s3:// lock taken over by another job: stop before the manifest makes anything final
     out.publish(REJECTS_NAME, INDEX_NAME, MANIFEST_NAME)  # the manifest last: it declares the set complete
+    mark("manifest")
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
-                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s)
+                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s, timeline=timeline)
 
 
 def _manifest_features(out: LocalOutput | S3Output, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -375,24 +402,46 @@ def _await_warmups(timeout: float = 120.0) -> float:
 
 
 def _warm_worker(job_dict: dict, nice: int) -> None:
+    import tempfile
+
     import numpy as np
     import torch
 
+    import audiopipe.decode.members  # noqa: F401  (what RecordingCache imports on its first file)
     from audiopipe.decode.audio import resample_to
-    from audiopipe.shard.build import compute_features, extractors_for
+    from audiopipe.shard.build import array_columns, compute_features, extractors_for, shard_metadata
+    from audiopipe.shard.writer import write_arrow, write_tar
 
     _set_niceness(nice)
     torch.set_num_threads(1)
-    ex = extractors_for(Job.from_dict(job_dict))
+    job = Job.from_dict(job_dict)
+    ex = extractors_for(job)
     noise = np.random.default_rng(0).uniform(-0.3, 0.3, 16000).astype(np.float32)
     try:
-        compute_features(ex.features, resample_to(noise, 16000, {s.sample_rate for s in ex.specs}))
+        arrays = compute_features(ex.features, resample_to(noise, 16000, {s.sample_rate for s in ex.specs}))
+        # Write it as a one-row shard in a scratch folder: the first Arrow table a process builds imports
+        # pyarrow's pandas support (~0.5 s), which would otherwise land on the first shard task.
+        row = {"id": "warm", "speaker": "", "text": "", "source": "", "duration": 1.0, "arrays": arrays,
+               "scalars": {}}
+        cols = array_columns(ex.specs, False)
+        with tempfile.TemporaryDirectory(prefix="audiopipe-warm-") as d:
+            write_arrow(Path(d) / "w.arrow", [row], cols, [], shard_metadata(job, ex.specs))
+            write_tar(Path(d) / "w.tar", [row], cols, [], None)
     except Exception:  # a warm-up only: the shard task reports any real problem with its utterance
         pass
 
 
+def _load_table_support() -> None:
+    """pyarrow imports pandas the first time a process builds a Table (~0.5 s); the driver builds one for the
+    index once the shards exist, so pay for it during start-up, beside Ray's, instead of after the shards."""
+    import pyarrow as pa
+
+    pa.table({"x": pa.array([0])})
+
+
 def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
-               nice: int, staging: str | None = None) -> None:
+               nice: int, staging: str | None = None) -> list[dict[str, Any]]:
+    """Run one task per unit; return what the finished tasks returned (done record and timestamps)."""
     import ray
     from tqdm import tqdm
 
@@ -412,13 +461,14 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     t_start = time.monotonic()
     pending = list(refs)
     failures: list[str] = []
+    returned: list[dict[str, Any]] = []
     seconds = 0.0
     while pending:
         # The driver sleeps inside ray.wait until a shard finishes; the timeout only keeps the bar's clock moving.
         done, pending = ray.wait(pending, num_returns=1, timeout=10.0 if show_progress else None)
         for ref in done:
             try:
-                ray.get(ref)
+                returned.append(ray.get(ref))
             except Exception as e:  # after Ray's retries: report, keep building the other shards
                 failures.append(f"{refs[ref].name}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
             seconds += refs[ref].duration
@@ -434,3 +484,4 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     if failures:  # one line, the first cause in full (a full or read-only disk fails every shard alike)
         raise JobError(f"{len(failures)} of {len(todo)} shards failed after retries, first {failures[0]}; "
                        f"the finished shards are kept, rerun the same command to build the rest")
+    return returned

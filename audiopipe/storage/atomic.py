@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,6 +39,11 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:  # fsync on a read-only descriptor flushes the file's dirty pages on Linux
+        os.fsync(f.fileno())
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path to write; on a clean exit it becomes `path` durably, on an error it is removed.
@@ -49,13 +55,76 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = temporary_for(path)
     try:
         yield tmp
-        with open(tmp, "rb") as f:  # fsync on a read-only descriptor flushes the file's dirty pages on Linux
-            os.fsync(f.fileno())
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+_SYNC_POOL: ThreadPoolExecutor | None = None
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    global _SYNC_POOL
+    if _SYNC_POOL is None:  # fsync releases the GIL: the writer goes on computing while the disk catches up
+        _SYNC_POOL = ThreadPoolExecutor(2, thread_name_prefix="fsync")
+    return _SYNC_POOL
+
+
+class AtomicBatch:
+    """Files that count only together (a shard's Arrow file and tar): each is atomic like `atomic_path`, but
+    its fsync and rename run in a background thread while the caller writes the next one, and `commit()`
+    waits for all of them.
+
+    sync=False skips the fsyncs: for files that only live until they are uploaded (s3:// staging), whose
+    durability is the object store's. Folders are not fsync'd here: the caller that makes the set final
+    (the shard job, before its manifest) fsyncs each folder once (`fsync_dir`), instead of once per file.
+    Until then a power loss can lose a rename, never leave a partial file under its final name.
+    """
+
+    def __init__(self, sync: bool = True) -> None:
+        self.sync = sync
+        self._pending: list[tuple[Future, Path]] = []
+
+    @contextmanager
+    def path(self, path: str | os.PathLike[str]) -> Iterator[Path]:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_for(path)
+        try:
+            yield tmp
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._pending.append((_sync_pool().submit(self._finish, tmp, path), tmp))
+
+    def _finish(self, tmp: Path, path: Path) -> None:
+        if self.sync:
+            fsync_file(tmp)
+        os.replace(tmp, path)
+
+    def commit(self) -> None:
+        """Wait until every file is in place (durably unless sync=False); re-raise the first failure."""
+        pending, self._pending = self._pending, []
+        error: BaseException | None = None
+        for fut, tmp in pending:
+            try:
+                fut.result()
+            except BaseException as e:  # keep waiting for the others, so no thread writes after we return
+                tmp.unlink(missing_ok=True)
+                error = error or e
+        if error is not None:
+            raise error
+
+    def abort(self) -> None:
+        """After a failure: wait for the background work (nothing may write once the caller has moved on); the
+        files already committed are complete and stay, like a file `atomic_path` finished before the error."""
+        try:
+            self.commit()
+        except BaseException:
+            pass
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
