@@ -173,9 +173,11 @@ def _remote_defs():
             actor = codec_actors[unit.index % len(codec_actors)]
             bs = codec_batch
 
-            def encode(wavs):
+            def by_actor(wavs):
                 refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
                 return [c for part in ray.get(refs) for c in part]
+
+            encode = by_actor
 
         rec = build_unit(unit, job, staging, encode=encode, codec_spec=codec_spec)
         # The timestamps travel back for --timings only; the done record on disk stays free of them.
