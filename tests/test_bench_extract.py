@@ -50,3 +50,33 @@ def test_profile_times_every_stage_of_a_worker(espeak_corpus):
                 assert parts[part] > 0.0, part
         assert parts["glue"] < 0.5 * prof["rounds"][0]["total_s"]
         assert parts["glue"] >= 0.0  # no stage counted twice (the floor, run after, calls the mel as well)
+
+
+def test_scaling_ceiling_runs_every_file_in_every_process(tmp_path):
+    """bench_scaling_ceiling's N processes each run the whole floor (decode, resample, mel) over every file, at
+    once, in processes of their own; scaling is t_1 / t_N of those runs."""
+    import json
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    from corpora import harmonic_tone
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i in range(3):
+        sf.write(corpus / f"u{i}.wav", harmonic_tone(150.0 + 20 * i, 1.0, 16000), 16000)
+    out = tmp_path / "ceiling.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_scaling_ceiling.py"
+    r = subprocess.run([sys.executable, str(script), "--corpus", str(corpus), "--files", "0", "--procs", "2",
+                        "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    (rnd,) = got["rounds"]
+    assert got["files"] == 3 and got["procs"] == 2
+    assert rnd["scaling"] == rnd["t1_s"] / rnd["t2_s"] and got["scaling_median"] == rnd["scaling"]
+    procs = rnd["processes"]
+    assert [p["files"] for p in procs] == [3, 3, 3]  # 1 alone, then 2 at once: each ran every file
+    assert len({p["pid"] for p in procs}) == 3  # three processes of their own
+    assert all(0 < p["floor_s"] <= max(rnd["t1_s"], rnd["t2_s"]) for p in procs)  # the stages were timed inside
