@@ -54,6 +54,16 @@ def _copy_elems(typingctx, dst, dst_start, src, src_start, n):  # pragma: no cov
     return sig, codegen
 
 
+def _out_of_bounds(t, s, base, channels, t_max, src_size, dst_size) -> bool:
+    """Whether a row of t frames at src[s:] would reach outside its column, or its slot at dst[base:] outside the
+    batch: memcpy does not check, so every kernel asks this before copying a row."""
+    return t < 0 or t > t_max or s < 0 or s + channels * t > src_size or base < 0 or base + channels * t_max > dst_size
+
+
+# The same check inside the compiled kernels (inlined there; one definition for both paths).
+_out_of_bounds_nb = numba.njit(inline="always", cache=True)(_out_of_bounds)
+
+
 @numba.njit(cache=True, nogil=True)
 def _pad_rows(src, starts, frames, positions, channels, t_max, pad, dst):  # pragma: no cover - numba
     """Returns -1, or the index k of the first row whose source or destination range is out of bounds (the
@@ -62,8 +72,7 @@ def _pad_rows(src, starts, frames, positions, channels, t_max, pad, dst):  # pra
         t = frames[k]
         s = starts[k]
         base = positions[k] * channels * t_max
-        # memcpy does not check: a row reaching outside its column or its slot would corrupt memory.
-        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+        if _out_of_bounds_nb(t, s, base, channels, t_max, src.size, dst.size):
             return k
         for c in range(channels):
             o = base + c * t_max
@@ -80,7 +89,7 @@ def _pad_rows_time_major(src, starts, frames, positions, channels, t_max, pad, d
         t = frames[k]
         s = starts[k]
         base = positions[k] * channels * t_max
-        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+        if _out_of_bounds_nb(t, s, base, channels, t_max, src.size, dst.size):
             return k
         for j in range(t):
             o = base + j * channels
@@ -90,32 +99,33 @@ def _pad_rows_time_major(src, starts, frames, positions, channels, t_max, pad, d
     return -1
 
 
-def _pad_rows_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> int:
-    """_pad_rows without the compiled kernel: one numpy copy and one fill per row (same checks, same result)."""
+def _pad_rows_numpy_in(src, starts, frames, positions, channels, t_max, pad, dst, time_major: bool) -> int:
+    """_pad_rows / _pad_rows_time_major without the compiled kernel: one numpy copy and one fill per row (same
+    checks, same result)."""
     for k, (s, t, p) in enumerate(zip(starts.tolist(), frames.tolist(), positions.tolist())):
         base = p * channels * t_max
-        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
+        if _out_of_bounds(t, s, base, channels, t_max, src.size, dst.size):
             return k
         if t_max == 0:  # an empty row in an empty batch: nothing to write
             continue
-        box = dst[base:base + channels * t_max].reshape(channels, t_max)
-        box[:, :t] = src[s:s + channels * t].reshape(channels, t)
-        box[:, t:] = pad
+        item = src[s:s + channels * t].reshape(channels, t)
+        if time_major:
+            box = dst[base:base + channels * t_max].reshape(t_max, channels)
+            box[:t] = item.T
+            box[t:] = pad
+        else:
+            box = dst[base:base + channels * t_max].reshape(channels, t_max)
+            box[:, :t] = item
+            box[:, t:] = pad
     return -1
+
+
+def _pad_rows_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> int:
+    return _pad_rows_numpy_in(src, starts, frames, positions, channels, t_max, pad, dst, time_major=False)
 
 
 def _pad_rows_time_major_numpy(src, starts, frames, positions, channels, t_max, pad, dst) -> int:
-    """_pad_rows_time_major without the compiled kernel."""
-    for k, (s, t, p) in enumerate(zip(starts.tolist(), frames.tolist(), positions.tolist())):
-        base = p * channels * t_max
-        if t < 0 or t > t_max or s < 0 or s + channels * t > src.size or base < 0 or base + channels * t_max > dst.size:
-            return k
-        if t_max == 0:
-            continue
-        box = dst[base:base + channels * t_max].reshape(t_max, channels)
-        box[:t] = src[s:s + channels * t].reshape(channels, t).T
-        box[t:] = pad
-    return -1
+    return _pad_rows_numpy_in(src, starts, frames, positions, channels, t_max, pad, dst, time_major=True)
 
 
 _warm = {"started": False, "ready": threading.Event(), "go": threading.Event()}
