@@ -90,16 +90,17 @@ def _count_fsyncs(monkeypatch) -> dict[str, int]:
     return counts
 
 
-def test_a_shard_fsyncs_its_three_files_and_no_folder(espeak_corpus, tmp_path, monkeypatch):
+def test_a_shard_fsyncs_its_two_data_files_and_no_folder(espeak_corpus, tmp_path, monkeypatch):
     # Each fsync is a journal commit (2-8 ms on this VM): with a folder fsync per file, a shard of 20 short
     # utterances spent ~15 % of its time waiting on the disk. The folders are fsync'd once per job instead
-    # (LocalOutput.sync, before the manifest), and a staged shard that is uploaded and deleted is not fsync'd.
+    # (LocalOutput.sync, before the manifest), a staged shard that is uploaded and deleted is not fsync'd, and
+    # neither is a done record (its loss only means building the shard again; build.write_done_record).
     unit = _unit(espeak_corpus.root, n=3)
     job = Job(corpus=str(espeak_corpus.root), out=str(tmp_path / "a"), presets=["f5tts"],
               features=[("vocos_mel", {})], limits=asdict(DecodeLimits()), write_tar=True)
     counts = _count_fsyncs(monkeypatch)
     rec = build_shard(unit, job)
-    assert counts == {"file": 3, "folder": 0}  # Arrow file, tar, done record
+    assert counts == {"file": 2, "folder": 0}  # Arrow file and tar
     counts.update(file=0, folder=0)
     staged = build_shard(unit, Job(**{**job.__dict__, "out": str(tmp_path / "b")}), sync=False)
     assert counts == {"file": 0, "folder": 0}

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from audiopipe.shard.build import build_shard, done_path
+from audiopipe.shard.build import PendingShard, done_path, start_shard
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.plan import WorkUnit
 from audiopipe.storage.atomic import fsync_dir, is_temporary
@@ -264,25 +264,86 @@ def open_output(out: str, staging: str | None = None) -> LocalOutput | S3Output:
 
 
 def build_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) -> dict[str, Any]:
-    """Build one shard where the job's output is. For s3://, build it whole in a private staging folder on this
-    machine, upload the Arrow file and the tar, then the done record, and remove the staged files: nothing
-    local is needed afterwards, so a worker node may vanish once its task returned."""
-    if not is_s3(job.out):
-        return build_shard(unit, job, **kw)
-    from audiopipe.storage.upload import upload_file
+    """Build one shard where the job's output is and return its done record (see start_unit)."""
+    return start_unit(unit, job, staging, **kw).finish()
 
-    root = parse_s3(job.out)
+
+def start_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) -> PendingShard | "StagedUpload":
+    """Compute and write one shard where the job's output is; what is left (a local folder's fsyncs and renames,
+    an s3:// prefix's uploads) runs in the background until the returned object's `finish()`, which returns the
+    done record once the shard counts as finished.
+
+    For s3://, the shard is built whole in a private staging folder on this machine, its Arrow file and tar are
+    uploaded, then its done record, and the staged files are removed: nothing local is needed afterwards, so a
+    worker node may vanish once its task reported the shard."""
+    if not is_s3(job.out):
+        return start_shard(unit, job, **kw)
     if staging:
         os.makedirs(staging, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"audiopipe-{unit.name}-", dir=staging))
     try:
         # No fsync: the staged files are read back from the page cache by the upload and deleted after it.
-        rec = build_shard(unit, replace(job, out=str(tmp)), sync=False, **kw)
-        for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
-            if k in rec:
-                upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])
-        # The done record last: it is what makes the shard count as finished.
-        upload_file(tmp / _rel_done(unit.name), root.child(_rel_done(unit.name)))
-        return rec
-    finally:
+        staged = start_shard(unit, replace(job, out=str(tmp)), sync=False, **kw)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return StagedUpload(staged, tmp, parse_s3(job.out), unit.name)
+
+
+_UPLOADS: ThreadPoolExecutor | None = None
+
+
+class StagedUpload:
+    """A shard staged on local disk whose upload runs in a background thread (network time a worker spends
+    computing its next shard instead of waiting)."""
+
+    def __init__(self, staged: PendingShard, tmp: Path, root: S3URL, name: str) -> None:
+        global _UPLOADS
+        if _UPLOADS is None:
+            _UPLOADS = ThreadPoolExecutor(2, thread_name_prefix="s3-upload")
+        self._future = _UPLOADS.submit(self._upload, staged, tmp, root, name)
+
+    @staticmethod
+    def _upload(staged: PendingShard, tmp: Path, root: S3URL, name: str) -> dict[str, Any]:
+        from audiopipe.storage.upload import upload_file
+
+        try:
+            rec = staged.finish()
+            for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
+                if k in rec:
+                    upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])
+            # The done record last: it is what makes the shard count as finished.
+            upload_file(tmp / _rel_done(name), root.child(_rel_done(name)))
+            return rec
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def finish(self) -> dict[str, Any]:
+        return self._future.result()
+
+    def abort(self) -> None:
+        try:  # nothing may upload once the caller has moved on
+            self._future.result()
+        except BaseException:
+            pass
+
+
+def finished_record(job: Job, name: str) -> dict[str, Any] | None:
+    """The done record of shard `name` if it is finished where the job's output is (its files match the record),
+    else None. A retried task skips what its first attempt finished."""
+    if not is_s3(job.out):
+        if not _local_finished(Path(job.out), name):
+            return None
+        return json.loads(done_path(Path(job.out), name).read_text())
+    from audiopipe.storage.s3 import filesystem
+    from audiopipe.storage.upload import head
+
+    root = parse_s3(job.out)
+    try:
+        with filesystem().open_input_stream(root.child(_rel_done(name)).path) as f:
+            rec = json.loads(f.read())
+        files = [(rec[k]["path"], rec[k]["bytes"], rec[k]["sha256"]) for k in ("arrow", "tar") if k in rec]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    # By the sha256 each object was uploaded with (one HEAD each); one without it is simply built again.
+    return rec if all(head(root.child(p)) == (b, s) for p, b, s in files) else None

@@ -1,4 +1,4 @@
-"""Run a shard job on Ray: plan, fan out one task per shard, retry failures, then write index and manifest.
+"""Run a shard job on Ray: plan, fan out tasks of a few shards each, retry failures, then write index and manifest.
 
 Ray is embedded and local by default (no cluster to set up); `ray_address` joins a real cluster, whose workers
 must see the same corpus path (shared storage) and either the same output folder or an s3:// output, which each
@@ -22,7 +22,7 @@ from typing import Any
 from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
-from audiopipe.shard.output import LocalOutput, S3Output, build_unit, open_output
+from audiopipe.shard.output import LocalOutput, S3Output, open_output
 from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
 
 PLAN_NAME = "plan.json"
@@ -156,21 +156,25 @@ def _set_niceness(nice: int) -> None:
 def _remote_defs():
     import ray
 
-    # No actor takes part in progress or completion: progress is counted from finished tasks in the driver,
-    # so losing any non-head node loses nothing a retried task cannot rebuild. System failures (a dead
-    # worker or node) are retried on the surviving nodes; exceptions too, for transient storage errors.
+    # No actor takes part in progress or completion: progress is counted from the shards the tasks report, in
+    # the driver, so losing any non-head node loses nothing a retried task cannot rebuild. System failures (a
+    # dead worker or node) are retried on the surviving nodes; exceptions too, for transient storage errors.
+    # A task builds a group of shards and reports each as it is finished (a Ray generator task, see
+    # audiopipe.shard.groups); a retry skips the shards its failed attempt finished and reports them again,
+    # which Ray counts once.
     @ray.remote(max_retries=3, retry_exceptions=True)
-    def shard_task(unit_dict: dict, job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int,
-                   staging: str | None) -> dict:
+    def shard_task(group: list[dict], job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int,
+                   staging: str | None):
         import torch
+
+        from audiopipe.shard.groups import build_group
 
         _set_niceness(nice)
         torch.set_num_threads(1)
-        started = time.time()
-        unit, job = WorkUnit.from_dict(unit_dict), Job.from_dict(job_dict)
+        units, job = [WorkUnit.from_dict(u) for u in group], Job.from_dict(job_dict)
         encode = None
         if codec_actors:
-            actor = codec_actors[unit.index % len(codec_actors)]
+            actor = codec_actors[units[0].index % len(codec_actors)]
             bs = codec_batch
 
             def by_actor(wavs):
@@ -179,10 +183,8 @@ def _remote_defs():
 
             encode = by_actor
 
-        rec = build_unit(unit, job, staging, encode=encode, codec_spec=codec_spec)
-        # The timestamps travel back for --timings only; the done record on disk stays free of them.
-        return {"record": rec, "task": {"name": unit.name, "pid": os.getpid(), "start": started,
-                                        "end": time.time()}}
+        # Each shard's done record, and its span for --timings (the done record on disk stays free of them).
+        yield from build_group(units, job, staging, encode=encode, codec_spec=codec_spec)
 
     return shard_task
 
@@ -443,7 +445,7 @@ def _load_table_support() -> None:
 
 def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None, show_progress: bool,
                nice: int, staging: str | None = None) -> list[dict[str, Any]]:
-    """Run one task per unit; return what the finished tasks returned (done record and timestamps)."""
+    """Run the units in groups, a task each; return what the tasks reported per shard (done record and span)."""
     import ray
     from tqdm import tqdm
 
@@ -451,29 +453,46 @@ def _run_units(job: Job, todo: list[WorkUnit], workers: int, address: str | None
     shard_task = _remote_defs()
     codec_actors, codec_spec, codec_batch = _codec_actors(job, workers) if job.codec else ([], None, 1)
     job_dict = job.to_dict()
-    refs = {shard_task.remote(u.to_dict(), job_dict, nice, codec_actors, codec_spec, codec_batch, staging): u
-            for u in todo}
+    from audiopipe.shard.groups import group_units
+
+    cpus = int(ray.cluster_resources().get("CPU", workers)) if address else workers
+    groups = group_units(todo, cpus)
+    # Each task is a generator of its group's finished shards: how many each has reported so far.
+    tasks = {shard_task.remote([u.to_dict() for u in g], job_dict, nice, codec_actors, codec_spec, codec_batch,
+                               staging): g for g in groups}
+    reported = {gen: 0 for gen in tasks}
     total_s = sum(u.duration for u in todo)
     # Progress in audio seconds of finished shards; the postfix gives audio-hours per second and the real-time
-    # factor. Counting finished tasks costs nothing on the workers and needs no actor that a lost node could
+    # factor. Counting finished shards costs nothing on the workers and needs no actor that a lost node could
     # take down with it.
     bar = tqdm(total=round(total_s), unit="audio-s", desc="shard", disable=not show_progress, file=sys.stderr,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} audio-s "
                           "[{elapsed}<{remaining}{postfix}]")
     t_start = time.monotonic()
-    pending = list(refs)
+    pending = list(tasks)
     failures: list[str] = []
     returned: list[dict[str, Any]] = []
     seconds = 0.0
     while pending:
-        # The driver sleeps inside ray.wait until a shard finishes; the timeout only keeps the bar's clock moving.
-        done, pending = ray.wait(pending, num_returns=1, timeout=10.0 if show_progress else None)
-        for ref in done:
+        # The driver sleeps inside ray.wait until a shard is reported; the timeout only keeps the bar's clock
+        # moving. A task is ready when it has a shard to report, or has ended.
+        ready, pending = ray.wait(pending, num_returns=1, timeout=10.0 if show_progress else None)
+        for gen in ready:
+            group = tasks[gen]
+            try:
+                ref = next(gen)
+            except StopIteration:
+                continue
             try:
                 returned.append(ray.get(ref))
-            except Exception as e:  # after Ray's retries: report, keep building the other shards
-                failures.append(f"{refs[ref].name}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-            seconds += refs[ref].duration
+                seconds += group[reported[gen]].duration
+                reported[gen] += 1
+                pending.append(gen)
+            except Exception as e:  # after Ray's retries: report, keep building the other groups
+                cause = str(e).splitlines()[-1] if str(e) else ""
+                for u in group[reported[gen]:]:
+                    failures.append(f"{u.name}: {type(e).__name__}: {cause}")
+                    seconds += u.duration
         elapsed = max(time.monotonic() - t_start, 1e-9)
         bar.n = round(seconds)
         bar.set_postfix_str(f"{seconds / 3600 / elapsed:.4f} audio-h/s, {seconds / elapsed:.0f}x real time",

@@ -45,22 +45,26 @@ def fsync_file(path: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path to write; on a clean exit it becomes `path` durably, on an error it is removed.
 
     The caller may hand the temporary to any library that wants a file name (pyarrow, torch.save, tarfile).
+    durable=False skips the fsyncs: still never a partial file under the name, but a power loss may lose the
+    file (or leave it empty), for files whose loss only means redoing work (a shard's done record).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_for(path)
     try:
         yield tmp
-        fsync_file(tmp)
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 _SYNC_POOL: ThreadPoolExecutor | None = None
