@@ -160,7 +160,9 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
     if has_timings:
         cmd += ["--timings", str(timings)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # cwd: `python -c` puts the working folder first on sys.path, ahead of PYTHONPATH, and Ray gives its workers
+    # the driver's folder too; run from this checkout, a "before" run imported this checkout's audiopipe.
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
