@@ -110,8 +110,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--timings", default=None, metavar="FILE",
-                   help="write where the wall time went as JSON: the driver's phases and every shard task's "
-                        "worker, start and end, in seconds since the command started (docs/extraction.md)")
+                   help="write where the wall time went as JSON: the driver's phases and, for every shard built, "
+                        "its worker, start, end (seconds since the command started) and CPU seconds "
+                        "(docs/extraction.md)")
 
     v = sub.add_parser("verify", help="re-check checksums and decode every record with semantic checks",
                        description="Recompute every shard's sha256, decode every record of the Arrow shards and "

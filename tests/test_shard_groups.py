@@ -119,3 +119,20 @@ def test_a_retried_group_on_s3_skips_only_what_is_really_there(espeak_corpus, tm
     with fs.open_input_stream(root.child(first[1]["tar"]["path"]).path) as f:
         assert len(f.read()) == first[1]["tar"]["bytes"]
     assert not any((tmp_path / "staging").iterdir())  # every staged shard removed after its upload
+
+
+def test_an_orphaned_group_stops_before_its_next_shard_and_leaves_no_done_record_for_the_one_in_flight(
+        espeak_corpus, tmp_path):
+    # A Ray worker outlives a job killed with kill -9 (it is not in the driver's process group): once it sees
+    # itself orphaned, the group must stop writing the folder that the next run takes over.
+    units = _units(espeak_corpus.root, 3)
+    out = tmp_path / "out"
+    reported = []
+    for item in build_group(units, _job(espeak_corpus.root, out), orphaned=lambda: len(reported) >= 1):
+        reported.append(item["record"]["name"])
+    assert reported == [units[0].name]  # shard 1 was in flight when the job went away, shard 2 never started
+    assert sorted(p.name for p in (out / "done").iterdir()) == [f"{units[0].name}.json"]
+    assert not any(units[2].name in p.name for p in out.rglob("*"))
+    # Shard 1's files are complete under their names (no temporary left), but without a done record it counts as
+    # unfinished: the next run builds it again.
+    assert not any(p.name.startswith(".") for p in out.rglob("*"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from audiopipe.shard.job import Job
 from audiopipe.shard.output import finished_record, start_unit
@@ -39,13 +39,21 @@ def group_units(units: list[WorkUnit], workers: int, max_group: int = MAX_GROUP)
 
 
 def build_group(units: list[WorkUnit], job: Job, staging: str | None = None,
-                **kw: Any) -> Iterator[dict[str, Any]]:
+                orphaned: Callable[[], bool] | None = None, **kw: Any) -> Iterator[dict[str, Any]]:
     """Build `units` in order, yielding for each, once it is finished, {"record": its done record, "task": its
     span}. A span runs from the start of the shard's compute to the start of the next one's (the next one's
     then includes finishing this one), so the spans of a task tile its time; "cpu" is this process's CPU time
-    over the span."""
+    over the span.
+
+    orphaned: asked before each shard; once true (the job that sent the task is gone) the group stops there, and
+    the shard in flight gets no done record: a job killed with kill -9 must not go on writing its folder beside
+    the run that replaces it (a Ray worker is not in the driver's process group)."""
     pending: tuple[Any, dict[str, Any], float] | None = None  # (the shard being finished, its span, CPU at start)
     for unit in units:
+        if orphaned is not None and orphaned():
+            if pending is not None:
+                pending[0].abort()
+            return
         started, cpu = time.time(), time.process_time()
         try:
             rec = finished_record(job, unit.name)  # on a retry, the failed attempt may have finished it
@@ -69,6 +77,9 @@ class _Finished:
 
     def finish(self) -> dict[str, Any]:
         return self.record
+
+    def abort(self) -> None:
+        pass
 
 
 def _report(shard: Any, span: dict[str, Any], cpu0: float, end: float | None = None,

@@ -171,6 +171,9 @@ def _remote_defs():
 
         _set_niceness(nice)
         torch.set_num_threads(1)
+        # A worker is the raylet's child but not in the driver's process group: when a local job is killed
+        # (kill -9 of its group takes the raylet), the worker is re-parented, and its group stops.
+        raylet = os.getppid()
         units, job = [WorkUnit.from_dict(u) for u in group], Job.from_dict(job_dict)
         encode = None
         if codec_actors:
@@ -184,7 +187,8 @@ def _remote_defs():
             encode = by_actor
 
         # Each shard's done record, and its span for --timings (the done record on disk stays free of them).
-        yield from build_group(units, job, staging, encode=encode, codec_spec=codec_spec)
+        yield from build_group(units, job, staging, orphaned=lambda: os.getppid() != raylet, encode=encode,
+                               codec_spec=codec_spec)
 
     return shard_task
 
