@@ -201,7 +201,7 @@ def extraction_breakdown(timeline: dict, workers: int) -> dict[str, float]:
 # ------------------------------------------------------------------ where a worker's time goes
 
 PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + log)", "Arrow file", "tar file",
-                 "done record")
+                 "fsync + rename wait", "done record")
 
 
 def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
@@ -210,8 +210,11 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     Each round then runs the hand-written loop's per-file work (`handwritten_mel`) and the floor on the same
     files in the same process: per-core ratios without Ray's or the Pool's start-up, under the same load.
 
-    Arrow and tar include building the members, writing, hashing (sha256 while writing) and fsync. Ray's own
-    part is not here: a task receives its unit's utterance list and returns the done record (a few KB)."""
+    Arrow and tar include building the members, writing and hashing (sha256 while writing); "fsync + rename
+    wait" is what is left of their background fsyncs when the shard is finished (in a Ray task a group hides it
+    behind the next shard's compute, audiopipe.shard.groups; here nothing follows, so it is all waited for).
+    Ray's own part is not here: a task receives its unit's utterance list and returns the done record (a few
+    KB)."""
     from dataclasses import asdict
 
     import torch
@@ -219,6 +222,7 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     import audiopipe.decode.segments as segments
     import audiopipe.features.mel as mel
     import audiopipe.shard.build as build
+    import audiopipe.storage.atomic as atomic
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import DecodeLimits
     from audiopipe.presets import resolve
@@ -243,6 +247,7 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     patches = [(segments.RecordingCache, "load", "decode"), (build, "resample_to", "resample"),
                (build, "stft_magnitude", "STFT + magnitude"), (mel._LogMel, "from_magnitude", "mel (filterbank + log)"),
                (build, "write_arrow", "Arrow file"), (build, "write_tar", "tar file"),
+               (atomic.AtomicBatch, "commit", "fsync + rename wait"),
                (build, "write_done_record", "done record")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     out = []
