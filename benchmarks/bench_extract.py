@@ -226,10 +226,14 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import DecodeLimits
     from audiopipe.presets import resolve
+    from audiopipe.shard.heap import keep_freed_memory
     from audiopipe.shard.job import Job
     from audiopipe.shard.plan import PlannedUtt, WorkUnit
 
     torch.set_num_threads(1)  # as in a Ray worker (one CPU per task)
+    # As in a Ray worker too; the hand-written loop's work and the floor, run after in this process, get it as
+    # well (a stricter floor; the real Pool's processes do not).
+    keep_freed_memory()
     utts = [PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration) for u in discover(corpus).utterances]
     unit = WorkUnit("shard-000000", 0, utts)
     audio = sum(u.duration for u in utts)

@@ -168,8 +168,10 @@ def _remote_defs():
         import torch
 
         from audiopipe.shard.groups import build_group
+        from audiopipe.shard.heap import keep_freed_memory
 
         _set_niceness(nice)
+        keep_freed_memory()
         torch.set_num_threads(1)
         # A worker is the raylet's child but not in the driver's process group: when a local job is killed
         # (kill -9 of its group takes the raylet), the worker is re-parented, and its group stops.
@@ -418,9 +420,11 @@ def _warm_worker(job_dict: dict, nice: int) -> None:
     import audiopipe.decode.members  # noqa: F401  (what RecordingCache imports on its first file)
     from audiopipe.decode.audio import resample_to
     from audiopipe.shard.build import array_columns, compute_features, extractors_for, shard_metadata
+    from audiopipe.shard.heap import keep_freed_memory
     from audiopipe.shard.writer import write_arrow, write_tar
 
     _set_niceness(nice)
+    keep_freed_memory()
     torch.set_num_threads(1)
     job = Job.from_dict(job_dict)
     ex = extractors_for(job)
