@@ -136,8 +136,9 @@ def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, 
         o.close()
 
 
-def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference):
+def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference, tmp_path):
     _, root = s3
+    staging = tmp_path / "staging"
     _, want = reference
     out = f"{root}/k"
     n_shards = sum(k.startswith("done/") for k in want)
@@ -151,7 +152,7 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
 
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root),
-                             "--out", out, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                             "--out", out, "--staging", str(staging), *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                             start_new_session=True)  # kill -9 of the group takes the driver and its Ray
     deadline = time.monotonic() + 240
     while done() < 2:
@@ -175,6 +176,9 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
     partial = {k for k, h in at_kill.items() if k != ".audiopipe.lock" and want.get(k) != h}
     assert not partial, partial
     assert ".audiopipe.lock" in at_kill  # left by the killed job; it names a dead pid on this host
+    # The killed driver never removed its scratch folder (nor a worker the shard it was staging).
+    left = sorted(p.name for p in staging.iterdir())
+    assert any(n.startswith("audiopipe-driver-") for n in left), left
 
     # One finished shard's tar also gets corrupted on the server (same size): the rerun must redo it too.
     finished = sorted(k[len("done/"):-len(".json")] for k in at_kill if k.startswith("done/"))
@@ -183,9 +187,11 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
     data[-1000] ^= 0x01
     _put(out, victim, bytes(data))
 
-    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
+    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, "--staging", str(staging), *ARGS)
     assert r.returncode == 0, r.stderr
     assert f"({n_shards - len(finished) + 1} built now)" in r.stdout, r.stdout
+    # The rerun removed what the dead run left in the staging folder, and its own folders once done.
+    assert sorted(staging.iterdir()) == []
     assert _objects(out) == want
     from audiopipe.storage.upload import incomplete_uploads
 

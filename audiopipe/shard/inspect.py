@@ -7,8 +7,6 @@ first; the shards themselves are never read.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +16,7 @@ import numpy as np
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, read_manifest
 from audiopipe.storage.s3 import is_s3, parse_s3
+from audiopipe.storage.scratch import make_scratch, remove_scratch
 
 
 @contextmanager
@@ -30,7 +29,7 @@ def _summary_files(shards_dir: str | Path) -> Iterator[Path]:
     from audiopipe.storage.s3 import filesystem
 
     url, fs = parse_s3(shards_dir), filesystem()
-    tmp = Path(tempfile.mkdtemp(prefix="audiopipe-inspect-"))
+    tmp = make_scratch("inspect")
     try:
         for name in (MANIFEST_NAME, INDEX_NAME, REJECTS_NAME):
             try:
@@ -42,7 +41,7 @@ def _summary_files(shards_dir: str | Path) -> Iterator[Path]:
                                             f"first (or it has not finished)") from None
         yield tmp
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_scratch(tmp)
 
 
 def _label(shards_dir: str | Path) -> str:

@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +35,7 @@ from audiopipe.shard.plan import WorkUnit
 from audiopipe.storage.atomic import fsync_dir, is_temporary
 from audiopipe.storage.lock import FolderLock, LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
+from audiopipe.storage.scratch import make_scratch, remove_scratch
 
 # Objects hashed side by side when a rerun checks what exists (each a streamed read; the client is thread-safe).
 CHECK_THREADS = 8
@@ -148,9 +147,7 @@ class S3Output:
 
         self.url = url if isinstance(url, S3URL) else parse_s3(url)
         self.fs = filesystem()
-        if staging:
-            os.makedirs(staging, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix="audiopipe-driver-", dir=staging))
+        self.work = make_scratch("driver", staging)
 
     def __str__(self) -> str:
         return str(self.url)
@@ -256,7 +253,7 @@ class S3Output:
             return pa.ipc.open_file(f).schema
 
     def close(self) -> None:
-        shutil.rmtree(self.work, ignore_errors=True)
+        remove_scratch(self.work)
 
 
 def open_output(out: str, staging: str | None = None) -> LocalOutput | S3Output:
@@ -278,14 +275,12 @@ def start_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) 
     worker node may vanish once its task reported the shard."""
     if not is_s3(job.out):
         return start_shard(unit, job, **kw)
-    if staging:
-        os.makedirs(staging, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"audiopipe-{unit.name}-", dir=staging))
+    tmp = make_scratch(unit.name, staging)
     try:
         # No fsync: the staged files are read back from the page cache by the upload and deleted after it.
         staged = start_shard(unit, replace(job, out=str(tmp)), sync=False, **kw)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_scratch(tmp)
         raise
     return StagedUpload(staged, tmp, parse_s3(job.out), unit.name)
 
@@ -316,7 +311,7 @@ class StagedUpload:
             upload_file(tmp / _rel_done(name), root.child(_rel_done(name)))
             return rec
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_scratch(tmp)
 
     def finish(self) -> dict[str, Any]:
         return self._future.result()

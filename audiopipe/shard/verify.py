@@ -14,9 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import MANIFEST_NAME, read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
 from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY
+from audiopipe.storage.scratch import make_scratch, remove_scratch
 
 
 @dataclass
@@ -113,7 +112,7 @@ class _Files:
             from audiopipe.storage.s3 import filesystem
 
             self.fs = filesystem()
-            self.root = Path(tempfile.mkdtemp(prefix="audiopipe-verify-"))
+            self.root = make_scratch("verify")
 
     def manifest(self) -> dict[str, Any]:
         if self.url is not None and self.fetch(MANIFEST_NAME) is None:
@@ -151,7 +150,7 @@ class _Files:
 
     def close(self) -> None:
         if self.url is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_scratch(self.root)
 
 
 def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
