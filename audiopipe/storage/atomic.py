@@ -45,6 +45,19 @@ def fsync_file(path: Path) -> None:
 
 
 @contextmanager
+def _temporary(path: str | os.PathLike[str]) -> Iterator[tuple[Path, Path]]:
+    """(the target, its temporary beside it): the temporary is removed if the block fails, whatever it did."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_for(path)
+    try:
+        yield path, tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
 def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path to write; on a clean exit it becomes `path` durably, on an error it is removed.
 
@@ -52,17 +65,11 @@ def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[
     durable=False skips the fsyncs: still never a partial file under the name, but a power loss may lose the
     file (or leave it empty), for files whose loss only means redoing work (a shard's done record).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_for(path)
-    try:
+    with _temporary(path) as (path, tmp):
         yield tmp
         if durable:
             fsync_file(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     if durable:
         fsync_dir(path.parent)
 
@@ -94,14 +101,8 @@ class AtomicBatch:
 
     @contextmanager
     def path(self, path: str | os.PathLike[str]) -> Iterator[Path]:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temporary_for(path)
-        try:
+        with _temporary(path) as (path, tmp):
             yield tmp
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
         self._pending.append((_sync_pool().submit(self._finish, tmp, path), tmp))
 
     def _finish(self, tmp: Path, path: Path) -> None:
