@@ -292,6 +292,54 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     return {"utterances": len(utts), "audio_s": audio, "tar": tar, "rounds": out}
 
 
+_TOGETHER_CHILD = (
+    "import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[4]); "
+    "from bench_extract import profile_worker; "
+    "print(json.dumps(profile_worker(Path(sys.argv[1]), sys.argv[2] == '1', rounds=int(sys.argv[3]))))")
+
+
+def profile_together(corpus: Path, tar: bool, procs: int, rounds: int, inner: int = 3) -> dict[str, list[dict]]:
+    """The profile of `profile_worker` in one process alone, then in `procs` processes at once (each its own
+    temp folder, same files), `rounds` times in turn: how much each stage costs more when every core runs a
+    worker. That is contention for what the cores share (caches, memory, the disk's journal), not waiting;
+    the hand-written loop's work and the floor, which each process runs after its shard, show what the same
+    contention does to code that writes nothing. Each process runs `inner` rounds so that the copies overlap
+    once their start-up is behind them."""
+    runs: dict[str, list[dict]] = {"alone": [], "together": []}
+    for _ in range(rounds):
+        for label, n in (("alone", 1), ("together", procs)):
+            ps = [subprocess.Popen([sys.executable, "-c", _TOGETHER_CHILD, str(corpus), "1" if tar else "0",
+                                    str(inner), str(Path(__file__).resolve().parent)], stdout=subprocess.PIPE,
+                                   text=True) for _ in range(n)]
+            outs = [proc.communicate()[0] for proc in ps]
+            if any(proc.returncode for proc in ps):
+                raise SystemExit(f"a profile process failed ({[proc.returncode for proc in ps]})")
+            for o in outs:
+                runs[label] += json.loads(o.splitlines()[-1])["rounds"]
+    return runs
+
+
+def together_table(results: dict[str, dict[str, list[dict]]], procs: int) -> str:
+    """Markdown: per stage, seconds per shard (median over every round of every process) alone and with
+    `procs` at once, and their ratio; one column group per corpus and tar setting."""
+    cols = list(results)
+    lines = ["| part | " + " | ".join(f"{c}: alone | {procs} at once | ratio" for c in cols) + " |",
+             "|---|" + "---|---|---|" * len(cols)]
+
+    def med(rounds: list[dict], key: str) -> float:
+        v = sorted(r["parts_s"][key] if key in r["parts_s"] else r[key] for r in rounds)
+        return v[len(v) // 2]
+
+    for key in PROFILE_PARTS + ("glue", "total_s", "handwritten_s", "floor_s"):
+        label = {"total_s": "**audiopipe total**", "handwritten_s": "hand-written loop", "floor_s": "floor"}.get(key, key)
+        cells = []
+        for c in cols:
+            a, b = med(results[c]["alone"], key), med(results[c]["together"], key)
+            cells.append(f"{a:.3f} s | {b:.3f} s | " + (f"{b / a:.2f}" if a else "-"))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def profile_table(profiles: dict) -> str:
     """Markdown: per corpus and tar setting, ms per utterance and share of the worker's time (median round)."""
     cols = list(profiles)
@@ -505,6 +553,9 @@ def main() -> int:
     p.add_argument("--profile", action="store_true",
                    help="only time the parts of one worker's build_shard (decode, resample, STFT, mel, Arrow, tar, "
                         "glue) on --files files of each corpus, tars on and off")
+    p.add_argument("--together", type=int, default=0, metavar="N",
+                   help="with --profile: run the profile alone and in N processes at once, in turn, and compare "
+                        "each stage (what contention for the shared cores costs)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
@@ -533,16 +584,24 @@ def main() -> int:
         tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-profile-"))
         try:
             profiles = {}
+            chosen = [c.strip().upper() for c in a.corpora.split(",") if c.strip()]
             for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
+                if name not in chosen:
+                    continue
                 sub = subset(root, a.files, tmp / f"corpus-{name}")
                 for tar in (True, False):
-                    profiles[f"{name}, tars {'on' if tar else 'off'}"] = profile_worker(sub, tar, a.rounds)
+                    label = f"{name}, tars {'on' if tar else 'off'}"
+                    if a.together:
+                        profiles[label] = profile_together(sub, tar, a.together, a.rounds)
+                    else:
+                        profiles[label] = profile_worker(sub, tar, a.rounds)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        print(profile_table(profiles))
+        print(together_table(profiles, a.together) if a.together else profile_table(profiles))
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})",
-                                            "command": " ".join(sys.argv), "profiles": profiles}, indent=1))
+                                            "command": " ".join(sys.argv), "together": a.together,
+                                            "profiles": profiles}, indent=1))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     corpora = {}

@@ -52,6 +52,18 @@ def test_profile_times_every_stage_of_a_worker(espeak_corpus):
         assert parts["glue"] >= 0.0  # no stage counted twice (the floor, run after, calls the mel as well)
 
 
+def test_profile_together_runs_the_profile_alone_then_in_every_process_at_once(espeak_corpus):
+    from bench_extract import PROFILE_PARTS, profile_together, together_table
+
+    runs = profile_together(espeak_corpus.root, True, procs=2, rounds=1, inner=1)
+    assert len(runs["alone"]) == 1 and len(runs["together"]) == 2  # one round from each process
+    for r in runs["alone"] + runs["together"]:
+        assert all(r["parts_s"][p] > 0.0 for p in PROFILE_PARTS), r["parts_s"]
+        assert r["handwritten_s"] > 0.0 and r["floor_s"] > 0.0
+    table = together_table({"WAV, tars on": runs}, 2)
+    assert "| decode |" in table and "2 at once" in table
+
+
 def test_scaling_ceiling_runs_every_file_in_every_process(tmp_path):
     """bench_scaling_ceiling's N processes each run the whole floor (decode, resample, mel) over every file, at
     once, in processes of their own; scaling is t_1 / t_N of those runs."""
