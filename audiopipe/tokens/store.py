@@ -88,8 +88,6 @@ def phones_note(parent: str | Path) -> str | None:
 
 def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[str, Any]:
     """Write the sidecar folder for `ts` next to the parent shards; returns its manifest."""
-    from audiopipe.shard.checksum import sha256_file
-
     parent, out = Path(parent), Path(out)
     pm = read_manifest(parent)
     index = LengthIndex.open(parent)
@@ -135,9 +133,9 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
         if phones is not None:
             acols.append(ArrayColumn("phones", "int16", 0))
         rel = f"arrow/{entry['name']}.arrow"
-        write_arrow(out / rel, rows, acols, [], meta)
+        digest = write_arrow(out / rel, rows, acols, [], meta)  # hashed as written: no second read of the file
         records.append({"name": entry["name"], "rows": len(rows), "duration": float(sum(r["duration"] for r in rows)),
-                        "arrow": {"path": rel, "bytes": (out / rel).stat().st_size, "sha256": sha256_file(out / rel)},
+                        "arrow": {"path": rel, "bytes": digest.bytes, "sha256": digest.sha256},
                         "rejects": []})
     if not records:
         raise ValueError("no utterance got tokens, nothing to write")
