@@ -136,3 +136,41 @@ def test_an_orphaned_group_stops_before_its_next_shard_and_leaves_no_done_record
     # Shard 1's files are complete under their names (no temporary left), but without a done record it counts as
     # unfinished: the next run builds it again.
     assert not any(p.name.startswith(".") for p in out.rglob("*"))
+
+
+def test_an_orphaned_group_on_s3_uploads_nothing_more_of_the_shard_in_flight(espeak_corpus, tmp_path, s3):
+    # As on a local folder: once the job is gone, the shard in flight must not get its done record (nor more of
+    # its objects), even when its upload was still queued behind others (a slow network).
+    import threading
+
+    from pyarrow import fs as pafs
+
+    import audiopipe.shard.output as output
+    from audiopipe.storage.s3 import filesystem, parse_s3
+
+    _, bucket = s3
+    units = _units(espeak_corpus.root, 3)
+    job = _job(espeak_corpus.root, f"{bucket}/orphan")
+    reported, gate, asked = [], threading.Event(), []
+
+    def orphaned() -> bool:
+        asked.append(len(reported))
+        if len(asked) == 2:  # before shard 1: fill both upload threads, so that its upload waits in the queue
+            for _ in range(2):
+                output._UPLOADS.submit(gate.wait, 60)
+        if reported:  # the job went away after shard 0 was reported; let the queue move once abort() is called
+            threading.Timer(0.5, gate.set).start()
+            return True
+        return False
+
+    for item in build_group(units, job, staging=str(tmp_path / "staging"), orphaned=orphaned):
+        reported.append(item["record"]["name"])
+    assert gate.is_set() and reported == [units[0].name]
+    fs = filesystem()
+    root = parse_s3(job.out)
+    keys = sorted(i.path[len(root.path) + 1:] for i in
+                  fs.get_file_info(pafs.FileSelector(root.path, recursive=True)) if i.type.name == "File")
+    # Shard 0 complete; of shard 1 (in flight) nothing at all, shard 2 never started.
+    assert keys == sorted([f"arrow/{units[0].name}.arrow", f"wds/{units[0].name}.tar",
+                           f"done/{units[0].name}.json"]), keys
+    assert not any((tmp_path / "staging").iterdir())  # its staged files removed all the same

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -296,18 +297,24 @@ class StagedUpload:
         global _UPLOADS
         if _UPLOADS is None:
             _UPLOADS = ThreadPoolExecutor(2, thread_name_prefix="s3-upload")
-        self._future = _UPLOADS.submit(self._upload, staged, tmp, root, name)
+        self._cancelled = threading.Event()
+        self._future = _UPLOADS.submit(self._upload, staged, tmp, root, name, self._cancelled)
 
     @staticmethod
-    def _upload(staged: PendingShard, tmp: Path, root: S3URL, name: str) -> dict[str, Any]:
+    def _upload(staged: PendingShard, tmp: Path, root: S3URL, name: str,
+                cancelled: threading.Event) -> dict[str, Any] | None:
         from audiopipe.storage.upload import upload_file
 
         try:
             rec = staged.finish()
             for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
                 if k in rec:
+                    if cancelled.is_set():
+                        return None
                     upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])
-            # The done record last: it is what makes the shard count as finished.
+            # The done record last: it is what makes the shard count as finished, so never after an abort.
+            if cancelled.is_set():
+                return None
             upload_file(tmp / _rel_done(name), root.child(_rel_done(name)))
             return rec
         finally:
@@ -317,7 +324,11 @@ class StagedUpload:
         return self._future.result()
 
     def abort(self) -> None:
-        try:  # nothing may upload once the caller has moved on
+        """Upload nothing more of this shard (an upload under way completes; its object is whole) and wait, so
+        that nothing writes once the caller has moved on; without its done record the shard counts as
+        unfinished, as a local folder's aborted shard does."""
+        self._cancelled.set()
+        try:
             self._future.result()
         except BaseException:
             pass
