@@ -153,6 +153,19 @@ def _set_niceness(nice: int) -> None:
         pass
 
 
+def _prepare_worker(nice: int) -> None:
+    """What every shard worker process runs before its work (the warm-up and each shard task; each step is
+    cheap when already done): its niceness, a heap that keeps freed memory (audiopipe.shard.heap), and one
+    torch thread, since parallelism comes from processes."""
+    import torch
+
+    from audiopipe.shard.heap import keep_freed_memory
+
+    _set_niceness(nice)
+    keep_freed_memory()
+    torch.set_num_threads(1)
+
+
 def _remote_defs():
     import ray
 
@@ -165,14 +178,9 @@ def _remote_defs():
     @ray.remote(max_retries=3, retry_exceptions=True)
     def shard_task(group: list[dict], job_dict: dict, nice: int, codec_actors, codec_spec, codec_batch: int,
                    staging: str | None):
-        import torch
-
         from audiopipe.shard.groups import build_group
-        from audiopipe.shard.heap import keep_freed_memory
 
-        _set_niceness(nice)
-        keep_freed_memory()
-        torch.set_num_threads(1)
+        _prepare_worker(nice)
         # A worker is the raylet's child but not in the driver's process group: when a local job is killed
         # (kill -9 of its group takes the raylet), the worker is re-parented, and its group stops.
         raylet = os.getppid()
@@ -415,17 +423,13 @@ def _warm_worker(job_dict: dict, nice: int) -> None:
     import tempfile
 
     import numpy as np
-    import torch
 
     import audiopipe.decode.members  # noqa: F401  (what RecordingCache imports on its first file)
     from audiopipe.decode.audio import resample_to
     from audiopipe.shard.build import array_columns, compute_features, extractors_for, shard_metadata
-    from audiopipe.shard.heap import keep_freed_memory
     from audiopipe.shard.writer import write_arrow, write_tar
 
-    _set_niceness(nice)
-    keep_freed_memory()
-    torch.set_num_threads(1)
+    _prepare_worker(nice)
     job = Job.from_dict(job_dict)
     ex = extractors_for(job)
     noise = np.random.default_rng(0).uniform(-0.3, 0.3, 16000).astype(np.float32)
