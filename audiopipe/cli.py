@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from audiopipe.shard.checksum import ALGORITHMS, DEFAULT as DEFAULT_CHECKSUM
+
 EPILOG_SHARD = """\
 examples:
   audiopipe shard --corpus ./wavs                       # F5-TTS mels into ./shards
@@ -24,7 +26,7 @@ examples:
 
 Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
 result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op (on s3:// it
-re-reads every object once to check its sha256 and rebuilds any that disagree).
+checks every object against the checksum uploaded with it, one HEAD each, and rebuilds any that disagree).
 """
 
 
@@ -104,6 +106,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--silence-dbfs", type=float, default=-60.0,
                    help="reject clips whose peak is below this level (default -60 dBFS)")
     s.add_argument("--no-tar", action="store_true", help="write Arrow shards only, no WebDataset tars")
+    s.add_argument("--checksum", choices=list(ALGORITHMS), default=DEFAULT_CHECKSUM,
+                   help="checksum of each shard file in the manifest, checked by verify and the readers "
+                        f"(default {DEFAULT_CHECKSUM}: ~30x faster than sha256, and as sure to catch accidental corruption; "
+                        "sha256 when you want a cryptographic digest in the records)")
     s.add_argument("--codec-checkpoint", default=None, help="local EnCodec folder (save_pretrained layout)")
     s.add_argument("--codec-random-init", action="store_true",
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
@@ -115,7 +121,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "(docs/extraction.md)")
 
     v = sub.add_parser("verify", help="re-check checksums and decode every record with semantic checks",
-                       description="Recompute every shard's sha256, decode every record of the Arrow shards and "
+                       description="Recompute every shard file's checksum, decode every record of the Arrow shards and "
                                    "the tars, and check frame counts against durations, NaN/inf, and F0 range. "
                                    "Names the shard and sample of every failure; exit 1 if any.")
     v.add_argument("shards", nargs="?", default="./shards",
@@ -197,7 +203,8 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               presets=["custom"] if a.features else preset.description.split("+"),
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
-              write_tar=not a.no_tar, language=a.language if preset.phones else "en")  # only phones read it
+              write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
+              checksum=a.checksum)
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
                       staging=a.staging, break_lock=a.break_lock)

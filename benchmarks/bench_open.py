@@ -44,7 +44,6 @@ def build(out: Path, n: int, seed: int = 0) -> Path:
     from audiopipe.decode.audio import resampler_info
     from audiopipe.features.registry import build_feature
     from audiopipe.index.lengths import build_index
-    from audiopipe.shard.checksum import sha256_file
     from audiopipe.shard.manifest import assemble_manifest
     from audiopipe.shard.writer import ArrayColumn, write_arrow
 
@@ -66,10 +65,9 @@ def build(out: Path, n: int, seed: int = 0) -> Path:
                 for j, t in enumerate(frames.tolist())]
         name = f"shard-{k:06d}"
         path = root / "arrow" / f"{name}.arrow"
-        write_arrow(path, rows, cols, [], {"features": features, "job": "bench_open"})
+        digest = write_arrow(path, rows, cols, [], {"features": features, "job": "bench_open"})
         records.append({"name": name, "rows": m, "duration": float(frames.sum()) / 100, "rejects": [],
-                        "arrow": {"path": f"arrow/{name}.arrow", "bytes": path.stat().st_size,
-                                  "sha256": sha256_file(path)}})
+                        "arrow": digest.entry(f"arrow/{name}.arrow")})
         done += m
     index = build_index(root, [r["arrow"]["path"] for r in records])
     assemble_manifest(root, records, features, resampler_info(), {"presets": ["bench_open"]}, n, 0, index)

@@ -39,7 +39,6 @@ def synthetic_shards(out: Path, utterances: int, per_shard: int, seed: int = 0) 
     from audiopipe.decode.audio import resampler_info
     from audiopipe.features.registry import build_feature
     from audiopipe.index.lengths import build_index
-    from audiopipe.shard.checksum import sha256_file
     from audiopipe.shard.manifest import assemble_manifest
     from audiopipe.shard.writer import ArrayColumn, write_arrow
 
@@ -59,11 +58,10 @@ def synthetic_shards(out: Path, utterances: int, per_shard: int, seed: int = 0) 
                          "scalars": {}})
         name = f"shard-{len(records):06d}"
         arrow = out / "arrow" / f"{name}.arrow"
-        write_arrow(arrow, rows, [ArrayColumn(spec.name, spec.dtype, spec.channels)], [],
-                    {"features": features, "job": "bench_s3"})
+        digest = write_arrow(arrow, rows, [ArrayColumn(spec.name, spec.dtype, spec.channels)], [],
+                             {"features": features, "job": "bench_s3"})
         records.append({"name": name, "rows": len(rows), "duration": sum(r["duration"] for r in rows),
-                        "rejects": [], "arrow": {"path": f"arrow/{name}.arrow", "bytes": arrow.stat().st_size,
-                                                 "sha256": sha256_file(arrow)}})
+                        "rejects": [], "arrow": digest.entry(f"arrow/{name}.arrow")})
         total += len(rows)
     index = build_index(out, [r["arrow"]["path"] for r in records])
     assemble_manifest(out, records, features, resampler_info(), {"presets": ["bench_s3"]}, total, 0, index)

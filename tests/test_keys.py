@@ -186,7 +186,7 @@ def test_walked_case_twins_keep_one_key_and_reject_the_other(tmp_path):
 def test_verify_names_unsafe_and_repeated_tar_members(adversarial, tmp_path):
     # A tar from elsewhere (or an older audiopipe) with an absolute member and a key written twice; the manifest
     # is updated to the new bytes so that the member checks, not the checksum, must catch it.
-    from audiopipe.shard.checksum import sha256_file
+    from audiopipe.shard.checksum import checksum_of, file_checksum
 
     _, _, src = adversarial
     out = tmp_path / "s"
@@ -202,7 +202,8 @@ def test_verify_names_unsafe_and_repeated_tar_members(adversarial, tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
-    entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
+    algorithm = checksum_of(entry).algorithm
+    entry.update({"bytes": path.stat().st_size, algorithm: file_checksum(path, algorithm)})
     (out / "manifest.json").write_text(json.dumps(m))
     assert main(["verify", str(out)]) == 1
     from audiopipe.shard.verify import verify

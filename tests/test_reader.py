@@ -27,7 +27,7 @@ from audiopipe.index.lengths import build_index
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch, CorruptShardError, ShardError
 from audiopipe.reader.loader import make_loader
-from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.checksum import checksum_of, file_checksum
 from audiopipe.shard.manifest import assemble_manifest
 from audiopipe.shard.writer import ArrayColumn, write_arrow, write_tar
 
@@ -72,13 +72,12 @@ def write_shards(out: Path, rows_per_shard=ROWS_PER_SHARD, seed: int = 0, mel_fr
                 "scalars": {}})
         name = f"shard-{k:06d}"
         arrow = out / "arrow" / f"{name}.arrow"
-        write_arrow(arrow, rows, acols, [], {"features": features, "job": "test"})
+        digest = write_arrow(arrow, rows, acols, [], {"features": features, "job": "test"})
         rec = {"name": name, "rows": n, "duration": sum(r["duration"] for r in rows), "rejects": [],
-               "arrow": {"path": f"arrow/{name}.arrow", "bytes": arrow.stat().st_size, "sha256": sha256_file(arrow)}}
+               "arrow": digest.entry(f"arrow/{name}.arrow")}
         if tars:
             tar = out / "wds" / f"{name}.tar"
-            write_tar(tar, rows, acols, [], 16000)
-            rec["tar"] = {"path": f"wds/{name}.tar", "bytes": tar.stat().st_size, "sha256": sha256_file(tar)}
+            rec["tar"] = write_tar(tar, rows, acols, [], 16000).entry(f"wds/{name}.tar")
         records.append(rec)
         everything += rows
     index = build_index(out, [r["arrow"]["path"] for r in records])
@@ -94,8 +93,20 @@ def copy_shards(w: Written, dst: Path) -> Written:
 def set_manifest_entry(root: Path, k: int, kind: str = "arrow") -> None:
     """Make the manifest agree with a shard file's current size and hash (a 'replaced' shard)."""
     m = json.loads((root / "manifest.json").read_text())
-    p = root / m["shards"][k][kind]["path"]
-    m["shards"][k][kind].update(bytes=p.stat().st_size, sha256=sha256_file(p))
+    e = m["shards"][k][kind]
+    algorithm = checksum_of(e).algorithm
+    e.update({"bytes": (root / e["path"]).stat().st_size, algorithm: file_checksum(root / e["path"], algorithm)})
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def as_sha256_shards(root: Path) -> None:
+    """Give the manifest the sha256 entries of shards made before xxh3 (same files, older records)."""
+    m = json.loads((root / "manifest.json").read_text())
+    for sh in m["shards"]:
+        for kind in ("arrow", "tar"):
+            if kind in sh:
+                sh[kind].pop(checksum_of(sh[kind]).algorithm)
+                sh[kind]["sha256"] = file_checksum(root / sh[kind]["path"], "sha256")
     (root / "manifest.json").write_text(json.dumps(m))
 
 
@@ -379,19 +390,33 @@ def test_flipped_offsets_are_a_structural_error_naming_the_shard(shards, tmp_pat
         ds[_global_of(3, 0)]
 
 
-def test_sha256_verify_catches_any_flip(shards, tmp_path):
+def test_shard_files_carry_an_xxh3_checksum():
+    e = checksum_of({"path": "a", "bytes": 3, "xxh3_128": "ab"})
+    assert (e.algorithm, e.hexdigest) == ("xxh3_128", "ab")
+    with pytest.raises(KeyError, match="has no checksum"):
+        checksum_of({"path": "arrow/x.arrow", "bytes": 3})
+    with pytest.raises(ValueError, match="verify must be one of"):
+        ShardDataset("/nonexistent", ["mel"], verify="md5")
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_checksum_verify_catches_any_flip(shards, tmp_path, algorithm):
     w = copy_shards(shards, tmp_path / "s")
+    m = json.loads((w.root / "manifest.json").read_text())
+    assert checksum_of(m["shards"][4]["arrow"]).algorithm == "xxh3_128"  # what audiopipe writes
+    if algorithm == "sha256":  # shards made before xxh3: still checked, by their own algorithm
+        as_sha256_shards(w.root)
     p = w.shard_path(4)
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x40  # somewhere in the mel values: structure stays valid
     p.write_bytes(bytes(data))
     i = _global_of(4, 0)
     ShardDataset(w.root, ["mel"])[i]  # structure intact: only the hash can tell
-    with pytest.raises(CorruptShardError, match="shard shard-000004 .*sha256"):
-        ShardDataset(w.root, ["mel"], verify="sha256")
-    with pytest.raises(CorruptShardError, match="shard-000004 .*sha256"):
-        ShardDataset(w.root, ["mel"], verify="sha256", check_shards=False)[i]
-    ds = ShardDataset(w.root, ["mel"], verify="sha256", on_corrupt="skip")
+    with pytest.raises(CorruptShardError, match=f"shard shard-000004 .*fails its {algorithm} checksum"):
+        ShardDataset(w.root, ["mel"], verify="checksum")
+    with pytest.raises(CorruptShardError, match=f"shard-000004 .*fails its {algorithm} checksum"):
+        ShardDataset(w.root, ["mel"], verify="sha256", check_shards=False)[i]  # the option's old name
+    ds = ShardDataset(w.root, ["mel"], verify="checksum", on_corrupt="skip")
     np.testing.assert_array_equal(ds[0]["mel"], w.rows[0]["arrays"]["mel"])  # intact shards pass the check
     assert [b["name"] for b in ds.diagnostics()["skipped_shards"]] == ["shard-000004"]
 

@@ -221,7 +221,7 @@ def test_a_corrupt_object_is_named_or_skipped(remote):
         unchecked.__getitems__([sum(ROWS_PER_SHARD[:3])])
 
 
-def test_sha256_verify_catches_a_flipped_byte_on_the_server(remote):
+def test_checksum_verify_catches_a_flipped_byte_on_the_server(remote):
     server, url = remote
     fs = _admin(server)
     path = parse_s3(url).child("arrow/shard-000002.arrow").path
@@ -231,8 +231,8 @@ def test_sha256_verify_catches_a_flipped_byte_on_the_server(remote):
     with fs.open_output_stream(path) as f:
         f.write(bytes(data))
     _loader(url)  # the size and structure checks cannot see it
-    with pytest.raises(CorruptShardError, match=r"shard-000002 .*fails its sha256 check"):
-        _loader(url, verify="sha256")
+    with pytest.raises(CorruptShardError, match=r"shard-000002 .*fails its xxh3_128 checksum"):
+        _loader(url, verify="checksum")
 
 
 def test_an_object_replaced_after_open_is_a_named_error(remote):
@@ -259,7 +259,7 @@ def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_ag
     assert ds.cache.wait(60)
     entries = sorted(cache.glob("*.arrow"))
     m = json.loads((local.root / "manifest.json").read_text())
-    assert sorted(p.name for p in entries) == sorted(f"{s['arrow']['sha256']}.arrow" for s in m["shards"])
+    assert sorted(p.name for p in entries) == sorted(f"{s['arrow']['xxh3_128']}.arrow" for s in m["shards"])
     before = ds.diagnostics()["requests"]
     got += _batches(loader, epochs=(1,))
     _same(want, got)
@@ -272,11 +272,11 @@ def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_ag
     assert again.dataset.cache.wait(60)
     d = again.dataset.diagnostics()["cache"]
     assert d["truncated_entries_refetched"] == 1 and d["downloads"] == 1
-    assert victim.read_bytes() == (local.root / m["shards"][[f"{s['arrow']['sha256']}.arrow" for s in m["shards"]]
+    assert victim.read_bytes() == (local.root / m["shards"][[f"{s['arrow']['xxh3_128']}.arrow" for s in m["shards"]]
                                                           .index(victim.name)]["arrow"]["path"]).read_bytes()
 
 
-def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_sha256(remote, tmp_path):
+def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_checksum(remote, tmp_path):
     server, url = remote
     fs = _admin(server)
     path = parse_s3(url).child("arrow/shard-000001.arrow").path
@@ -289,12 +289,12 @@ def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_sha256(rem
     # Rows are read by range until the background download has seen the whole object; from then on, reading
     # that shard is an error naming it (in epoch 0 already, or the next one).
     with pytest.raises(CorruptShardError, match=r"shard-000001: its bytes on the server fail the manifest's "
-                                                r"sha256 .*s3://.*shard-000001\.arrow"):
+                                                r"xxh3_128 .*s3://.*shard-000001\.arrow"):
         for epoch in range(3):
             _batches(loader, epochs=(epoch,))
             assert loader.dataset.cache.wait(60)
     assert loader.dataset.cache.wait(60)
-    bad_sha = loader.dataset.manifest["shards"][1]["arrow"]["sha256"]
+    bad_sha = loader.dataset.manifest["shards"][1]["arrow"]["xxh3_128"]
     leftovers = [p.name for p in (tmp_path / "c").iterdir() if bad_sha in p.name]
     assert leftovers == []  # neither an entry nor a part of the bad object stays in the cache
 
@@ -308,7 +308,7 @@ def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, lo
     entry = m["shards"][1]
     data = (local.root / entry["arrow"]["path"]).read_bytes()
     cache = ShardCache(tmp_path / "c", max_bytes=len(data) + 10, reader=RangeReader(), chunk=4096)
-    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(data[:5000])  # a killed download
+    (tmp_path / "c" / f".{entry['arrow']['xxh3_128']}.part").write_bytes(data[:5000])  # a killed download
     path = cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry)
     assert path.read_bytes() == data
     assert cache.reader.counters()["bytes_requested"] == len(data) - 5000 and cache.resumed_bytes == 5000
@@ -316,12 +316,12 @@ def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, lo
     # A second shard does not fit beside the first: the least recently used entry goes.
     other = m["shards"][3]
     cache.download(parse_s3(url).child(other["arrow"]["path"]), other)
-    assert [p.name for p in (tmp_path / "c").glob("*.arrow")] == [f"{other['arrow']['sha256']}.arrow"]
+    assert [p.name for p in (tmp_path / "c").glob("*.arrow")] == [f"{other['arrow']['xxh3_128']}.arrow"]
     assert cache.evictions == 1
-    # A part whose bytes are wrong fails the sha256 and is fetched again from zero.
+    # A part whose bytes are wrong fails the checksum and is fetched again from zero.
     bad = bytearray(data[:5000])
     bad[100] ^= 0xFF
-    (tmp_path / "c" / f".{entry['arrow']['sha256']}.part").write_bytes(bytes(bad))
+    (tmp_path / "c" / f".{entry['arrow']['xxh3_128']}.part").write_bytes(bytes(bad))
     assert cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry).read_bytes() == data
 
 

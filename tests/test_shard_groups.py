@@ -108,7 +108,7 @@ def test_a_retried_group_on_s3_skips_only_what_is_really_there(espeak_corpus, tm
     job = _job(espeak_corpus.root, f"{bucket}/run")
     first = [item["record"] for item in build_group(units, job, staging=str(tmp_path / "staging"))]
     root = parse_s3(job.out)
-    # Shard 1's tar replaced by other bytes (by another writer: no sha256 metadata): shard 1 is built again,
+    # Shard 1's tar replaced by other bytes (by another writer: no checksum metadata): shard 1 is built again,
     # shard 0 is taken from its done record without a byte written.
     put_bytes(root.child(first[1]["tar"]["path"]), b"not the tar")
     fs = filesystem()

@@ -51,28 +51,33 @@ def test_a_mel_and_an_energy_of_one_framing_share_one_stft(espeak_corpus, tmp_pa
 
 
 def test_shard_checksums_are_taken_while_writing(espeak_corpus, tmp_path, monkeypatch):
-    # The done record's sizes and sha256 come from the bytes as they were written: no file is read back
-    # (reading a shard back cost ~2 % of a worker), and they equal what a reader computes from disk.
+    # The done record's sizes and checksums come from the bytes as they were written: no file is read back
+    # (reading a shard back cost ~2 % of a worker), and they equal what a reader computes from disk, with
+    # the algorithm the job asks for (xxh3-128 by default, sha256 on request).
     import audiopipe.shard.build as build
     import audiopipe.shard.checksum as checksum
-    from audiopipe.shard.checksum import sha256_file
+    from audiopipe.shard.checksum import file_checksum
 
     def no_reread(path, *a, **k):
         raise AssertionError(f"{path} was read back to hash it")
 
-    for mod in (build, checksum):
-        if hasattr(mod, "sha256_file"):
-            monkeypatch.setattr(mod, "sha256_file", no_reread)
-    unit = _unit(espeak_corpus.root, n=4)
-    job = Job(corpus=str(espeak_corpus.root), out=str(tmp_path), presets=["f5tts"],
-              features=[("vocos_mel", {})], limits=asdict(DecodeLimits()), write_tar=True)
-    rec = build_shard(unit, job)
-    monkeypatch.undo()
-    assert rec["rows"] == 4
-    for kind in ("arrow", "tar"):
-        path = tmp_path / rec[kind]["path"]
-        assert rec[kind]["bytes"] == path.stat().st_size
-        assert rec[kind]["sha256"] == sha256_file(path)
+    for algorithm in ("xxh3_128", "sha256"):
+        for mod in (build, checksum):
+            for fn in ("file_checksum", "sha256_file"):
+                if hasattr(mod, fn):
+                    monkeypatch.setattr(mod, fn, no_reread)
+        unit = _unit(espeak_corpus.root, n=4)
+        out = tmp_path / algorithm
+        job = Job(corpus=str(espeak_corpus.root), out=str(out), presets=["f5tts"],
+                  features=[("vocos_mel", {})], limits=asdict(DecodeLimits()), write_tar=True, checksum=algorithm)
+        rec = build_shard(unit, job)
+        monkeypatch.undo()
+        assert rec["rows"] == 4
+        for kind in ("arrow", "tar"):
+            path = out / rec[kind]["path"]
+            assert set(rec[kind]) == {"path", "bytes", algorithm}
+            assert rec[kind]["bytes"] == path.stat().st_size
+            assert rec[kind][algorithm] == file_checksum(path, algorithm)
 
 
 def _count_fsyncs(monkeypatch) -> dict[str, int]:
@@ -201,7 +206,7 @@ def test_tar_members_written_directly_are_tarfiles_bytes(tmp_path):
     # The tar is written member by member without tarfile's copies (header, the feature's own memory,
     # padding); its bytes must stay those of tarfile, including PAX headers for non-ASCII and long names,
     # empty arrays, non-contiguous arrays and an empty shard.
-    from audiopipe.shard.checksum import sha256_file
+    from audiopipe.shard.checksum import file_checksum
     from audiopipe.shard.writer import ArrayColumn, write_tar
 
     rng = np.random.default_rng(0)
@@ -217,7 +222,8 @@ def test_tar_members_written_directly_are_tarfiles_bytes(tmp_path):
         digest = write_tar(tmp_path / "new.tar", rows[:n], cols, [], None)
         _tarfile_reference(tmp_path / "ref.tar", rows[:n], cols)
         assert (tmp_path / "new.tar").read_bytes() == (tmp_path / "ref.tar").read_bytes(), n
-        assert (digest.bytes, digest.sha256) == ((tmp_path / "ref.tar").stat().st_size, sha256_file(tmp_path / "ref.tar"))
+        assert digest.entry("t") == {"path": "t", "bytes": (tmp_path / "ref.tar").stat().st_size,
+                                     "xxh3_128": file_checksum(tmp_path / "ref.tar")}
 
 
 def test_a_failed_tar_waits_for_the_arrow_files_background_commit(espeak_corpus, tmp_path, monkeypatch):

@@ -32,7 +32,6 @@ from audiopipe.collate.rows import RowBatch, Rows
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.reader import integrity
 from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
-from audiopipe.shard.checksum import sha256_file
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
@@ -192,8 +191,9 @@ class ShardDataset:
     features: the columns a trainer needs (others are never touched).
     expect: {feature: config hash} (or a FeatureSpec's hash) the trainer was built for; a mismatch is refused.
     verify: "size" (default: file size as in the manifest, Arrow footer and headers, row counts, and the column
-            structure when mapped) or "sha256" (also hash every shard once at open: catches any corruption,
-            costs one read of the corpus).
+            structure when mapped) or "checksum" (also hash every shard once at open against the manifest's
+            xxh3-128, or sha256 for older shards: catches any corruption, costs one read of the corpus;
+            "sha256", its old name, is accepted).
     on_corrupt: "fail" (default: a corrupt shard is a CorruptShardError at open, naming it) or "skip" (its
             rows leave the dataset's plannable rows, see without_skipped; a warning names each shard and the
             rows dropped once, and diagnostics() lists them).
@@ -206,8 +206,7 @@ class ShardDataset:
                  expect: dict[str, str] | None = None, verify: str = "size",
                  meta_columns: Sequence[str] = _META_COLUMNS, on_corrupt: str = "fail", max_open: int = 128,
                  check_shards: bool = True):
-        if verify not in integrity.VERIFY:
-            raise ValueError(f"verify must be one of {integrity.VERIFY}, got {verify!r}")
+        verify = integrity.verify_mode(verify)
         if on_corrupt not in integrity.ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
         if not isinstance(max_open, int) or max_open < 1:
@@ -244,7 +243,7 @@ class ShardDataset:
         self._index_meta_readers: dict[str, Callable[[np.ndarray], list[Any]]] | None = None
         self.skipped: tuple[integrity.CorruptShard, ...] = ()
         self._skipped_shard = np.zeros(len(self.manifest["shards"]), dtype=bool)
-        self._hashed = False  # sha256 done by the open-time scan (workers inherit it and do not hash again)
+        self._hashed = False  # checksums done by the open-time scan (workers inherit it and do not hash again)
         if check_shards:
             self._scan()
 
@@ -263,7 +262,7 @@ class ShardDataset:
 
     def _scan(self) -> None:
         bad = integrity.scan(self.root, self.manifest, self.features, self.verify)
-        self._hashed = self.verify == "sha256"
+        self._hashed = self.verify == "checksum"
         if bad and self.on_corrupt == "fail":
             raise CorruptShardError(
                 f"{self.root}: {integrity.summary(bad, len(self.manifest['shards']))}; rebuild them "
@@ -366,8 +365,10 @@ class ShardDataset:
         if size != entry["arrow"]["bytes"]:
             raise CorruptShardError(f"shard {name} ({path}) is {size} bytes, manifest says "
                                     f"{entry['arrow']['bytes']}: truncated or replaced; run `audiopipe verify`")
-        if self.verify == "sha256" and not self._hashed and sha256_file(path) != entry["arrow"]["sha256"]:
-            raise CorruptShardError(f"shard {name} ({path}) fails its sha256 check: corrupted; rebuild it")
+        if self.verify == "checksum" and not self._hashed:
+            failed = integrity.checksum_fails(path, entry["arrow"])
+            if failed:
+                raise CorruptShardError(f"shard {name} ({path}) {failed}: corrupted; rebuild it")
         sh = _MappedShard(path, name, self.features, self.channels, self.meta_columns)
         meta = json.loads(sh.table.schema.metadata[METADATA_KEY])["features"]
         for f in self.features:

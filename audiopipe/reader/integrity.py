@@ -2,11 +2,11 @@
 
 A shard is corrupt when it is missing, its size differs from the manifest's, its Arrow footer, schema or
 record-batch header cannot be read, it lacks a requested column, its feature hashes differ from the manifest's,
-its row count differs from the manifest's, or (verify="sha256") its hash differs. Every check but the hash
+its row count differs from the manifest's, or (verify="checksum") its checksum differs. Every check but the checksum
 touches no row payload: one stat, then the footer and headers (about 0.1 ms a shard when they are cached), so
 a folder of 10,000 shards is checked in about a second.
 
-What the scan cannot see (a flipped byte in the values, which only sha256 catches; a file rewritten after the
+What the scan cannot see (a flipped byte in the values, which only the checksum catches; a file rewritten after the
 scan) is caught when the shard is mapped or read, as CorruptShardError; by then the epoch is planned, so that
 error stops training whatever on_corrupt says (see docs/loader.md, "Corrupt shards").
 """
@@ -21,11 +21,30 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.checksum import checksum_of, file_checksum
 from audiopipe.shard.writer import METADATA_KEY
 
 ON_CORRUPT = ("fail", "skip")
-VERIFY = ("size", "sha256")
+# "checksum": every byte against the manifest's checksum (xxh3-128, or sha256 for older shards). "sha256" is the
+# name that option had when sha256 was the only checksum; it is still accepted and means the same.
+VERIFY = ("size", "checksum")
+_VERIFY_ALIASES = {"sha256": "checksum"}
+
+
+def verify_mode(verify: str) -> str:
+    """The readers' `verify` argument, checked, with the old name taken for the new."""
+    mode = _VERIFY_ALIASES.get(verify, verify)
+    if mode not in VERIFY:
+        raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
+    return mode
+
+
+def checksum_fails(path: Path, file_entry: dict[str, Any]) -> str | None:
+    """Why a local file fails the checksum its manifest entry names, or None when it passes."""
+    want = checksum_of(file_entry)
+    if file_checksum(path, want.algorithm) != want.hexdigest:
+        return f"fails its {want.algorithm} checksum"
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,8 +85,8 @@ def check_shard(root: Path, entry: dict[str, Any], features: Sequence[str], feat
     except (pa.lib.ArrowException, OSError) as e:
         return f"unreadable Arrow file ({first_line(e)})"
     reason = check_contents(schema, rows, entry, features, feature_hashes)
-    if reason is None and verify == "sha256" and sha256_file(path) != entry["arrow"]["sha256"]:
-        return "fails its sha256 check"
+    if reason is None and verify == "checksum":
+        reason = checksum_fails(path, entry["arrow"])
     return reason
 
 

@@ -42,6 +42,7 @@ from audiopipe.reader import integrity, ipc_layout
 from audiopipe.reader.arrow_dataset import ShardDataset, _META_COLUMNS, _meta_reader
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.shard_cache import ShardCache
+from audiopipe.shard.checksum import checksum_of, new_hash
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.storage.s3 import S3Settings, S3URL, parse_s3
 from audiopipe.storage.s3_ranges import ObjectChanged, RangeReader, RetryPolicy
@@ -396,12 +397,13 @@ class RemoteShardDataset(ShardDataset):
         except (ipc_layout.LayoutError, pa.lib.ArrowException) as e:
             return f"unreadable Arrow file ({integrity.first_line(e)})"
         reason = integrity.check_contents(layout.schema, layout.rows, entry, self.features, hashes)
-        if reason is None and self.verify == "sha256":
-            h, size, step = hashlib.sha256(), int(entry["arrow"]["bytes"]), 8 << 20
+        if reason is None and self.verify == "checksum":
+            want = checksum_of(entry["arrow"])
+            h, size, step = new_hash(want.algorithm), int(entry["arrow"]["bytes"]), 8 << 20
             for start in range(0, size, step):
                 h.update(self.reader.read(url, start, min(step, size - start), size))
-            if h.hexdigest() != entry["arrow"]["sha256"]:
-                return "fails its sha256 check"
+            if h.hexdigest() != want.hexdigest:
+                return f"fails its {want.algorithm} checksum"
         return reason
 
     def _scan(self) -> None:
@@ -412,7 +414,7 @@ class RemoteShardDataset(ShardDataset):
             reasons = list(pool.map(lambda k: self._check_remote(k, hashes), range(len(shards))))
         bad = [integrity.CorruptShard(k, shards[k]["name"], str(self._shard_url(k)), int(shards[k]["rows"]), r)
                for k, r in enumerate(reasons) if r is not None]
-        self._hashed = self.verify == "sha256"
+        self._hashed = self.verify == "checksum"
         self.reader.forget()  # each shard's size is asked again when it is first read (a change since is caught)
         if bad and self.on_corrupt == "fail":
             raise CorruptShardError(
@@ -429,7 +431,7 @@ class RemoteShardDataset(ShardDataset):
             path = self.cache.ready(entry, touch=True)
             if path is not None:
                 return self._map_file(k, path)
-            why = self.cache.failed.get(entry["arrow"]["sha256"])
+            why = self.cache.failed.get(self.cache.key(entry))
             if why is not None:
                 raise CorruptShardError(f"shard {entry['name']}: {why}")
             self.cache.request(url, entry)
@@ -448,7 +450,7 @@ class RemoteShardDataset(ShardDataset):
         sh = super()._shard(k)
         if self.cache is not None and isinstance(sh, _RemoteShard):
             entry = self.manifest["shards"][k]
-            why = self.cache.failed.get(entry["arrow"]["sha256"])
+            why = self.cache.failed.get(self.cache.key(entry))
             if why is not None:  # its whole bytes were seen not to match the manifest: stop reading it
                 raise CorruptShardError(f"shard {entry['name']}: {why}")
             # Its download finished: read the local copy from now on (the next call maps it).

@@ -1,10 +1,11 @@
 """A bounded local copy of shards read from object storage (make_loader's cache_dir= and max_cache_bytes=).
 
-An entry is a whole shard, named by its sha256 from the manifest (`<sha256>.arrow`): the name says which bytes
+An entry is a whole shard, named by its checksum from the manifest (`<hex digest>.arrow`, xxh3-128, or sha256
+for shards made before it): the name says which bytes
 it must hold, so two prefixes sharing a shard share the entry, and a shard rebuilt upstream never matches a
 stale copy. A shard is downloaded in the background the first time it is read (its rows are fetched by range
-meanwhile), in chunks appended to `.<sha256>.part`; a download cut short (a killed process) leaves the part,
-and the next one resumes after its last byte. A complete part is checked against the manifest's sha256, synced
+meanwhile), in chunks appended to `.<hex digest>.part`; a download cut short (a killed process) leaves the
+part, and the next one resumes after its last byte. A complete part is checked against the manifest's checksum, synced
 and renamed into place (the same durable rename as audiopipe/storage/atomic.py), so an entry under its final
 name is always whole and verified. One process downloads a given shard at a time (a flock on the part).
 
@@ -17,7 +18,6 @@ touched whenever an entry is mapped) are deleted; a shard larger than the whole 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import queue
@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from audiopipe.shard.checksum import checksum_of, new_hash
 from audiopipe.storage.atomic import fsync_dir
 from audiopipe.storage.s3 import S3URL
 from audiopipe.storage.s3_ranges import RangeReader
@@ -46,10 +47,10 @@ class ShardCache:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
-        self._wanted: set[str] = set()  # sha256 queued or downloading in this process
+        self._wanted: set[str] = set()  # entries (hex digests) queued or downloading in this process
         self._idle = threading.Event()
         self._idle.set()
-        self.failed: dict[str, str] = {}  # sha256 -> why its download cannot be trusted (corrupt object)
+        self.failed: dict[str, str] = {}  # hex digest -> why its download cannot be trusted (corrupt object)
         self.downloads = 0
         self.resumed_bytes = 0
         self.evictions = 0
@@ -66,8 +67,13 @@ class ShardCache:
         if os.getpid() != self._pid:  # forked: the download thread stayed in the parent
             self._reset()
 
+    @staticmethod
+    def key(entry: dict[str, Any]) -> str:
+        """The name of a shard's entry: the hex digest of the checksum its manifest entry names."""
+        return checksum_of(entry["arrow"]).hexdigest
+
     def path(self, entry: dict[str, Any]) -> Path:
-        return self.folder / f"{entry['arrow']['sha256']}.arrow"
+        return self.folder / f"{self.key(entry)}.arrow"
 
     def ready(self, entry: dict[str, Any], touch: bool = False) -> Path | None:
         """The cached copy of this shard, or None. A copy of the wrong size is deleted (and so fetched again)."""
@@ -89,7 +95,7 @@ class ShardCache:
     def request(self, url: S3URL, entry: dict[str, Any]) -> None:
         """Download this shard in the background unless it is cached, queued, failed or too big."""
         self._check_pid()
-        sha, size = entry["arrow"]["sha256"], int(entry["arrow"]["bytes"])
+        sha, size = self.key(entry), int(entry["arrow"]["bytes"])
         if size > self.max_bytes or sha in self.failed:
             return
         with self._lock:
@@ -110,7 +116,7 @@ class ShardCache:
     def _loop(self, q: queue.SimpleQueue) -> None:
         while True:
             url, entry = q.get()
-            sha = entry["arrow"]["sha256"]
+            sha = self.key(entry)
             try:
                 self.download(url, entry)
             except Exception as e:  # a failed download costs only the cache: rows are still read by range
@@ -123,9 +129,10 @@ class ShardCache:
 
     def download(self, url: S3URL, entry: dict[str, Any]) -> Path | None:
         """Fetch the shard into the cache (resuming a part left by an earlier try); the entry's path, or None
-        when another process holds the download or the bytes fail the manifest's sha256."""
+        when another process holds the download or the bytes fail the manifest's checksum."""
         final = self.path(entry)
-        sha, size = entry["arrow"]["sha256"], int(entry["arrow"]["bytes"])
+        want = checksum_of(entry["arrow"])
+        sha, size = want.hexdigest, int(entry["arrow"]["bytes"])
         part = self.folder / f".{sha}.part"
         with open(part, "ab+") as f:
             try:
@@ -147,14 +154,14 @@ class ShardCache:
                     have += n
                 f.flush()
                 f.seek(0)
-                h = hashlib.sha256()
+                h = new_hash(want.algorithm)
                 while block := f.read(1 << 22):
                     h.update(block)
                 if h.hexdigest() == sha:
                     break
                 f.truncate(0)
                 if not resumed:  # a fresh, whole download that fails: the object itself is bad
-                    self.failed[sha] = (f"its bytes on the server fail the manifest's sha256 "
+                    self.failed[sha] = (f"its bytes on the server fail the manifest's {want.algorithm} "
                                         f"(corrupted or replaced): {url}")
                     part.unlink(missing_ok=True)
                     return None

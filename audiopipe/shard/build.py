@@ -349,10 +349,10 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     # runs in the background while the tar is built, and the tar's while the caller goes on (PendingShard).
     files = AtomicBatch(sync)
     try:
-        arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files)
+        arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files, checksum=job.checksum)
         pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)
         if job.write_tar:
-            tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate, files=files)
+            tar_digest = write_tar(tar_path, rows, acols, scols, pcm_rate, files=files, checksum=job.checksum)
     except BaseException:
         files.abort()
         raise
@@ -362,9 +362,9 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
         "rows": len(rows),
         "duration": float(sum(r["duration"] for r in rows)),
         "planned": len(unit.utterances),
-        "arrow": {"path": f"arrow/{unit.name}.arrow", "bytes": arrow_digest.bytes, "sha256": arrow_digest.sha256},
+        "arrow": arrow_digest.entry(f"arrow/{unit.name}.arrow"),
         "rejects": rejects,
     }
     if job.write_tar:
-        record["tar"] = {"path": f"wds/{unit.name}.tar", "bytes": tar_digest.bytes, "sha256": tar_digest.sha256}
+        record["tar"] = tar_digest.entry(f"wds/{unit.name}.tar")
     return PendingShard(files, record, done_path(out, unit.name))

@@ -39,6 +39,7 @@ class Job:
     shard_bytes: int = 0  # 0: automatic (audiopipe.shard.plan.auto_shard_bytes)
     write_tar: bool = True
     language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
+    checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,7 +63,7 @@ class Job:
     def identity(self) -> str:
         """Hash of everything that changes shard bytes (not the paths, so a moved corpus still resumes)."""
         d = self.to_dict()
-        for k in ("corpus", "out"):
+        for k in ("corpus", "out", "checksum"):  # the checksum is not in the shards: a rerun may change it
             d.pop(k)
         if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
             d.pop("language")

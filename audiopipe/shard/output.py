@@ -7,11 +7,12 @@ On s3:// every file is first written whole on local disk (a staging folder on th
 worker for shards, the driver for the rest), then uploaded so that the object appears only when complete
 (audiopipe.storage.upload). Order carries the meaning: a shard's Arrow file and tar, then its done record; the
 plan first; rejects, index.arrow and finally manifest.json last. A rerun lists the prefix and checks every
-object a done record names, size and sha256: one that disagrees is rebuilt (its done record is deleted first,
+object a done record names, size and checksum: one that disagrees is rebuilt (its done record is deleted first,
 so a run killed meanwhile still sees it as unfinished).
 
-The sha256 is checked without reading the object back: a shard's objects are uploaded with their sha256 as user
-metadata (taken while the file was written), and a rerun compares it with one HEAD request per object. Reading
+The checksum is checked without reading the object back: a shard's objects are uploaded with their checksum
+(xxh3-128; sha256 for objects of older runs) as user metadata, taken while the file was written, and a rerun
+compares it with one HEAD request per object. Reading
 every object back would cost a rerun of a 10 TB shard set 10 TB of downloads. An object replaced by any other
 writer loses that metadata (S3 stores metadata with each PUT), so it is read back and hashed, as is an object
 written before the metadata existed; `audiopipe verify` still hashes every byte.
@@ -19,7 +20,6 @@ written before the metadata existed; `audiopipe verify` still hashes every byte.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -31,6 +31,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from audiopipe.shard.build import PendingShard, done_path, start_shard
+from audiopipe.shard.checksum import Checksum, checksum_of, new_hash
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.plan import WorkUnit
 from audiopipe.storage.atomic import fsync_dir, is_temporary
@@ -184,35 +185,36 @@ class S3Output:
         infos = self.fs.get_file_info(pafs.FileSelector(self.url.path, recursive=True, allow_not_found=True))
         return {i.path[len(base):]: i.size for i in infos if i.type == pafs.FileType.File}
 
-    def sha256(self, rel: str) -> str:
-        h = hashlib.sha256()
+    def checksum(self, rel: str, algorithm: str) -> str:
+        h = new_hash(algorithm)
         with self.fs.open_input_stream(self._path(rel)) as f:
             while block := f.read(1 << 22):
                 h.update(block)
         return h.hexdigest()
 
-    def holds(self, rel: str, sha256: str) -> bool:
-        """Whether the object `rel` has this sha256: by the sha256 uploaded with it (one HEAD) if it has one, else
-        by reading it whole."""
-        from audiopipe.storage.upload import head
+    def holds(self, rel: str, want: Checksum) -> bool:
+        """Whether the object `rel` has this checksum: by the checksum uploaded with it (one HEAD) if it has
+        one, else by reading it whole."""
+        from audiopipe.storage.upload import head, stored_checksum
 
         found = head(self.url.child(rel))
         if found is None:
             return False
-        if found[1] is not None:
-            return found[1] == sha256
-        return self.sha256(rel) == sha256
+        stored = stored_checksum(found, want.algorithm)
+        if stored is not None:
+            return stored == want.hexdigest
+        return self.checksum(rel, want.algorithm) == want.hexdigest
 
     def finished(self, names: list[str]) -> set[str]:
         sizes = self.listing()
-        claims: dict[str, list[tuple[str, str]]] = {}  # unit -> [(object, sha256 its done record names)]
+        claims: dict[str, list[tuple[str, Checksum]]] = {}  # unit -> [(object, checksum its done record names)]
         stale: list[str] = []
         for n in names:
             if _rel_done(n) not in sizes:
                 continue
             try:
                 rec = self.read_json(_rel_done(n))
-                files = [(rec[k]["path"], rec[k]["bytes"], rec[k]["sha256"]) for k in ("arrow", "tar") if k in rec]
+                files = _record_files(rec)
             except (ValueError, KeyError, TypeError):
                 stale.append(n)
                 continue
@@ -307,11 +309,10 @@ class StagedUpload:
 
         try:
             rec = staged.finish()
-            for k in ("arrow", "tar"):  # each with its sha256, so a rerun can check it by one HEAD
-                if k in rec:
-                    if cancelled.is_set():
-                        return None
-                    upload_file(tmp / rec[k]["path"], root.child(rec[k]["path"]), sha256=rec[k]["sha256"])
+            for path, _, want in _record_files(rec):  # each with its checksum, so a rerun can check it by one HEAD
+                if cancelled.is_set():
+                    return None
+                upload_file(tmp / path, root.child(path), checksum=(want.algorithm, want.hexdigest))
             # The done record last: it is what makes the shard count as finished, so never after an abort.
             if cancelled.is_set():
                 return None
@@ -342,14 +343,23 @@ def finished_record(job: Job, name: str) -> dict[str, Any] | None:
             return None
         return json.loads(done_path(Path(job.out), name).read_text())
     from audiopipe.storage.s3 import filesystem
-    from audiopipe.storage.upload import head
+    from audiopipe.storage.upload import head, stored_checksum
 
     root = parse_s3(job.out)
     try:
         with filesystem().open_input_stream(root.child(_rel_done(name)).path) as f:
             rec = json.loads(f.read())
-        files = [(rec[k]["path"], rec[k]["bytes"], rec[k]["sha256"]) for k in ("arrow", "tar") if k in rec]
+        files = _record_files(rec)
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
-    # By the sha256 each object was uploaded with (one HEAD each); one without it is simply built again.
-    return rec if all(head(root.child(p)) == (b, s) for p, b, s in files) else None
+    # By the checksum each object was uploaded with (one HEAD each); one without it is simply built again.
+    for p, b, want in files:
+        found = head(root.child(p))
+        if found is None or found[0] != b or stored_checksum(found, want.algorithm) != want.hexdigest:
+            return None
+    return rec
+
+
+def _record_files(rec: dict[str, Any]) -> list[tuple[str, int, Checksum]]:
+    """(path, bytes, checksum) of each file a done record names (KeyError when one lacks a field)."""
+    return [(rec[k]["path"], rec[k]["bytes"], checksum_of(rec[k])) for k in ("arrow", "tar") if k in rec]

@@ -1,6 +1,7 @@
 """`audiopipe verify`: prove a shard folder is intact and sane, naming the shard and sample of every failure.
 
-Checks, in order of cost: sha256 of every file against the manifest; the Arrow schema's feature hashes against
+Checks, in order of cost: the checksum of every file against the manifest (xxh3-128, or sha256 for shards made
+before it, and for the length index); the Arrow schema's feature hashes against
 the manifest; every record decoded with semantic checks (array sizes match frame counts, frame counts match the
 duration, no NaN/inf, F0 inside its range); ids and sample keys unique over the whole set, also ignoring case;
 every tar member name safe (relative, no '..'), its key the id's key, decoded and compared with its Arrow twin.
@@ -11,7 +12,6 @@ on the way, checked, and deleted before the next shard (so the disk holds one sh
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -24,7 +24,7 @@ import pyarrow as pa
 import soundfile as sf
 
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
-from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.checksum import Checksum, checksum_of, file_checksum, new_hash
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import MANIFEST_NAME, read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
@@ -105,7 +105,7 @@ class _Files:
         from audiopipe.storage.s3 import is_s3, parse_s3
 
         self.url = parse_s3(shards_dir) if is_s3(shards_dir) else None
-        self._sha: dict[str, str] = {}
+        self._sums: dict[str, Checksum] = {}  # taken while downloading
         if self.url is None:
             self.root = Path(shards_dir)
         else:
@@ -123,13 +123,14 @@ class _Files:
                                     f"{self.url}` first (or it has not finished)")
         return read_manifest(self.root)
 
-    def fetch(self, rel: str) -> Path | None:
-        """The file's local path, or None when it does not exist."""
+    def fetch(self, rel: str, algorithm: str = "sha256") -> Path | None:
+        """The file's local path, or None when it does not exist (an object is hashed with `algorithm` on its
+        way down)."""
         dst = self.root / rel
         if self.url is None:
             return dst if dst.exists() else None
         dst.parent.mkdir(parents=True, exist_ok=True)
-        h = hashlib.sha256()
+        h = new_hash(algorithm)
         try:
             with self.fs.open_input_stream(self.url.child(rel).path) as src, open(dst, "wb") as f:
                 while block := src.read(1 << 22):
@@ -138,11 +139,15 @@ class _Files:
         except FileNotFoundError:
             dst.unlink(missing_ok=True)
             return None
-        self._sha[rel] = h.hexdigest()
+        self._sums[rel] = Checksum(algorithm, h.hexdigest())
         return dst
 
-    def sha256(self, rel: str) -> str:
-        return self._sha.pop(rel) if rel in self._sha else sha256_file(self.root / rel)
+    def matches(self, rel: str, want: Checksum) -> bool:
+        """Whether the file has this checksum (the one taken while downloading it, if of that algorithm)."""
+        got = self._sums.pop(rel, None)
+        if got is None or got.algorithm != want.algorithm:
+            got = Checksum(want.algorithm, file_checksum(self.root / rel, want.algorithm))
+        return got == want
 
     def drop(self, rel: str) -> None:
         if self.url is not None:
@@ -167,7 +172,7 @@ def _verify(files: _Files, tars: bool) -> VerifyReport:
     report = VerifyReport()
     aligned = bool(m.get("job", {}).get("align_to"))
     rel = m["index"]["path"]
-    if files.fetch(rel) is None or files.sha256(rel) != m["index"]["sha256"]:
+    if files.fetch(rel) is None or not files.matches(rel, Checksum("sha256", m["index"]["sha256"])):
         report.fail(f"{m['index']['path']}: missing or checksum mismatch")
     files.drop(rel)
     version = m.get("format_version")
@@ -194,11 +199,12 @@ def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kind
     intact = True
     paths: dict[str, Path] = {}
     for kind in kinds:
-        p = files.fetch(sh[kind]["path"])
+        want = checksum_of(sh[kind])
+        p = files.fetch(sh[kind]["path"], want.algorithm)
         if p is None:
             report.fail(f"{name}: {sh[kind]['path']} is missing")
             intact = False
-        elif p.stat().st_size != sh[kind]["bytes"] or files.sha256(sh[kind]["path"]) != sh[kind]["sha256"]:
+        elif p.stat().st_size != sh[kind]["bytes"] or not files.matches(sh[kind]["path"], want):
             report.fail(f"{name}: {sh[kind]['path']} checksum mismatch (corrupted, truncated or replaced)")
             intact = False
         else:

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
-from audiopipe.shard.checksum import Digest, HashingWriter
+from audiopipe.shard.checksum import DEFAULT as DEFAULT_CHECKSUM, Digest, HashingWriter
 from audiopipe.shard.keys import member_name_problem, sample_key
 from audiopipe.storage.atomic import AtomicBatch, atomic_path
 
@@ -79,8 +79,9 @@ def _target(path: Path, files: AtomicBatch | None):
 
 
 def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-                scalar_cols: list[ScalarColumn], metadata: dict[str, Any], files: AtomicBatch | None = None) -> Digest:
-    """Write the shard's Arrow file; returns its size and sha256, hashed as the bytes were written.
+                scalar_cols: list[ScalarColumn], metadata: dict[str, Any], files: AtomicBatch | None = None,
+                checksum: str = DEFAULT_CHECKSUM) -> Digest:
+    """Write the shard's Arrow file; returns its size and checksum, hashed as the bytes were written.
 
     files: put the file in place with that batch's commit (fsync in the background), else at once."""
     schema = shard_schema(array_cols, scalar_cols, metadata)
@@ -100,7 +101,7 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
     batch = pa.RecordBatch.from_arrays(data, schema=schema)
     # IPC *file* format, no compression: readers memory-map it and take zero-copy views.
     with _target(path, files) as tmp:
-        with HashingWriter(tmp) as f, pa.PythonFile(f, mode="w") as sink, pa.ipc.new_file(sink, schema) as writer:
+        with HashingWriter(tmp, checksum) as f, pa.PythonFile(f, mode="w") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
     return f.digest()
 
@@ -159,13 +160,14 @@ def _member_header(name: str, size: int) -> bytes:
 
 
 def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColumn],
-              scalar_cols: list[ScalarColumn], pcm_rate: int | None, files: AtomicBatch | None = None) -> Digest:
-    """Write the shard's WebDataset tar; returns its size and sha256, hashed as the bytes were written.
+              scalar_cols: list[ScalarColumn], pcm_rate: int | None, files: AtomicBatch | None = None,
+              checksum: str = DEFAULT_CHECKSUM) -> Digest:
+    """Write the shard's WebDataset tar; returns its size and checksum, hashed as the bytes were written.
 
     The bytes are those of tarfile (PAX format, fixed metadata, tests/test_shard_hotpath.py compares them),
     written directly: per member one header, the payload straight from the feature's memory, the padding;
     the end-of-archive blocks and the record padding last, as tarfile.close() writes them."""
-    with _target(path, files) as tmp, HashingWriter(tmp) as f:
+    with _target(path, files) as tmp, HashingWriter(tmp, checksum) as f:
         offset = 0
         for row in rows:
             key = sample_key(row["id"])

@@ -27,8 +27,12 @@ from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL, _endpoint
 # 8 MiB parts: S3's minimum is 5 MiB (except the last); a 256 MB shard is then 32 requests.
 PART_SIZE = 8 << 20
 
-# The user-metadata key (x-amz-meta-audiopipe-sha256) under which an object's sha256 is stored.
-SHA256_META = "audiopipe-sha256"
+
+def checksum_key(algorithm: str) -> str:
+    """The user-metadata key under which an object's checksum is stored: x-amz-meta-audiopipe-xxh3-128 (or
+    -sha256, as objects uploaded before xxh3 have it). Hyphens, not underscores: some proxies drop headers with
+    underscores."""
+    return "audiopipe-" + algorithm.replace("_", "-")
 
 
 def client(settings: S3Settings | None = None):
@@ -59,44 +63,51 @@ def _fail(op: str, url: S3URL, e: Exception) -> ObjectStoreError:
     return ObjectStoreError(f"{op} {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def _metadata(sha256: str | None) -> dict:
-    """User metadata stored with an object: its sha256, so that a rerun can check a finished object with one
-    HEAD request instead of reading it back whole (see audiopipe.shard.output)."""
-    return {"Metadata": {SHA256_META: sha256}} if sha256 else {}
+def _metadata(checksum: tuple[str, str] | None) -> dict:
+    """User metadata stored with an object: its checksum (algorithm, hex digest), so that a rerun can check a
+    finished object with one HEAD request instead of reading it back whole (see audiopipe.shard.output)."""
+    return {"Metadata": {checksum_key(checksum[0]): checksum[1]}} if checksum else {}
 
 
-def head(url: S3URL, settings: S3Settings | None = None) -> tuple[int, str | None] | None:
-    """(size, the sha256 stored with it or None) of an object, or None if there is none."""
+def head(url: S3URL, settings: S3Settings | None = None) -> tuple[int, dict[str, str]] | None:
+    """(size, its user metadata) of an object, or None if there is none."""
     try:
         r = client(settings).head_object(Bucket=url.bucket, Key=url.key)
     except Exception as e:
         if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
         raise _fail("head", url, e) from e
-    return int(r["ContentLength"]), r.get("Metadata", {}).get(SHA256_META)
+    return int(r["ContentLength"]), dict(r.get("Metadata") or {})
 
 
-def put_bytes(url: S3URL, data: bytes, settings: S3Settings | None = None, sha256: str | None = None) -> None:
+def stored_checksum(found: tuple[int, dict[str, str]] | None, algorithm: str) -> str | None:
+    """The checksum of this algorithm stored with an object (`head`'s answer), or None."""
+    return None if found is None else found[1].get(checksum_key(algorithm))
+
+
+def put_bytes(url: S3URL, data: bytes, settings: S3Settings | None = None,
+              checksum: tuple[str, str] | None = None) -> None:
     """One PutObject: the object appears whole or not at all."""
     try:
-        client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data, **_metadata(sha256))
+        client(settings).put_object(Bucket=url.bucket, Key=url.key, Body=data, **_metadata(checksum))
     except Exception as e:
         raise _fail("upload", url, e) from e
 
 
 def upload_file(path: str | os.PathLike[str], url: S3URL, *, part_size: int = PART_SIZE,
-                settings: S3Settings | None = None, sha256: str | None = None) -> int:
+                settings: S3Settings | None = None, checksum: tuple[str, str] | None = None) -> int:
     """Upload the finished local file `path` to `url`; return its size. Nothing is visible under `url` until the
     whole file is stored (see the module docstring); on any error the upload is aborted and ObjectStoreError
-    raised. `sha256` (the file's, as the caller computed it while writing) is stored with the object."""
+    raised. `checksum` (algorithm, hex digest: the file's, as the caller computed it while writing) is stored
+    with the object."""
     path = Path(path)
     size = path.stat().st_size
     if size <= part_size:
-        put_bytes(url, path.read_bytes(), settings, sha256)
+        put_bytes(url, path.read_bytes(), settings, checksum)
         return size
     s3 = client(settings)
     try:
-        upload_id = s3.create_multipart_upload(Bucket=url.bucket, Key=url.key, **_metadata(sha256))["UploadId"]
+        upload_id = s3.create_multipart_upload(Bucket=url.bucket, Key=url.key, **_metadata(checksum))["UploadId"]
     except Exception as e:
         raise _fail("upload", url, e) from e
     try:

@@ -135,7 +135,7 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
         rel = f"arrow/{entry['name']}.arrow"
         digest = write_arrow(out / rel, rows, acols, [], meta)  # hashed as written: no second read of the file
         records.append({"name": entry["name"], "rows": len(rows), "duration": float(sum(r["duration"] for r in rows)),
-                        "arrow": {"path": rel, "bytes": digest.bytes, "sha256": digest.sha256},
+                        "arrow": digest.entry(rel),
                         "rejects": []})
     if not records:
         raise ValueError("no utterance got tokens, nothing to write")

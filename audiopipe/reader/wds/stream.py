@@ -18,11 +18,12 @@ import torch
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ShardError
+from audiopipe.reader.integrity import checksum_fails, verify_mode
 from audiopipe.reader.wds.plan import StreamBatches, StreamPlan, StreamPlanner, round_robin_taken
 from audiopipe.reader.wds.tar import TarReader, decode_sample
 from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import BatchBudget, validate_lengths
-from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.checksum import checksum_of
 from audiopipe.shard.writer import wds_key
 
 STATE_FORMAT = "audiopipe.WdsStream/1"
@@ -43,8 +44,9 @@ class WdsStream(torch.utils.data.IterableDataset):
     rank reads its own tars when there are at least world_size * max(num_workers, 1) of them, otherwise every
     stream reads every tar and keeps its share of the samples (correct, but reads the bytes once per stream).
     tar_url: a format string with {path} (the manifest's relative tar path) and/or {name}; default: local files.
-    verify: "size" (local tars: size checked before opening; every tar: bytes counted to its end) or "sha256"
-            (local tars hashed before first use; URLs hashed while streaming, checked at the tar's end).
+    verify: "size" (local tars: size checked before opening; every tar: bytes counted to its end) or "checksum"
+            (the manifest's xxh3-128, or sha256 for older shards: local tars hashed before first use, URLs
+            hashed while streaming and checked at the tar's end; "sha256", its old name, is accepted).
     """
 
     def __init__(self, shards_dir: str | Path, features: Sequence[str], *, max_frames: int,
@@ -56,8 +58,7 @@ class WdsStream(torch.utils.data.IterableDataset):
                  pad_to_multiple: int = 1, item_transform: Callable | None = None,
                  batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None):
         super().__init__()
-        if verify not in ("size", "sha256"):
-            raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
+        verify = verify_mode(verify)
         if pool_size < 1 or interleave < 1 or num_workers < 0:
             raise ValueError(f"need pool_size >= 1, interleave >= 1, num_workers >= 0; got {pool_size}, "
                              f"{interleave}, {num_workers}")
@@ -126,7 +127,7 @@ class WdsStream(torch.utils.data.IterableDataset):
         self._start = 0  # where the pass in progress (or the last one) started
         self._plans: dict[tuple[int, int], StreamPlan] = {}
         self._fingerprint = hashlib.sha256(self.lengths.tobytes() + self.used.tobytes()).hexdigest()[:16]
-        self._hashed: set[int] = set()  # local tars already sha256-checked in this process
+        self._hashed: set[int] = set()  # local tars already checksummed in this process
         self._planner = StreamPlanner(self.lengths, self.used, self._offset, self.budget, pool_size=self.pool_size,
                                       interleave=self.interleave, seed=self.seed, shuffle=self.shuffle,
                                       world_size=self.world_size, num_workers=self.num_workers)
@@ -270,13 +271,14 @@ class WdsStream(torch.utils.data.IterableDataset):
             if size != tar["bytes"]:
                 raise ShardError(f"tar {name} ({p}) is {size} bytes, manifest says {tar['bytes']}: truncated or "
                                  "replaced; run `audiopipe verify`")
-            if self.verify == "sha256" and t not in self._hashed:
-                if sha256_file(p) != tar["sha256"]:
-                    raise ShardError(f"tar {name} ({p}) fails its sha256 check: corrupted; rebuild it")
+            if self.verify == "checksum" and t not in self._hashed:
+                failed = checksum_fails(p, tar)
+                if failed:
+                    raise ShardError(f"tar {name} ({p}) {failed}: corrupted; rebuild it")
                 self._hashed.add(t)
-        hashing = self.verify == "sha256" and not local
+        expect = checksum_of(tar) if self.verify == "checksum" and not local else None
         base = int(self._offset[t])
         exts = {"json"} | {f"{f}.npy" for f in self.features} | ({"flac"} if "pcm" in self.features else set())
-        return TarReader(url, name, int(entry["rows"]), int(tar["bytes"]), tar.get("sha256"), hashing,
+        return TarReader(url, name, int(entry["rows"]), int(tar["bytes"]), expect,
                           lambda r: wds_key(self._ids[base + r].as_py()), exts.__contains__)
 

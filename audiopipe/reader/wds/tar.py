@@ -3,12 +3,11 @@
 Plain `tarfile` in stream mode reads the members (webdataset's own tar iterators are internal modules and
 change between releases); `webdataset.gopen`, a public function, opens the URL, so `pipe:` commands and
 http(s) work as they do for webdataset. A tar is checked against the index as it is read: every sample's key
-and row, the byte count to its end, and optionally its sha256.
+and row, the byte count to its end, and optionally its checksum.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -19,6 +18,7 @@ import soundfile as sf
 import webdataset
 
 from audiopipe.reader.errors import ShardError
+from audiopipe.shard.checksum import Checksum, new_hash
 
 
 class _CheckedStream:
@@ -26,10 +26,10 @@ class _CheckedStream:
 
     BLOCK = 1 << 20  # tarfile asks for 10 KB at a time; one large read serves ~100 of those
 
-    def __init__(self, raw: Any, hashing: bool):
+    def __init__(self, raw: Any, algorithm: str | None):
         self.raw = raw
         self.bytes = 0
-        self.sha = hashlib.sha256() if hashing else None
+        self.sha = new_hash(algorithm) if algorithm else None
         self._buf = memoryview(b"")
 
     def _fill(self) -> bool:
@@ -99,15 +99,16 @@ def _samples(stream: _CheckedStream, wanted: Callable[[str], bool]) -> Iterator[
 class TarReader:
     """The samples of one tar in row order, checked against the index; `take(row)` skips to that row."""
 
-    def __init__(self, url: str, name: str, rows: int, expect_bytes: int, expect_sha: str | None, hashing: bool,
+    def __init__(self, url: str, name: str, rows: int, expect_bytes: int, expect: Checksum | None,
                  key_of: Callable[[int], str], wanted: Callable[[str], bool]):
-        """wanted(extension): whether a member is read (the others are skipped unread)."""
+        """expect: the checksum to hash the bytes for and check at the end (None: sizes only).
+        wanted(extension): whether a member is read (the others are skipped unread)."""
         self.url, self.name, self.rows = url, name, rows
-        self.expect_bytes, self.expect_sha = expect_bytes, expect_sha
+        self.expect_bytes, self.expect = expect_bytes, expect
         self.key_of = key_of
         self.next_row = 0
         try:
-            self.stream = _CheckedStream(webdataset.gopen(url), hashing)
+            self.stream = _CheckedStream(webdataset.gopen(url), expect.algorithm if expect else None)
         except Exception as e:  # gopen raises whatever its scheme's opener raises
             raise ShardError(f"tar {name} ({url}) cannot be opened: {type(e).__name__}: {e}") from e
         self.samples = _samples(self.stream, wanted)
@@ -149,8 +150,9 @@ class TarReader:
         if self.stream.bytes != self.expect_bytes:
             raise ShardError(f"tar {self.name} ({self.url}) is {self.stream.bytes} bytes, the manifest says "
                              f"{self.expect_bytes}: truncated or replaced")
-        if self.stream.sha is not None and self.stream.sha.hexdigest() != self.expect_sha:
-            raise ShardError(f"tar {self.name} ({self.url}) fails its sha256 check: corrupted; rebuild it")
+        if self.expect is not None and self.stream.sha.hexdigest() != self.expect.hexdigest:
+            raise ShardError(f"tar {self.name} ({self.url}) fails its {self.expect.algorithm} checksum: corrupted; "
+                             "rebuild it")
 
 
 def decode_sample(sample: dict[str, Any], gi: int, features: Sequence[str], channels: Mapping[str, int],
