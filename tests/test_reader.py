@@ -430,6 +430,20 @@ def test_missing_shard_is_named(shards, tmp_path):
         ShardDataset(w.root, ["mel"], check_shards=False)[0]
 
 
+def test_an_entry_without_a_checksum_is_named_not_a_traceback(shards, tmp_path):
+    from audiopipe.shard.verify import verify
+
+    w = copy_shards(shards, tmp_path / "s")
+    m = json.loads((w.root / "manifest.json").read_text())
+    del m["shards"][1]["arrow"]["xxh3_128"]  # a hand-edited or foreign manifest
+    (w.root / "manifest.json").write_text(json.dumps(m))
+    ShardDataset(w.root, ["mel"])  # sizes and structure do not need it
+    ds = ShardDataset(w.root, ["mel"], verify="checksum", on_corrupt="skip")
+    assert [(b["name"], b["reason"]) for b in ds.diagnostics()["skipped_shards"]] == [
+        ("shard-000001", "has no checksum in the manifest")]
+    assert "shard-000001: arrow/shard-000001.arrow has no checksum in the manifest" in verify(w.root).failures
+
+
 # ---- make_loader -------------------------------------------------------------------------------------------------
 
 

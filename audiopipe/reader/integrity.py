@@ -41,7 +41,10 @@ def verify_mode(verify: str) -> str:
 
 def checksum_fails(path: Path, file_entry: dict[str, Any]) -> str | None:
     """Why a local file fails the checksum its manifest entry names, or None when it passes."""
-    want = checksum_of(file_entry)
+    try:
+        want = checksum_of(file_entry)
+    except KeyError:
+        return "has no checksum in the manifest"
     if file_checksum(path, want.algorithm) != want.hexdigest:
         return f"fails its {want.algorithm} checksum"
     return None

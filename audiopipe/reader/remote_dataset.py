@@ -398,7 +398,10 @@ class RemoteShardDataset(ShardDataset):
             return f"unreadable Arrow file ({integrity.first_line(e)})"
         reason = integrity.check_contents(layout.schema, layout.rows, entry, self.features, hashes)
         if reason is None and self.verify == "checksum":
-            want = checksum_of(entry["arrow"])
+            try:
+                want = checksum_of(entry["arrow"])
+            except KeyError:
+                return "has no checksum in the manifest"
             h, size, step = new_hash(want.algorithm), int(entry["arrow"]["bytes"]), 8 << 20
             for start in range(0, size, step):
                 h.update(self.reader.read(url, start, min(step, size - start), size))

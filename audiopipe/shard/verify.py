@@ -199,7 +199,12 @@ def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kind
     intact = True
     paths: dict[str, Path] = {}
     for kind in kinds:
-        want = checksum_of(sh[kind])
+        try:
+            want = checksum_of(sh[kind])
+        except KeyError:
+            report.fail(f"{name}: {sh[kind]['path']} has no checksum in the manifest")
+            intact = False
+            continue
         p = files.fetch(sh[kind]["path"], want.algorithm)
         if p is None:
             report.fail(f"{name}: {sh[kind]['path']} is missing")
