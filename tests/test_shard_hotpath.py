@@ -80,47 +80,6 @@ def test_shard_checksums_are_taken_while_writing(espeak_corpus, tmp_path, monkey
             assert rec[kind][algorithm] == file_checksum(path, algorithm)
 
 
-def _cached_pages(path) -> int:
-    """How many of the file's pages are in the page cache (mincore on a mapping that touches none of them)."""
-    import ctypes
-    import mmap
-    import os
-
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)  # private and writable: ctypes can address it
-    try:
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        buf = (ctypes.c_char * size).from_buffer(mm)
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore")
-        del buf
-        return sum(v & 1 for v in vec)
-    finally:
-        mm.close()
-
-
-def test_a_built_shard_leaves_the_page_cache_once_synced(espeak_corpus, tmp_path):
-    # A shard job reads none of its output back: its files are dropped from the page cache after their fsync
-    # (so they do not evict the corpus or a trainer's data, and the next shard reuses the pages).
-    from audiopipe.storage.atomic import AtomicBatch
-
-    job = Job(corpus=str(espeak_corpus.root), out=str(tmp_path), presets=["f5tts"],
-              features=[("vocos_mel", {})], limits=asdict(DecodeLimits()), write_tar=True)
-    rec = build_shard(_unit(espeak_corpus.root, n=6), job)
-    sizes = {k: (tmp_path / rec[k]["path"]).stat().st_size for k in ("arrow", "tar")}
-    assert min(sizes.values()) > 64 << 10, sizes  # enough pages for the check to mean something
-    assert {k: _cached_pages(tmp_path / rec[k]["path"]) for k in sizes} == {"arrow": 0, "tar": 0}
-    # The same bytes written without it stay cached: the check can tell.
-    kept = AtomicBatch()
-    with kept.path(tmp_path / "kept.bin") as tmp:
-        tmp.write_bytes((tmp_path / rec["tar"]["path"]).read_bytes())
-    kept.commit()
-    assert _cached_pages(tmp_path / "kept.bin") > 0
-
-
 def _count_fsyncs(monkeypatch) -> dict[str, int]:
     import os
     import stat

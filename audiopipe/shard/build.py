@@ -347,10 +347,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     tar_path = out / "wds" / f"{unit.name}.tar"
     # Checksums are taken as the bytes are written (no second read of either file); the Arrow file's fsync
     # runs in the background while the tar is built, and the tar's while the caller goes on (PendingShard).
-    # Once synced, their pages leave the page cache: a shard job writes the whole dataset once and reads none of
-    # it back, so keeping it cached would only evict what the corpus reads and a trainer on the box need; and
-    # the next shard's writes reuse those pages instead of taking fresh ones (docs/extraction.md, seventh round).
-    files = AtomicBatch(sync, uncache=True)
+    files = AtomicBatch(sync)
     try:
         arrow_digest = write_arrow(arrow_path, rows, acols, scols, meta, files=files, checksum=job.checksum)
         pcm_rate = next((s.sample_rate for s in specs if s.name == "pcm"), None)

@@ -39,12 +39,9 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def fsync_file(path: Path, uncache: bool = False) -> None:
-    """fsync a file; uncache=True then also drops its pages from the page cache (clean once synced)."""
+def fsync_file(path: Path) -> None:
     with open(path, "rb") as f:  # fsync on a read-only descriptor flushes the file's dirty pages on Linux
         os.fsync(f.fileno())
-        if uncache and hasattr(os, "posix_fadvise"):  # Linux and most Unixes; elsewhere the pages stay
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 @contextmanager
@@ -93,14 +90,13 @@ class AtomicBatch:
     waits for all of them.
 
     sync=False skips the fsyncs: for files that only live until they are uploaded (s3:// staging), whose
-    durability is the object store's. uncache=True drops each file's pages from the page cache once it is
-    synced: for files the writer never reads again (see audiopipe.shard.build). Folders are not fsync'd here: the caller that makes the set final
+    durability is the object store's. Folders are not fsync'd here: the caller that makes the set final
     (the shard job, before its manifest) fsyncs each folder once (`fsync_dir`), instead of once per file.
     Until then a power loss can lose a rename, never leave a partial file under its final name.
     """
 
-    def __init__(self, sync: bool = True, uncache: bool = False) -> None:
-        self.sync, self.uncache = sync, uncache
+    def __init__(self, sync: bool = True) -> None:
+        self.sync = sync
         self._pending: list[tuple[Future, Path]] = []
 
     @contextmanager
@@ -111,7 +107,7 @@ class AtomicBatch:
 
     def _finish(self, tmp: Path, path: Path) -> None:
         if self.sync:
-            fsync_file(tmp, self.uncache)
+            fsync_file(tmp)
         os.replace(tmp, path)
 
     def commit(self) -> None:
