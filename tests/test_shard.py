@@ -108,6 +108,35 @@ def test_rerun_on_finished_output_is_a_noop(synth_shards):
     assert tree_digest(out) == before
 
 
+def test_an_output_made_with_sha256_resumes_under_the_default_checksum(synth_shards, tmp_path):
+    # Shards made with sha256 (an older audiopipe, or --checksum sha256) and a run interrupted before the last
+    # shard: the rerun under the default keeps the finished ones (the checksum is not part of the job's
+    # identity), writes the rest with xxh3-128, and the mixed set verifies and loads with every check.
+    from dataclasses import replace
+
+    from audiopipe.reader.arrow_dataset import ShardDataset
+    from audiopipe.shard.checksum import checksum_of
+    from audiopipe.shard.run import run_job
+    from shard_helpers import make_job
+
+    corpus, _, _ = synth_shards
+    out = tmp_path / "s"
+    job = make_job(corpus.root, out, FEATS, shard_bytes=200_000)
+    run_job(replace(job, checksum="sha256"), workers=2, show_progress=False)
+    m = read_manifest(out)
+    assert {checksum_of(sh[k]).algorithm for sh in m["shards"] for k in ("arrow", "tar")} == {"sha256"}
+    last = m["shards"][-1]
+    for rel in (last["arrow"]["path"], last["tar"]["path"], f"done/{last['name']}.json", "manifest.json"):
+        (out / rel).unlink()
+    s = run_job(job, workers=2, show_progress=False)
+    assert not s.up_to_date
+    m = read_manifest(out)
+    algorithms = [checksum_of(sh["arrow"]).algorithm for sh in m["shards"]]
+    assert algorithms == ["sha256"] * (len(algorithms) - 1) + ["xxh3_128"]
+    assert verify(out).ok
+    ShardDataset(out, ["mel"], verify="checksum")  # every shard hashed by its own algorithm, none corrupt
+
+
 def test_other_settings_into_same_output_are_refused(synth_shards):
     corpus, out, _ = synth_shards
     with pytest.raises(JobError, match="other settings"):
