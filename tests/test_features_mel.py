@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import librosa
 import numpy as np
 import pytest
@@ -155,6 +157,48 @@ def test_batch_items_are_independent():
         single = torch.stack([mel_spectrogram(torch.from_numpy(row)[None], **kw)[0] for row in x])
     assert batch.shape == (3, 80, 22050 // 256)
     torch.testing.assert_close(batch, single, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kw", [vocos_mel_kwargs(), hifigan_mel_kwargs()], ids=["center", "hifigan"])
+def test_lengths_make_each_row_of_a_padded_batch_equal_its_utterance_alone(speech, kw):
+    # Utterances of different lengths zero-padded into one batch (what a GPU extraction or a trainer does):
+    # with lengths, every one of a row's own frames equals the utterance's mel computed alone.
+    from audiopipe.features.mel import stft_num_frames
+
+    rate = kw["sample_rate"]
+    clips = [at_rate(speech[n], rate) for n in (*PROMPTS, "espeak")] + [at_rate(speech["vm-next"], rate)[:700]]
+    lengths = [len(c) for c in clips]
+    batch = torch.zeros(len(clips), max(lengths))
+    for row, c in enumerate(clips):
+        batch[row, : len(c)] = torch.from_numpy(c)
+    naive_off = []
+    with torch.inference_mode():
+        got = mel_spectrogram(batch, lengths=torch.tensor(lengths), **kw)
+        naive = mel_spectrogram(batch, **kw)
+        for row, c in enumerate(clips):
+            alone = mel_spectrogram(torch.from_numpy(c)[None], **kw)[0]
+            t = stft_num_frames(len(c), kw["n_fft"], kw["hop_length"], kw["padding"])
+            assert alone.shape[-1] == t
+            torch.testing.assert_close(got[row, :, :t], alone, rtol=0, atol=1e-5)
+            if len(c) < max(lengths):
+                naive_off.append(float((naive[row, :, :t] - alone).abs().max()))
+                # Once past its own reflection (n_fft samples after its end), a row's frames are of zeros:
+                # the silence floor, with nothing of the longer rows leaking in.
+                tail = got[row, :, t + kw["n_fft"] // kw["hop_length"]:]
+                assert tail.numel() > 0
+                torch.testing.assert_close(tail, torch.full_like(tail, math.log(1e-5)), rtol=0, atol=1e-6)
+    # Without lengths a row's last frames see the batch's zeros instead of its own reflection (rows that end
+    # in digital silence reflect zeros anyway, so not every row shows it).
+    assert max(naive_off) > 0.1
+
+
+def test_lengths_keep_the_gradient_and_are_checked():
+    wav = (0.1 * torch.randn(2, 6000)).requires_grad_(True)
+    mel_spectrogram(wav, lengths=torch.tensor([6000, 3000]), **vocos_mel_kwargs()).sum().backward()
+    assert torch.isfinite(wav.grad).all() and wav.grad[1, 3000:].abs().max() == 0  # padding gets no gradient
+    for bad in ([6000], [6000, 7000], [6000, 100], [6000.0, 3000.0]):
+        with pytest.raises(ValueError, match="lengths"):
+            mel_spectrogram(wav.detach(), lengths=torch.tensor(bad), **vocos_mel_kwargs())
 
 
 def test_gradient_is_finite_through_digital_silence():

@@ -124,12 +124,17 @@ def magnitude_spectrogram(
     win_length: int,
     padding: Padding = "center",
     magnitude_eps: float = 0.0,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """|STFT| of a batch: [B, N] -> [B, n_fft // 2 + 1, T], hann window, reflect padding.
 
     padding="center": torch.stft(center=True) (librosa / torchaudio / vocos framing, T = N // hop + 1).
     padding="hifigan": reflect-pad (n_fft - hop) // 2 per side, then center=False (HiFi-GAN/BigVGAN framing).
     magnitude_eps > 0 gives sqrt(re^2 + im^2 + eps) as HiFi-GAN does (keeps the gradient finite at 0).
+    lengths ([B] samples): rows are utterances of these lengths, zero-padded to N. Each is then reflect-padded
+    at its own end, so its first `stft_num_frames(length)` frames equal those of the utterance framed alone
+    (without it, a short row's last frames would see the batch's zeros instead of its own reflection); the
+    frames after those are of zeros. T is that of N.
     """
     if wav.dim() != 2:
         raise ValueError(f"expected a batch of waveforms [B, N], got shape {tuple(wav.shape)}")
@@ -137,17 +142,23 @@ def magnitude_spectrogram(
         raise TypeError(f"expected a floating point waveform, got {wav.dtype}")
     n = wav.shape[-1]
     need = stft_min_samples(n_fft, hop_length, padding)
-    if n < need:
+    if padding not in ("center", "hifigan"):
+        raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+    if lengths is not None:
+        lengths = _check_lengths(lengths, wav, need)
+    elif n < need:
         raise ValueError(f"waveform of {n} samples is too short for this STFT framing (needs >= {need})")
     window = _hann(win_length, wav.device, wav.dtype)
-    if padding == "hifigan":
+    if lengths is not None:
+        pad = n_fft // 2 if padding == "center" else (n_fft - hop_length) // 2
+        wav = _reflect_pad_rows(wav, lengths, pad)
+        center = False
+    elif padding == "hifigan":
         pad = (n_fft - hop_length) // 2
         wav = torch.nn.functional.pad(wav.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
         center = False
-    elif padding == "center":
-        center = True
     else:
-        raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+        center = True
     spec = torch.stft(
         wav, n_fft, hop_length=hop_length, win_length=win_length, window=window,
         center=center, pad_mode="reflect", normalized=False, onesided=True, return_complex=True,
@@ -158,6 +169,28 @@ def magnitude_spectrogram(
         return spec.abs()  # zero subgradient at |X| = 0, where sqrt's would be infinite (NaN in a mel loss)
     # Without autograd sqrt(re^2 + im^2): abs()'s hypot overflow guard is useless for audio and costs ~2x.
     return torch.sqrt(spec.real.square() + spec.imag.square())
+
+
+def _check_lengths(lengths: torch.Tensor, wav: torch.Tensor, need: int) -> torch.Tensor:
+    lengths = torch.as_tensor(lengths, device=wav.device)
+    if lengths.shape != (wav.shape[0],) or lengths.is_floating_point():
+        raise ValueError(f"lengths must be [B] = [{wav.shape[0]}] integer sample counts, got {tuple(lengths.shape)}"
+                         f" {lengths.dtype}")
+    if len(lengths) and (int(lengths.min()) < need or int(lengths.max()) > wav.shape[-1]):
+        raise ValueError(f"lengths must be within {need}..{wav.shape[-1]} samples (the framing needs >= {need}), "
+                         f"got {int(lengths.min())}..{int(lengths.max())}")
+    return lengths.long()
+
+
+def _reflect_pad_rows(wav: torch.Tensor, lengths: torch.Tensor, pad: int) -> torch.Tensor:
+    """[B, N] -> [B, N + 2 * pad]: row b is its first lengths[b] samples reflect-padded by `pad` on both sides
+    (as torch's reflect pad of that row alone), then zeros. One gather on wav's device, so it differentiates."""
+    j = torch.arange(wav.shape[-1] + 2 * pad, device=wav.device)[None, :] - pad  # source sample of each output
+    last = (lengths - 1)[:, None]
+    src = torch.where(j < 0, -j, torch.where(j > last, 2 * last - j, j))
+    inside = j < last + 1 + pad  # the row's own right padding ends here; zeros after it
+    out = torch.gather(wav, 1, torch.where(inside, src, 0).clamp(0, wav.shape[-1] - 1))
+    return out * inside.to(wav.dtype)
 
 
 def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
@@ -205,14 +238,17 @@ def mel_spectrogram(
     power: float = 1.0,
     magnitude_eps: float = 0.0,
     log_floor: float = 1e-5,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched log-mel on wav's device and dtype: [B, N] -> [B, n_mels, T]. Defaults are the vocos mel.
 
     log(clamp(mel(|STFT| ** power), log_floor)), natural log. For the HiFi-GAN mel use `hifigan_mel_kwargs()`.
+    lengths: [B] sample counts of utterances zero-padded into one batch; row b's first
+    `stft_num_frames(lengths[b], ...)` frames then equal its mel computed alone (see magnitude_spectrogram).
     """
     mag = magnitude_spectrogram(
         wav, n_fft=n_fft, hop_length=hop_length, win_length=win_length, padding=padding,
-        magnitude_eps=magnitude_eps,
+        magnitude_eps=magnitude_eps, lengths=lengths,
     )
     if power != 1.0:
         mag = mag.pow(power)
