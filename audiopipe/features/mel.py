@@ -184,13 +184,17 @@ def _check_lengths(lengths: torch.Tensor, wav: torch.Tensor, need: int) -> torch
 
 def _reflect_pad_rows(wav: torch.Tensor, lengths: torch.Tensor, pad: int) -> torch.Tensor:
     """[B, N] -> [B, N + 2 * pad]: row b is its first lengths[b] samples reflect-padded by `pad` on both sides
-    (as torch's reflect pad of that row alone), then zeros. One gather on wav's device, so it differentiates."""
-    j = torch.arange(wav.shape[-1] + 2 * pad, device=wav.device)[None, :] - pad  # source sample of each output
-    last = (lengths - 1)[:, None]
-    src = torch.where(j < 0, -j, torch.where(j > last, 2 * last - j, j))
-    inside = j < last + 1 + pad  # the row's own right padding ends here; zeros after it
-    out = torch.gather(wav, 1, torch.where(inside, src, 0).clamp(0, wav.shape[-1] - 1))
-    return out * inside.to(wav.dtype)
+    (as torch's reflect pad of that row alone), then zeros. Differentiable.
+
+    Every row starts at sample 0, so the batch's own reflect pad is already right on the left and along each
+    row; only a row's `pad` samples after its end need its reflection (a small gather), and what follows them
+    is zeroed: no index as large as the batch."""
+    out = torch.nn.functional.pad(wav.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
+    j = torch.arange(out.shape[-1], device=wav.device)[None, :]
+    out = out * (j < (lengths + 2 * pad)[:, None]).to(wav.dtype)  # zeros after each row's right padding
+    t = torch.arange(pad, device=wav.device)[None, :]
+    tail = torch.gather(wav, 1, lengths[:, None] - 2 - t)  # sample L + i reflects L - 2 - i
+    return out.scatter(1, lengths[:, None] + pad + t, tail)
 
 
 def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
