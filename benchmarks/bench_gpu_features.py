@@ -125,13 +125,15 @@ def mel_runner(device: torch.device) -> Callable[[list[np.ndarray]], list[np.nda
 
 
 def fbank_runner(device: torch.device) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    from audiopipe.features.fbank import fbank_num_frames, kaldi_fbank_torch
+    from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch
+
+    frames = KaldiFbank().num_frames  # the same defaults as kaldi_fbank_torch's
 
     def run(clips: list[np.ndarray]) -> list[np.ndarray]:
         batch, lengths = _pad(clips)
         with torch.inference_mode():
             out = kaldi_fbank_torch(torch.from_numpy(batch).to(device)).cpu().numpy()  # [B, T, 80]
-        return [out[row, : fbank_num_frames(int(n), 400, 160)] for row, n in enumerate(lengths)]
+        return [out[row, : frames(int(n))] for row, n in enumerate(lengths)]
 
     return run
 
