@@ -125,7 +125,7 @@ def discover(root: str, speaker_rule: int | None, options: Any = None):
                 continue
             stem = os.path.basename(path)[:-4]
             trans, snr = chapters[os.path.dirname(path)]
-            norm_t, orig_t = trans.get(stem, (None, None))
+            orig_t, norm_t = trans.get(stem, (None, None))
             text = norm if norm and norm.strip() else (norm_t or "")
             original = orig if orig and orig.strip() else orig_t
             m = _FILE.match(stem)

@@ -172,7 +172,7 @@ def _cut_texts(cut: Any, keep: set[str], out: Read) -> tuple[str, str, dict[str,
 
 
 def _cut_entry(cut: Any, name: str, root: str, cwd: str, keep: set[str], out: Read) -> Entry:
-    from lhotse.cut import DataCut
+    from lhotse.cut.data import DataCut
 
     where = f"{name}: cut {cut.id}"
     if not isinstance(cut, DataCut):
@@ -215,7 +215,7 @@ def _tar_members(tar: str) -> dict[str, tarfile.TarInfo]:
 
 
 def read_shar(paths: list[str], root: str, options: Any) -> Read:
-    from lhotse.cut import DataCut
+    from lhotse.cut.data import DataCut
 
     out = Read()
     keep = set(options.keep_columns)
