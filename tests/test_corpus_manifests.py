@@ -15,6 +15,8 @@ import soundfile as sf
 from audiopipe.cli import main
 from audiopipe.corpus.discover import discover
 from audiopipe.corpus.options import CorpusOptions
+from audiopipe.decode.audio import DecodeLimits
+from audiopipe.decode.segments import RecordingCache
 from audiopipe.features.pcm import float_to_int16
 from corpora_en import SR, Expect, make_commonvoice, make_libritts, make_long, make_vctk, write, write_nemo
 from en_helpers import assert_rows_match, shard_rows
@@ -50,6 +52,11 @@ def test_nemo_long_form_offsets_cut_the_recording(long_form, tmp_path):
         u = got[(round(s.start * SR), round((s.start + s.duration) * SR))]
         assert (u.text, u.speaker, u.num_samples, u.extra["language"]) == (s.text, s.speaker, len(s.pcm), "en")
     assert any("not written to the shards: pnc" in n for n in d.notes)  # an unknown column is named, not dropped
+    cache = RecordingCache(d.utterances)
+    for u in d.utterances:  # every stretch, from one decode per recording
+        wav, sr = cache.load(u, DecodeLimits())
+        assert sr == SR and np.array_equal(float_to_int16(wav), next(s.pcm for s in segs if s.text == u.text))
+    assert cache.decodes == len(paths)
     out = tmp_path / "out"
     assert main(["shard", "--manifest", str(manifest), *PCM, "--out", str(out)]) == 0
     rows = shard_rows(out)
@@ -146,6 +153,23 @@ def test_lhotse_supervisions_are_segments_of_their_recording(long_form, tmp_path
     assert main(["shard", "--corpus", str(root), "--manifest", str(tmp_path / "recs.jsonl.gz"), "--manifest",
                  str(tmp_path / "sups.jsonl"), *PCM, "--out", str(out)]) == 0
     assert_rows_match(shard_rows(out), seg_expect(segs))
+    sups.filter(lambda s: s.recording_id == "rec0").to_file(tmp_path / "sups0.jsonl")
+    d = discover(root, manifest=[tmp_path / "recs.jsonl.gz", tmp_path / "sups0.jsonl"])
+    assert {u.id for u in d.utterances} == {s.id for s in segs if s.recording == "rec0"}
+    assert "1 lhotse recordings have no supervision and are left out" in d.notes
+
+
+def test_lhotse_relative_paths_are_read_from_the_current_folder(long_form, tmp_path, monkeypatch):
+    from lhotse import Recording, RecordingSet
+
+    root, paths, segs = long_form
+    monkeypatch.chdir(root)  # where `lhotse prepare` ran: its paths are relative to here
+    RecordingSet.from_recordings([Recording.from_file("long/rec0.wav", recording_id="rec0")]).to_file(
+        tmp_path / "recs.jsonl")
+    assert [u.path for u in discover(root, manifest=tmp_path / "recs.jsonl").utterances] == [str(paths["rec0"])]
+    monkeypatch.chdir(tmp_path)
+    d = discover(root, manifest=tmp_path / "recs.jsonl")
+    assert [r.reason for r in d.rejects] == ["missing"] and "from where `lhotse prepare` ran" in d.rejects[0].detail
 
 
 def test_lhotse_cutset_and_shar(long_form, tmp_path):
@@ -268,7 +292,7 @@ def test_hugging_face_audio_paths_and_named_columns(tmp_path, speech_pool):
         discover(tmp_path, manifest=tmp_path / "d.parquet", options=CorpusOptions(text_column="transcript"))
     d = discover(tmp_path, manifest=tmp_path / "d.parquet", options=CorpusOptions(text_column="words"))
     assert {u.id: (u.text, u.path) for u in d.utterances} == \
-        {f"wavs/a{k}": (c.text, paths[k]) for k, c in enumerate(speech_pool[0][:3])}
+        {f"a{k}": (c.text, paths[k]) for k, c in enumerate(speech_pool[0][:3])}  # ids: the files' names
 
 
 # ----------------------------------------------------------------------------------------------- loud failures

@@ -288,7 +288,7 @@ def discover(root: str | os.PathLike[str], *, manifest: Any = None, speaker: str
         d = _discover(root, manifest, rule, exts, layout, header_threads, options)
         from audiopipe.corpus.hints import finish
 
-        return finish(d, options, speaker_auto=rule == -1)
+        return finish(d, options, speaker_auto=rule == -1, manifest_given=manifest is not None)
     finally:
         if was_enabled:
             gc.enable()

@@ -41,7 +41,7 @@ def speaker_folder_note(speakers: set[str]) -> str | None:
             f"read from their top folder with --layout libritts / vctk)")
 
 
-def finish(d: Any, options: Any, speaker_auto: bool) -> Any:
+def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = False) -> Any:
     """The discovery with --require-text applied, its notes completed and its hint set."""
     from audiopipe.corpus.discover import Reject
 
@@ -77,7 +77,10 @@ def finish(d: Any, options: Any, speaker_auto: bool) -> Any:
     if missing and d.utterances:
         d.notes.append(f"--keep-columns: no utterance has {', '.join(missing)} (written empty)")
     if not d.utterances:
-        d.hint = rejects_hint(d.rejects) if d.rejects else found_hint(d.root)
+        if d.rejects:
+            d.hint = rejects_hint(d.rejects)
+        else:
+            d.hint = "the manifest lists no audio" if manifest_given else found_hint(d.root)
     return d
 
 

@@ -20,13 +20,10 @@ from audiopipe.corpus.manifests import (USED_EXTRA, Read, open_text, pick_column
                                         text_of)
 from audiopipe.corpus.transcripts import TranscriptError
 
-MAX_FIELD = 1 << 20
-
 
 def read(paths: list[str], root: str, options: Any) -> Read:
     out = Read()
     keep = set(options.keep_columns)
-    csv.field_size_limit(MAX_FIELD)
     for tsv in paths:
         tsv = regular_file(tsv)
         clips = os.path.join(os.path.dirname(tsv), "clips")

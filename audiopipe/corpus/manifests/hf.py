@@ -66,9 +66,9 @@ def _tables(manifest: str) -> list[_Table]:
 
         loaded = datasets.load_from_disk(manifest)  # memory-maps the Arrow files, copies nothing
         splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
-        return [_Table(os.path.abspath(f["filename"]), f"{split}/" if split else "", manifest, ds.features)
-                for split, ds in splits for f in ds.cache_files]
-    return [_Table(p, "", manifest) for p in table_files(manifest)]
+        return [_Table(regular_file(f["filename"], "dataset file"), f"{split}/" if split else "", manifest,
+                       ds.features) for split, ds in splits for f in ds.cache_files]
+    return [_Table(regular_file(p, "dataset file"), "", manifest) for p in table_files(manifest)]
 
 
 def _schema(t: _Table) -> Any:

@@ -65,7 +65,12 @@ def _audio(rec: Any, where: str, cwd: str) -> tuple[str | None, tuple[str, str] 
                                        f"channel); audiopipe reads one file per recording")
     src = rec.sources[0]
     if src.type == "file":
-        return resolve_path(str(src.source), cwd), None
+        path = resolve_path(str(src.source), cwd)
+        if not os.path.isabs(str(src.source)) and not os.path.lexists(path):
+            return None, ("missing", f"recording {rec.id}: {src.source} is not found from the current folder "
+                                     f"{cwd}; lhotse reads relative paths from where `lhotse prepare` ran: run "
+                                     f"from there")
+        return path, None
     why = {"url": "is a URL (audiopipe reads local files only: download it first)",
            "command": "is read through a command, and commands found in data files are not run (write the "
                       "audio to files first)"}.get(src.type, f"is held inside the manifest ({src.type!r} source): "
