@@ -295,6 +295,24 @@ def test_hugging_face_audio_paths_and_named_columns(tmp_path, speech_pool):
         {f"a{k}": (c.text, paths[k]) for k, c in enumerate(speech_pool[0][:3])}  # ids: the files' names
 
 
+def test_parquet_row_groups_are_read_once_each_per_shard(hf_rows, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, expected = hf_rows
+    table = pa.table({"audio": pa.array(rows["audio"]), "sentence": rows["sentence"], "speaker_id": rows["speaker_id"]})
+    pq.write_table(table, tmp_path / "plain.parquet", row_group_size=3)  # no Hugging Face features: name the column
+    with pytest.raises(ValueError, match="no column typed Audio"):
+        discover(tmp_path, manifest=tmp_path / "plain.parquet")
+    d = discover(tmp_path, manifest=tmp_path / "plain.parquet", options=CorpusOptions(audio_column="audio"))
+    assert {u.extra["cell_group"] for u in d.utterances} == {0, 1, 2}
+    cache = RecordingCache(d.utterances)
+    for u in d.utterances:
+        wav, sr = cache.load(u, DecodeLimits())
+        assert sr == SR and np.array_equal(float_to_int16(wav), expected[u.id].pcm)
+    assert cache.row_group_reads == 3
+
+
 # ----------------------------------------------------------------------------------------------- loud failures
 
 def test_a_folder_of_parquet_given_as_corpus_exits_non_zero_with_a_hint(hf_rows, tmp_path, capsys):

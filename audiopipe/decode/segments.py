@@ -48,6 +48,11 @@ class RecordingCache:
             self._cells = CellCache(utterances)
         self.decodes = 0  # recordings decoded (diagnostics: one per recording)
 
+    @property
+    def row_group_reads(self) -> int:
+        """Parquet row groups read for table-cell utterances (diagnostics: one per group and shard)."""
+        return self._cells.group_reads if self._cells is not None else 0
+
     def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
         """Any utterance's audio: a segment cut from its recording, a tar member or table cell read in place, or
         a file."""

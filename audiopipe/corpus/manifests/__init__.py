@@ -145,8 +145,20 @@ def kind_of(path: str) -> str:
     return "plain"
 
 
+def _need(module: str, what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise RuntimeError(f"reading {what} needs the {module} package: pip install -e \".[manifests]\" "
+                           f"(or pip install {module})")
+
+
 def read(kind: str, paths: list[str], root: str, speaker_rule: int | None, options: Any) -> Read:
     """Entries of the manifests of one kind (not `plain`)."""
+    if kind in ("lhotse", "lhotse_shar"):
+        _need("lhotse", "lhotse manifests")
+    elif kind == "hf":
+        _need("datasets", "a Hugging Face dataset")
     if kind == "nemo":
         from audiopipe.corpus.manifests import nemo as mod
     elif kind == "commonvoice":
