@@ -53,3 +53,11 @@ def espeak_corpus(tmp_path_factory: pytest.TempPathFactory) -> BuiltCorpus:
     """4 espeak-ng speakers x 6 sentences at 22.05 kHz, <speaker>/<utt>.wav + .txt; skipped without espeak-ng."""
     root = tmp_path_factory.mktemp("espeak")
     return BuiltCorpus(root, make_espeak_corpus(root, speakers=4, per_speaker=6))
+
+
+@pytest.fixture(scope="session")
+def speech_pool(tmp_path_factory: pytest.TempPathFactory):
+    """Real speech at 24 kHz for the English layout and manifest corpora (tests/corpora_en.py): [voice][clip]."""
+    from corpora_en import speech_pool as build
+
+    return build(str(tmp_path_factory.mktemp("speech_pool")))

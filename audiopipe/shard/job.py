@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -40,6 +40,8 @@ class Job:
     write_tar: bool = True
     language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
     checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
+    # Metadata columns written as text columns beside id/speaker/text (--keep-columns): gender, original_text, ...
+    keep_columns: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -67,6 +69,8 @@ class Job:
             d.pop(k)
         if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
             d.pop("language")
+        if not d.get("keep_columns"):  # likewise
+            d.pop("keep_columns", None)
         if d.get("codec"):
             d["codec"].pop("device", None)
             d["codec"].pop("batch_size", None)
