@@ -17,6 +17,9 @@ module). Tensors come and go as safetensors files; every job writes its results 
   {"op": "extract", "exp_dir": DIR, "wav_scp": SCP, "out": OUT}
       speakerlab/bin/extract.py's main() on the experiment folder DIR (its config.yaml, its Checkpointer, its
       FBank); OUT gets the embeddings it wrote to DIR/embeddings (read back with kaldiio).
+  {"op": "schedules", "steps_per_epoch": N, "recipes": {model: {lr, min_lr, epochs, ...}}, "out": OUT.json}
+      speakerlab's WarmupCosineScheduler and MarginScheduler (on an ArcMarginLoss), stepped with iter_num as its
+      train.py steps them, for two epochs past each recipe's end; OUT gets the LR and margin of every step.
 """
 
 from __future__ import annotations
@@ -103,11 +106,34 @@ def extract(job: dict) -> None:
     save_file(embs, job["out"])
 
 
+def schedules(job: dict) -> None:
+    from speakerlab.loss.margin_loss import ArcMarginLoss
+    from speakerlab.process.scheduler import MarginScheduler, WarmupCosineScheduler
+
+    spe, out = job["steps_per_epoch"], {}
+    for name, r in job["recipes"].items():
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=r["lr"])
+        lr_s = WarmupCosineScheduler(opt, min_lr=r["min_lr"], max_lr=r["lr"], warmup_epoch=r["warmup_epochs"],
+                                     fix_epoch=r["epochs"], step_per_epoch=spe)
+        m_s = MarginScheduler(ArcMarginLoss(scale=32.0, margin=r["margin"]),
+                              increase_start_epoch=r["margin_start_epoch"], fix_epoch=r["margin_fix_epoch"],
+                              step_per_epoch=spe, initial_margin=0.0, final_margin=r["margin"])
+        lrs, margins = [], []
+        for iter_num in range(int((r["epochs"] + 2) * spe)):
+            lr_s.step(iter_num)
+            m_s.step(iter_num)
+            lrs.append(opt.param_groups[0]["lr"])
+            margins.append(m_s.get_margin())
+        out[name] = {"lr": lrs, "margin": margins}
+    with open(job["out"], "w") as f:
+        json.dump(out, f)
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         plan = json.load(f)
     for job in plan:
-        {"build": build, "load": load, "extract": extract}[job["op"]](job)
+        {"build": build, "load": load, "extract": extract, "schedules": schedules}[job["op"]](job)
         print(f"{job['op']} {job.get('model', job.get('exp_dir'))} ok", flush=True)
 
 
