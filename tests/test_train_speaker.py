@@ -353,15 +353,28 @@ def _argv(shards: Path, out: Path, steps: int, *extra: str) -> list[str]:
             "--warmup-epochs", "1", "--epochs", "1000", "--lr", "0.05", *extra]
 
 
-def test_torchrun_two_processes(spk_shards, tmp_path):
-    """CAM++ under real torchrun, 2 ranks on gloo. (ERes2Net runs the same speaker.train_and_evaluate; a second
+def test_torchrun_two_processes_from_an_upstream_checkpoint(spk_shards, tmp_path):
+    """ERes2Net under real torchrun, 2 ranks on gloo, fine-tuning a checkpoint in 3D-Speaker's released layout
+    (a plain state dict in speakerlab's names; tests/test_checkpoint_speaker.py shows speakerlab's own files read
+    the same way), then exporting the result for speakerlab. (CAM++ runs the same speaker.py path; a second
     torchrun launch costs ~25 s on this machine, so it is exercised in-process by test_exact_resume.)"""
-    name = "campplus"
+    from audiopipe.checkpoints import speaker as ck
+
+    name = "eres2net"
+    torch.manual_seed(5)
+    released = tmp_path / "pretrained_eres2net.ckpt"
+    ck.write_embedding_file(ck.eres2net_to_upstream(train_eres2net.ERes2Net(train_eres2net.CONFIGS["tiny"])
+                                                    .state_dict()), released)
     out = tmp_path / "run"
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2",
-           str(ROOT / "trainers" / f"train_{name}.py"), *_argv(spk_shards, out, 3, "--heldout-speakers", "2")]
+           str(ROOT / "trainers" / f"train_{name}.py"),
+           *_argv(spk_shards, out, 3, "--heldout-speakers", "2", "--init-from", str(released),
+                  "--export-upstream", str(tmp_path / "exp"))]
     run = run_group(cmd, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("pooling epsilon 1e-08 as it was trained") == 1
+    assert run.stdout.count(f"[{name}] --init-from {released}: loaded 201 tensors") == 1
+    assert "new (kept as initialised): 2 (micro_batches, head.weight)" in run.stdout
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["world"] == 2 and math.isfinite(r["loss"]) for r in recs)
@@ -371,6 +384,28 @@ def test_torchrun_two_processes(spk_shards, tmp_path):
     assert res["target_trials"] == 30 and res["nontarget_trials"] == 36 and res["step"] == 3
     # The artifact and the log line report the same evaluation (only rank 0 evaluates: one line).
     assert run.stdout.count(f"[{name}] EER {res['eer'] * 100:.2f}% on 30 target / 36 non-target trials") == 1
+    # The export holds the fine-tuned weights of the last checkpoint, in speakerlab's names.
+    final = torch.load(out / "ckpt-00000003.pt", weights_only=True)["model"]
+    exported = torch.load(next((tmp_path / "exp" / "models").glob("CKPT-EPOCH-*")) / "embedding_model.ckpt",
+                          weights_only=True)
+    assert torch.equal(exported["seg_1.weight"], final["encoder.embed.weight"])
+    assert not torch.equal(exported["seg_1.weight"], torch.load(released, weights_only=True)["seg_1.weight"])
+
+
+def test_epochs_end_the_run_and_set_the_schedule(spk_shards, tmp_path):
+    """--epochs 0.5 of 6 batches: 3 steps, whatever --max-steps says; the logged LR and margin are the schedule's
+    at each step (warmup over the first epoch, margin from epoch 0 to 1)."""
+    last = train_campplus.main(_argv(spk_shards, tmp_path / "run", 1000, "--heldout-speakers", "0", "--epochs",
+                                     "0.5", "--margin-start-epoch", "0", "--margin-fix-epoch", "1"))
+    recs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3] and last["step"] == 3
+    sched = speaker.EpochSchedule(0.05, 0.05 * train_campplus.RECIPE.min_lr / train_campplus.RECIPE.lr, 0.5, 1,
+                                  0.2, 0, 1)
+    sched.steps_per_epoch = 6
+    assert [r["lr"] for r in recs] == [sched.lr(k) for k in range(3)]
+    assert [r["margin"] for r in recs] == pytest.approx([sched.margin(k) for k in range(3)])
+    with pytest.raises(SystemExit, match="--warmup-epochs"):
+        train_campplus.main(_argv(spk_shards, tmp_path / "x", 1) + ["--warmup-steps", "5"])
 
 
 @pytest.mark.parametrize("name", ["campplus", "eres2net"])
