@@ -258,8 +258,8 @@ def init_weights(name: str, model: SpeakerModel, upstream_args: Callable[[Any], 
         if theirs is not None and ours is not None and theirs != ours:
             fits = [k for k, c in presets.items() if upstream_args(c) == theirs]
             fix = f"--config {fits[0]}" if fits else f"--config with a JSON file of {_diff(theirs, ours)}"
-            raise CheckpointError(f"{path} holds a {name} with {_diff(theirs, ours)}, but --config {config} builds "
-                                  f"{_diff(ours, theirs)}: use {fix}")
+            raise CheckpointError(f"{path} holds {DISPLAY[name]} with {_diff(theirs, ours)}, but --config {config} "
+                                  f"builds {_diff(ours, theirs)}: use {fix}")
         head = state.get(ckpt.HEAD)
         if head is not None and tuple(head.shape) != tuple(model.head.weight.shape):
             state = {k: v for k, v in state.items() if k != ckpt.HEAD}
@@ -267,6 +267,8 @@ def init_weights(name: str, model: SpeakerModel, upstream_args: Callable[[Any], 
 
     return read
 
+
+DISPLAY = {"eres2net": "ERes2Net", "campplus": "CAM++"}
 
 #: load_matching's hint when a tensor differs in shape and the sizes above could not say more.
 INIT_HINTS = {"encoder.": "the checkpoint is another size of this model: pick the matching --config"}

@@ -1,6 +1,6 @@
-"""Scoring speaker embeddings, for the two 3D-Speaker trainers: during training, the AAM-softmax head that scores
-them against the training speakers' class weights (its margin follows speaker.EpochSchedule); after training, the equal error
-rate of cosine scores over all trial pairs among the held-out speakers' utterances.
+"""Scoring speaker embeddings, for the two 3D-Speaker trainers: during training, the AAM-softmax head that
+scores them against the training speakers' class weights (its margin follows speaker.EpochSchedule); after
+training, the equal error rate of cosine scores over all trial pairs among the held-out speakers' utterances.
 """
 
 from __future__ import annotations
