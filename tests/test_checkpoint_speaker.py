@@ -317,6 +317,16 @@ def test_init_from_another_size_names_the_config(tmp_path, name, have, want, fla
     assert "\n" not in msg and msg.endswith(f"use {flag}") and f"--config {have} builds" in msg
 
 
+def test_a_run_continued_or_resumed_keeps_its_pooling_epsilon(tmp_path):
+    """The epsilon a run trained with (model_config.json) is found from --init-from of its folder or checkpoint,
+    and from --out when resuming; a fresh run has none to keep."""
+    write_our_run(tmp_path / "ft", "eres2net", upstream_mode("eres2net", SMALL["eres2net"]))
+    for init in (tmp_path / "ft", tmp_path / "ft" / "ckpt-00000040.pt"):
+        assert speaker.previous_model_config(core.RunConfig(init_from=str(init)))["pool_eps"] == 1e-8
+    assert speaker.previous_model_config(core.RunConfig(out=str(tmp_path / "ft"), resume=True))["pool_eps"] == 1e-8
+    assert speaker.previous_model_config(core.RunConfig(out=str(tmp_path / "new"), resume=True)) == {}
+
+
 def test_init_from_refuses_a_malicious_pickle(tmp_path):
     class Boom:
         def __reduce__(self):

@@ -375,6 +375,8 @@ def test_torchrun_two_processes_from_an_upstream_checkpoint(spk_shards, tmp_path
     assert run.stdout.count("pooling epsilon 1e-08 as it was trained") == 1
     assert run.stdout.count(f"[{name}] --init-from {released}: loaded 201 tensors") == 1
     assert "new (kept as initialised): 2 (micro_batches, head.weight)" in run.stdout
+    # the run records the epsilon it trains with: a --resume or an --init-from of this run keeps it
+    assert json.loads((out / "model_config.json").read_text())["pool_eps"] == 1e-8
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["world"] == 2 and math.isfinite(r["loss"]) for r in recs)

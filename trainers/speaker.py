@@ -9,6 +9,7 @@ loss, SGD, starting from a checkpoint (3D-Speaker's or ours), and what follows t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -232,6 +233,19 @@ def init_is_upstream(cfg: core.RunConfig) -> bool:
         return ckpt.is_upstream_checkpoint(cfg.init_from)
     except CheckpointError as e:
         raise SystemExit(f"--init-from {e}") from None
+
+
+def previous_model_config(cfg: core.RunConfig) -> dict[str, Any]:
+    """The model_config.json of the run these weights come from: --out's when resuming it, else that of our own
+    run --init-from points at (a run folder or a ckpt-*.pt beside its model_config.json); {} for none."""
+    if cfg.resume and core.latest_checkpoint(Path(cfg.out)) is not None:
+        where = Path(cfg.out)
+    elif cfg.init_from:
+        where = Path(cfg.init_from) if Path(cfg.init_from).is_dir() else Path(cfg.init_from).parent
+    else:
+        return {}
+    f = where / "model_config.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 def init_weights(name: str, model: SpeakerModel, upstream_args: Callable[[Any], dict[str, Any] | None],

@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
         speaker.add_speaker_args(p, RECIPE)
         p.add_argument("--pool-eps", type=float, default=None,
                        help=f"epsilon under the pooling's square root (default: {UPSTREAM_POOL_EPS} when --init-from "
-                            f"is a 3D-Speaker checkpoint, as it was trained, else the config's)")
+                            f"is a 3D-Speaker checkpoint, as it was trained; a resumed or continued run's own; "
+                            f"else the config's)")
 
     cfg, args = core.parse_args("Train ERes2Net speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
                                 defaults=speaker.run_defaults(RECIPE), extra=flags, argv=argv,
@@ -201,8 +202,11 @@ def main(argv: list[str] | None = None) -> dict:
     d = core.setup_dist(cfg.seed)
     speaker.check_flags(cfg, args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, ERes2NetConfig)
+    # the pooling epsilon the weights were trained with: 3D-Speaker's from its checkpoints, a run's own when it
+    # is resumed or continued, unless --pool-eps says otherwise
     from_upstream = speaker.init_is_upstream(cfg)
-    pool_eps = args.pool_eps if args.pool_eps is not None else UPSTREAM_POOL_EPS if from_upstream else mcfg.pool_eps
+    trained_with = UPSTREAM_POOL_EPS if from_upstream else speaker.previous_model_config(cfg).get("pool_eps")
+    pool_eps = next(e for e in (args.pool_eps, trained_with, mcfg.pool_eps) if e is not None)
     mcfg = replace(mcfg, pool_eps=pool_eps)
     if d.main and from_upstream:
         print(f"[eres2net] --init-from is a 3D-Speaker checkpoint: pooling epsilon {pool_eps} as it was trained",
