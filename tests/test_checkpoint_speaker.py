@@ -41,13 +41,7 @@ RELEASED = [("eres2net", "default"), ("eres2net", "base"), ("eres2net", "large")
 EXPERIMENT_CLASSES = 12  # the CosineClassifier of speakerlab's experiment folder: 4 speakers x 3 speeds
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine two spinning OpenMP threads can be many times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def encoder_of(name: str, mcfg) -> torch.nn.Module:

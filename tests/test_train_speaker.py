@@ -31,13 +31,7 @@ TRAINERS = {"campplus": train_campplus, "eres2net": train_eres2net}
 SR = speaker_data.SAMPLE_RATE
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on this shared 2-core machine two spinning OpenMP threads can be many times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
