@@ -27,6 +27,18 @@ from corpora import (  # noqa: E402
 ASTERISK_FILES = 40
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): on a shared
+    2-core machine two spinning OpenMP threads can be many times slower than one."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> BuiltCorpus:
     """9 harmonic tones (3 speakers x 3 F0s, 16/22.05/24 kHz, LJSpeech folders) + 3 chirps (sidecar .txt)."""

@@ -23,6 +23,8 @@ pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt numpy x_transformers libro
 # f5_tts.infer.utils_infer (load_model/load_checkpoint) and infer_cli's imports; jieba for audiopipe's pinyin
 pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt matplotlib pydub transformers tomli cached_path hydra-core omegaconf \
     unidecode jieba
+# speakerlab/bin/extract.py writes its embeddings with kaldiio
+pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt kaldiio
 # GPT-SoVITS AR code (wheel and upstream HEAD) annotates with `Tuple` taken from `from torch.nn.functional import *`,
 # which torch 2.13 no longer provides: before importing it, run
 #   import builtins, typing; builtins.Tuple = typing.Tuple
