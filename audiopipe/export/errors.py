@@ -9,7 +9,10 @@ class ExportError(ValueError):
 
 def need(module: str, what: str) -> None:
     """Refuse in one line when an optional package an exporter writes with is not installed."""
-    import importlib.util
+    import importlib
 
-    if importlib.util.find_spec(module) is None:
-        raise ExportError(f"{what} needs the {module} package: pip install -e \".[exports]\" (or pip install {module})")
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ExportError(f"{what} needs the {module} package: pip install -e \".[exports]\" "
+                          f"(or pip install {module})") from None

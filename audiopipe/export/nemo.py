@@ -28,7 +28,7 @@ from typing import Any
 
 import soundfile as sf
 
-from audiopipe.export.audio import AUDIO_MODES, SourceAudio, from_pcm, resolve_mode
+from audiopipe.export.audio import SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError
 from audiopipe.export.shardset import ShardSource, progress_bar
 from audiopipe.export.staging import staged_folder

@@ -105,7 +105,8 @@ class ShardSource:
             with pa.memory_map(str(first)) as src:
                 return pa.ipc.open_file(src).schema
         except (OSError, pa.ArrowException) as e:
-            raise ExportError(f"shard {first} is unreadable: {str(e).splitlines()[0]}; run `audiopipe verify`") from None
+            raise ExportError(f"shard {first} is unreadable: {str(e).splitlines()[0]}; "
+                              f"run `audiopipe verify`") from None
 
     def __len__(self) -> int:
         return len(self.dataset)
