@@ -124,7 +124,7 @@ class ShardSource:
 
     def chunks(self, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         """Rows start..stop-1 as item dicts ({id, speaker, text, source, duration, extra columns, arrays}),
-        in chunks of at most ~64 MB of arrays; the arrays are views valid until the next chunk is asked for."""
+        in chunks of at most 256 rows or ~64 MB of arrays; the arrays are views into the mapped shards."""
         lengths = {a: self.dataset.lengths(a) for a in self._read}
         sizes = {a: max(self.dataset.channels[a], 1) * np.dtype(self.held[a].dtype).itemsize for a in self._read}
         i = start

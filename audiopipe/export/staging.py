@@ -35,7 +35,7 @@ def staged_folder(out: str | os.PathLike[str], *, overwrite: bool, looks_like: C
     """Yield an empty temporary folder; on a clean exit it becomes `out` (see the module docstring).
 
     looks_like(folder): whether an existing, non-empty `out` is an earlier export of this kind (`what`)."""
-    out = Path(out)
+    out = Path(os.path.abspath(out))  # "." or "x/" name their folder, so the temporary lands beside it
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder")
     replace = out.is_dir() and any(out.iterdir())
