@@ -1,8 +1,8 @@
 """Shard sets of real speech for the exporter tests, built once per test session and shared by test_export_*.py.
 
 `mixed`: long recordings cut by NeMo segments (offset + duration) and whole clips, one of them with a dot in
-its id, with pcm (24 kHz, the corpus rate: the shards hold the expected samples exactly), the Kaldi fbank and
-the vocos mel, `language` and `pnc` kept, in several shards. `whole`: the clips alone, fbank only (no pcm), so
+its id, with pcm (24 kHz, the corpus rate: the shards hold the expected samples exactly), the Kaldi fbank, the
+vocos mel and the energy (a 1-D feature), `language` and `pnc` kept, in several shards. `whole`: the clips alone, fbank only (no pcm), so
 an export points at the corpus files. Each comes with the expected rows {id: Expect}.
 """
 
@@ -22,7 +22,7 @@ from audiopipe.cli import main
 from audiopipe.reader.arrow_dataset import ShardDataset
 from corpora_en import Expect, make_long, write
 
-FEATURES = "pcm,kaldi_fbank,vocos_mel"
+FEATURES = "pcm,kaldi_fbank,vocos_mel,energy"
 
 
 @dataclass

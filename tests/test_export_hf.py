@@ -64,10 +64,11 @@ def test_every_row_matches_the_shards(mixed, exported):
     ds = datasets.load_from_disk(str(out))
     assert ds.features["fbank"] == Array2D(shape=(None, 80), dtype="float32")
     assert ds.features["mel"] == Array2D(shape=(None, 100), dtype="float32")
+    assert ds.features["energy"] == datasets.Sequence(Value("float32"))
     assert ds.features["audio"] == Audio(sampling_rate=24000)
     assert all(ds.features[c] == Value("string") for c in ("id", "text", "speaker", "source", "language", "pnc"))
     assert ds["id"] == shard_order(mixed.shards)
-    items = shard_items(mixed.shards, ("pcm", "fbank", "mel"))
+    items = shard_items(mixed.shards, ("pcm", "fbank", "mel", "energy"))
     # Audio decoding needs torchcodec in datasets >= 4: read the stored bytes, as a loader without it does.
     rows = ds.cast_column("audio", Audio(decode=False)).with_format("numpy")
     for i in range(len(rows)):
@@ -78,8 +79,8 @@ def test_every_row_matches_the_shards(mixed, exported):
         assert row["duration"] == np.float32(it["duration"]) and row["source"] == it["source"]
         pcm, sr = sf.read(io.BytesIO(row["audio"]["bytes"]), dtype="int16")
         assert sr == 24000 and np.array_equal(pcm, e.pcm) and np.array_equal(pcm, it["pcm"])
-        for name in ("fbank", "mel"):
-            assert row[name].dtype == np.float32 and np.array_equal(row[name], it[name].T)  # [T, C]
+        for name in ("fbank", "mel", "energy"):
+            assert row[name].dtype == np.float32 and np.array_equal(row[name], it[name].T)  # [T, C], or [T]
 
 
 def test_audio_paths_or_no_audio(whole, mixed, tmp_path):
@@ -100,7 +101,7 @@ def test_audio_paths_or_no_audio(whole, mixed, tmp_path):
 
 def test_refusals_and_overwrite(mixed, tmp_path, capsys):
     out = tmp_path / "ds"
-    with pytest.raises(ExportError, match=r"has no feature f0 \(it has pcm, fbank, mel\)"):
+    with pytest.raises(ExportError, match=r"has no feature f0 \(it has pcm, fbank, mel, energy\)"):
         export_hf(mixed.shards, out, features=["f0"])
     with pytest.raises(ExportError, match="cannot point at"):
         export_hf(mixed.shards, out, audio="source")

@@ -49,7 +49,7 @@ def _cuts(path) -> list:
 def test_every_cut_holds_the_shards_audio_arrays_text_and_speaker(mixed, shar):
     out, summary = shar
     cuts = _cuts(out)
-    items = shard_items(mixed.shards, ("pcm", "fbank", "mel"))
+    items = shard_items(mixed.shards, ("pcm", "fbank", "mel", "energy"))
     wds = webdataset_samples(mixed.shards)
     manifest = json.loads((mixed.shards / "manifest.json").read_text())
     assert len(manifest["shards"]) > 1 and summary["shar_shards"] == len(manifest["shards"])
@@ -67,10 +67,11 @@ def test_every_cut_holds_the_shards_audio_arrays_text_and_speaker(mixed, shar):
         assert np.array_equal(pcm, e.pcm) and np.array_equal(pcm, it["pcm"]) and np.array_equal(pcm, w["pcm"])
         assert isinstance(cut.fbank, TemporalArray) and cut.fbank.frame_shift == 0.01
         assert isinstance(cut.mel, Array) and not isinstance(cut.mel, TemporalArray)
-        for name in ("fbank", "mel"):
+        for name in ("fbank", "mel", "energy"):
             got = cut.load_custom(name)  # lhotse's own read, time first
             assert got.dtype == np.float32 and got.shape == it[name].T.shape
             assert np.array_equal(got, it[name].T) and np.array_equal(got, w[name].T)
+        assert cut.energy.shape == [len(it["energy"])]
     assert {c.id for c in cuts if "." in c.id} == {"clips/v0.k1"}
 
 
@@ -152,7 +153,7 @@ def test_audio_from_the_corpus_files_or_none(whole, mixed, tmp_path):
 
 def test_refusals_are_one_line_and_leave_nothing(mixed, whole, tmp_path, capsys):
     out = tmp_path / "x"
-    with pytest.raises(ExportError, match=r"has no feature codes \(it has pcm, fbank, mel\)"):
+    with pytest.raises(ExportError, match=r"has no feature codes \(it has pcm, fbank, mel, energy\)"):
         export_lhotse(mixed.shards, out, features=["codes"])
     with pytest.raises(ExportError, match="--audio pcm needs shards that hold the pcm feature"):
         export_lhotse(whole.shards, out, audio="pcm")
