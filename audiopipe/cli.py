@@ -53,6 +53,10 @@ def _presets_help() -> str:
 PLUGGED = {
     "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
     "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
+    "export-hf": ("audiopipe.export.hf", "export shards as a Hugging Face datasets folder (load_from_disk, no copy)"),
+    "export-lhotse": ("audiopipe.export.lhotse", "export shards as a lhotse CutSet in Shar (audio, supervisions, "
+                                                 "features)"),
+    "export-nemo": ("audiopipe.export.nemo", "export shards as a NeMo JSON-lines manifest with its audio"),
     "tokens": ("audiopipe.tokens.cli", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
 }
 
