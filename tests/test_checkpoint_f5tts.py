@@ -204,31 +204,89 @@ def _fake_run(folder: Path, online, ema, step: int, ema_step: int, **cfg_kw) -> 
     return folder
 
 
-def test_export_loads_strictly_in_f5s_inference_and_finetuning(oracle, tmp_path):
+@pytest.fixture(scope="module")
+def f5_shards(espeak_corpus, tmp_path_factory) -> Path:
+    from shard_helpers import shard
+
+    out = tmp_path_factory.mktemp("f5_shards")
+    shard(espeak_corpus.root, out, [("vocos_mel", {})])  # the f5tts preset
+    return out
+
+
+@pytest.fixture(scope="module")
+def finetuned(oracle, f5_shards, tmp_path_factory) -> tuple[Path, str]:
+    """F5's Trainer checkpoint fine-tuned on real shards by the trainer under torchrun (2 ranks), 6 updates."""
+    d = tmp_path_factory.mktemp("f5_finetune")
+    cfg = d / "parity.json"
+    cfg.write_text(json.dumps({**ARCH, "conv_pos_kernel": 31, "conv_pos_groups": 16}))
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(ROOT / "trainers" / "train_f5tts.py"),
+           "--shards", str(f5_shards), "--config", str(cfg), "--out", str(d / "run"), "--max-steps", "6",
+           "--batch-frames", "1600", "--log-every", "1", "--ckpt-every", "6", "--lr", "1e-3", "--warmup-steps", "2",
+           "--init-from", str(oracle / "ckpts" / "model_last.pt"), "--vocab", str(oracle / "vocab.txt")]
+    r = run_group(cmd, timeout=240, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return d / "run", r.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(oracle, finetuned, tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Two runs exported with `audiopipe export-checkpoint --format both`, then loaded by F5's code (one oracle
+    call): the torchrun fine-tune above, and a run folder whose EMA and online weights differ a lot."""
     from audiopipe.cli import main as cli
 
+    d = tmp_path_factory.mktemp("f5_export")
+    (d / "inputs.safetensors").symlink_to(oracle / "inputs.safetensors")
     start = ck.read_f5_checkpoint(oracle / "released.safetensors").weights
     g = torch.Generator().manual_seed(1)
     online = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in start.items()}
     ema = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in start.items()}
-    run = _fake_run(tmp_path / "run", online, ema, step=30, ema_step=155, upstream_forward=True)
-    d = oracle / "exp1"
-    d.mkdir()
-    (d / "inputs.safetensors").symlink_to(oracle / "inputs.safetensors")
-    assert cli(["export-checkpoint", str(run), "--out", str(d / "export"), "--format", "both"]) == 0
-    names = sorted(p.name for p in (d / "export").iterdir())
-    assert names == ["model_30.pt", "model_30.safetensors", "model_cfg.yaml", "vocab.txt"]
-    assert cli(["export-checkpoint", str(run), "--out", str(d / "export")]) == 2  # no silent overwrite
+    run = _fake_run(d / "made", online, ema, step=30, ema_step=155, upstream_forward=True)
+    for src, name in ((run, "export_made"), (finetuned[0], "export_finetuned")):
+        assert cli(["export-checkpoint", str(src), "--out", str(d / name), "--format", "both"]) == 0
+    assert cli(["export-checkpoint", str(run), "--out", str(d / "export_made")]) == 2  # no silent overwrite
     run_upstream("f5tts_oracle.py", "load", d)
+    return d, ema, online
+
+
+def test_export_loads_strictly_in_f5s_inference_and_finetuning(exported):
+    d, ema, online = exported
+    assert sorted(p.name for p in (d / "export_made").iterdir()) == [
+        "model_30.pt", "model_30.safetensors", "model_cfg.yaml", "vocab.txt"]
     theirs = load_file(str(d / "export_outputs.safetensors"))
     ours = our_outputs(our_model(ema, upstream_forward=True), make_inputs())
-    for name in ("model_30.safetensors", "model_30.pt"):
+    for name in ("export_made/model_30.safetensors", "export_made/model_30.pt"):
         assert_same_outputs(ours, theirs, name)  # F5's inference reads the EMA weights
         assert_same_outputs(ours, theirs, f"finetune.{name}")  # and fine-tunes from them
         assert int(theirs[f"ema_step.{name}"]) == 155  # its EMA continues from our EMA's count
-    back = ck.read_f5_checkpoint(d / "export" / "model_30.pt")  # and the way back is the identity
+    back = ck.read_f5_checkpoint(d / "export_made" / "model_30.pt")  # and the way back is the identity
     assert all(torch.equal(back.online_weights[k], online[k]) and torch.equal(back.ema_weights[k], ema[k])
                for k in online)
+
+
+def test_f5_checkpoint_fine_tunes_under_torchrun_and_goes_back(oracle, finetuned, exported):
+    """F5's Trainer checkpoint in, 6 updates on real shards with 2 ranks, F5's files out, F5's code runs them."""
+    run, stdout = finetuned
+    start = ck.read_f5_checkpoint(oracle / "ckpts" / "model_last.pt")
+    assert "forward upstream" in stdout and "F5-TTS training checkpoint, EMA weights" in stdout
+    assert "the EMA continues from its weights at update 125" in stdout
+    assert "new (kept as initialised): none; dropped (not in this model): none" in stdout
+    cfg = json.loads((run / "model_config.json").read_text())
+    assert cfg["model"]["upstream_forward"] and cfg["trainer"] == "f5tts"
+    mine = ck.read_f5_checkpoint(run)
+    assert mine.step == 6 and mine.ema_step == UPDATES + 6
+    # F5's EMA rule from the checkpoint's count: only update 131 (count 130) moves it, by 1 - decay(131)
+    hook = f5.EmaHook()
+    hook.step = UPDATES + 6
+    w = 1 - hook.decay()
+    for k, v in mine.ema_weights.items():
+        torch.testing.assert_close(v, start.ema_weights[k].lerp(mine.online_weights[k], w), rtol=0, atol=1e-6)
+    assert any(not torch.equal(mine.online_weights[k], start.weights[k]) for k in start.weights)
+    d = exported[0]
+    theirs = load_file(str(d / "export_outputs.safetensors"))
+    ours = our_outputs(our_model(mine.ema_weights, upstream_forward=True), make_inputs())
+    for name in ("model_6.safetensors", "model_6.pt"):
+        assert_same_outputs(ours, theirs, f"export_finetuned/{name}")
+        assert int(theirs[f"ema_step.export_finetuned/{name}"]) == UPDATES + 6
 
 
 # ----------------------------------------------------------------------------- without the oracle

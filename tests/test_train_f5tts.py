@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -110,8 +111,10 @@ def test_padded_frames_do_not_affect_the_loss():
         mel_b[i, n:] = torch.randn(mel_b.shape[1] - n, 100) * 50
     mel_b.requires_grad_(True)
     torch.manual_seed(5)
+    random.seed(5)
     loss_a, _ = m(mel_a, lens, text)
     torch.manual_seed(5)
+    random.seed(5)
     loss_b, _ = m(mel_b, lens, text)
     assert torch.equal(loss_a, loss_b)
     loss_b.backward()
@@ -138,7 +141,7 @@ def test_span_is_one_contiguous_70_to_100_percent_run_inside_each_utterance():
 
 
 def test_cfg_drop_rates():
-    torch.manual_seed(0)
+    random.seed(0)  # drawn from Python's random, in F5's order (test_checkpoint_f5tts checks the loss against F5's)
     draws = np.array([f5.draw_drops(0.3, 0.2) for _ in range(20000)])
     audio, text = draws[:, 0], draws[:, 1]
     assert abs(text.mean() - 0.2) < 0.015

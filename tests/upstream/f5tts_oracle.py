@@ -1,7 +1,7 @@
 """F5-TTS's own code as the oracle of audiopipe's F5 checkpoints (runs in the side venv: f5-tts 1.1.22).
 
     python f5tts_oracle.py train DIR   # DIR/inputs.safetensors and DIR/arch.json written by the test
-    python f5tts_oracle.py load DIR    # DIR/export/: files audiopipe exported
+    python f5tts_oracle.py load DIR    # DIR/export*/: files audiopipe exported
 
 train: builds F5's CFM + DiT at the test's small config, gives its zero-initialised layers random values (so every
        input matters), and trains it with F5's own Trainer (its optimizer, LR schedule, EMA and checkpoint
@@ -11,7 +11,7 @@ train: builds F5's CFM + DiT at the test's small config, gives its zero-initiali
        it), DIR/v0.pt (an F5TTS_Base-style model: text_mask_padding off, rotary on one head, its EMA state dict
        from ema_pytorch), and DIR/outputs.safetensors: the DiT's outputs for the inputs, through F5's inference
        loader (`load_model`, EMA weights), and CFM.forward's training loss under fixed seeds.
-load:  loads every model_*.safetensors / model_*.pt in DIR/export strictly with F5's inference loader
+load:  loads every model_*.safetensors / model_*.pt in each DIR/export*/ strictly with F5's inference loader
        (`load_model` with the exported model_cfg.yaml and vocab.txt), and each again as a `pretrained_*` file with
        its Trainer's `load_checkpoint` (fine-tuning), and writes DIR/export_outputs.safetensors.
 """
@@ -130,33 +130,32 @@ def train(d: Path) -> None:
 
 
 def load(d: Path) -> None:
-    from accelerate import Accelerator  # noqa: F401  (the Trainer's; imported here so a failure names it)
     from omegaconf import OmegaConf
     from f5_tts.infer.utils_infer import load_model
     from f5_tts.model import DiT, Trainer
 
     inp = load_file(str(d / "inputs.safetensors"))
-    exp = d / "export"
-    cfg = OmegaConf.load(exp / "model_cfg.yaml")
     out: dict[str, torch.Tensor] = {}
-    files = sorted(exp.glob("model_*.safetensors")) + sorted(exp.glob("model_*.pt"))
-    assert files, f"nothing exported in {exp}"
-    for f in files:
-        # F5's inference path (infer_cli): strict load_state_dict of the EMA slot
-        loaded = load_model(DiT, cfg.model.arch, str(f), mel_spec_type="vocos", vocab_file=str(exp / "vocab.txt"),
-                            device="cpu")
-        dit_outputs(loaded.transformer, inp, f.name, out)
-        # F5's fine-tuning path: a pretrained_* file in the checkpoint folder, loaded by its Trainer
-        ck = d / f"finetune_{f.suffix[1:]}"
-        ck.mkdir(exist_ok=True)
-        shutil.copy(f, ck / f"pretrained_{f.name}")
-        fresh = build(dict(cfg.model.arch), len(loaded.vocab_char_map))
-        trainer = Trainer(fresh, epochs=1, learning_rate=1e-4, checkpoint_path=str(ck), logger=None)
-        trainer.scheduler = None
-        update = trainer.load_checkpoint()
-        assert update == 0, update
-        dit_outputs(fresh.transformer, inp, f"finetune.{f.name}", out)
-        out[f"ema_step.{f.name}"] = trainer.ema_model.step.reshape(1)
+    for exp in sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith("export")):
+        cfg = OmegaConf.load(exp / "model_cfg.yaml")
+        files = sorted(exp.glob("model_*.safetensors")) + sorted(exp.glob("model_*.pt"))
+        assert files, f"nothing exported in {exp}"
+        for f in files:
+            tag = f"{exp.name}/{f.name}"
+            # F5's inference path (infer_cli): strict load_state_dict of the EMA slot
+            loaded = load_model(DiT, cfg.model.arch, str(f), mel_spec_type="vocos",
+                                vocab_file=str(exp / "vocab.txt"), device="cpu")
+            dit_outputs(loaded.transformer, inp, tag, out)
+            # F5's fine-tuning path: a pretrained_* file in the checkpoint folder, loaded by its Trainer
+            ck = d / "finetune" / exp.name / f.suffix[1:]
+            ck.mkdir(parents=True)
+            shutil.copy(f, ck / f"pretrained_{f.name}")
+            fresh = build(dict(cfg.model.arch), len(loaded.vocab_char_map))
+            trainer = Trainer(fresh, epochs=1, learning_rate=1e-4, checkpoint_path=str(ck), logger=None)
+            trainer.scheduler = None
+            assert trainer.load_checkpoint() == 0  # a pretrained start: update 0, fresh optimizer
+            dit_outputs(fresh.transformer, inp, f"finetune.{tag}", out)
+            out[f"ema_step.{tag}"] = trainer.ema_model.step.reshape(1)
     save_file({k: v.contiguous() for k, v in out.items()}, str(d / "export_outputs.safetensors"))
 
 
