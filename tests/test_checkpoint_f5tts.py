@@ -205,15 +205,6 @@ def _fake_run(folder: Path, online, ema, step: int, ema_step: int, **cfg_kw) -> 
 
 
 @pytest.fixture(scope="module")
-def f5_shards(espeak_corpus, tmp_path_factory) -> Path:
-    from shard_helpers import shard
-
-    out = tmp_path_factory.mktemp("f5_shards")
-    shard(espeak_corpus.root, out, [("vocos_mel", {})])  # the f5tts preset
-    return out
-
-
-@pytest.fixture(scope="module")
 def finetuned(oracle, f5_shards, tmp_path_factory) -> tuple[Path, str]:
     """F5's Trainer checkpoint fine-tuned on real shards by the trainer under torchrun (2 ranks), 6 updates."""
     d = tmp_path_factory.mktemp("f5_finetune")

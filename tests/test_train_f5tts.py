@@ -25,13 +25,6 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 pytest_plugins = ["s3server"]
 
 
-@pytest.fixture(scope="module")
-def f5_shards(espeak_corpus, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("f5_shards")
-    shard(espeak_corpus.root, out, [("vocos_mel", {})])  # the f5tts preset
-    return out
-
-
 def _model(seed: int = 0, cfg: f5.ModelConfig | None = None) -> f5.F5TTS:
     """A tiny model whose zero-initialised layers (adaLN-zero, output) get random weights, so every input matters."""
     torch.manual_seed(seed)
@@ -191,6 +184,47 @@ def test_loss_is_the_flow_mse_inside_the_span():
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
     assert logs["drop_audio"] == logs["drop_text"] == 0.0
     assert math.isclose(logs["span_frac"], (span.sum() / lens.sum()).item(), rel_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- learning
+
+def test_overfitting_one_batch_drives_the_loss_down():
+    """One padded batch with the same draws every step (noise, t, span, CFG drops), AdamW and F5's LR schedule:
+    the model memorises it. The loss falls from the zero-output start (~30, the mean square of the flow) far
+    below what predicting the batch's mean flow per mel bin would give (~5, where learning only the spectrum's
+    level and shape stops)."""
+    cfg = f5.ModelConfig(**{**f5.asdict(f5.CONFIGS["tiny"]), "dropout": 0.0})
+    mel, lens, text = _inputs([48, 40, 29], ["some words here", "more", "a last one"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only add overhead
+    try:
+        torch.manual_seed(0)
+        m = f5.F5TTS(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
+        seen = {}
+        m.transformer.register_forward_hook(lambda mod, args, out: seen.update(args=args))
+        losses = []
+        for step in range(250):
+            for g in opt.param_groups:
+                g["lr"] = f5.f5_lr(step, 1e-2, 10, 250)
+            torch.manual_seed(1)
+            random.seed(1)
+            loss, _ = m(mel, lens, text)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    xt, cond, _, t, _ = seen["args"]  # the one set of draws, to price the mean-flow predictor
+    tt = t[:, None, None]
+    flow = mel - (xt - tt * mel) / (1 - tt)
+    span = (cond == 0).all(-1) & f5.lengths_to_mask(lens, mel.shape[1])
+    mean_flow = ((flow[span] - flow[span].mean(0)) ** 2).mean().item()
+    end = float(np.mean(losses[-5:]))
+    assert losses[0] > 20 and 3 < mean_flow < 8, (losses[0], mean_flow)
+    assert end < 0.15 * mean_flow and end < 0.03 * losses[0], (losses[0], mean_flow, end)
 
 
 # ----------------------------------------------------------------------------- shards and torchrun
