@@ -152,6 +152,23 @@ def test_f5_v0_base_layout_runs_as_in_f5(oracle):
     assert not f5.CONFIGS["base_v0"].text_mask_padding and f5.CONFIGS["base_v0"].pe_attn_head == 1
 
 
+@pytest.mark.skipif(not os.environ.get("AUDIOPIPE_F5_FULL_BASE"), reason="F5TTS_v1_Base at full size (336 M "
+                    "parameters, ~8 GB of memory, minutes on a CPU): set AUDIOPIPE_F5_FULL_BASE=1 to run it")
+def test_full_v1_base_runs_as_in_f5(tmp_path):
+    """The released size: F5's own F5TTS_v1_Base config and vocabulary, the same check as at the small size."""
+    save_file(make_inputs(), str(tmp_path / "inputs.safetensors"))  # text ids < 96: inside F5's vocabulary too
+    run_upstream("f5tts_oracle.py", "base", tmp_path, timeout=1800)
+    got = ck.read_f5_checkpoint(tmp_path / "model_1.safetensors")
+    theirs = load_file(str(tmp_path / "outputs.safetensors"))
+    tok = f5.Tokenizer.from_file(tmp_path / "vocab.txt")
+    assert got.vocab_file == tmp_path / "vocab.txt" and tok.size == 2545
+    m = f5.F5TTS(replace(f5.CONFIGS["default"], text_num_embeds=tok.size, upstream_forward=True))
+    m.load_state_dict(got.weights, strict=True)
+    # 335,924,836 with a byte vocabulary, plus (2545 - 256) x 512 for the released pinyin one
+    assert f5.count_parameters(m) == int(theirs["parameters"]) == 337_096_804
+    assert_same_outputs(our_outputs(m.eval(), make_inputs()), theirs, "base")
+
+
 # ----------------------------------------------------------------------------- F5's training rules
 
 def test_ema_is_f5_trainers_ema(oracle):

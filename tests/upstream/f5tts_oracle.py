@@ -2,6 +2,7 @@
 
     python f5tts_oracle.py train DIR   # DIR/inputs.safetensors and DIR/arch.json written by the test
     python f5tts_oracle.py load DIR    # DIR/export*/: files audiopipe exported
+    python f5tts_oracle.py base DIR    # F5TTS_v1_Base at full size (test_checkpoint_f5tts, on request)
 
 train: builds F5's CFM + DiT at the test's small config, gives its zero-initialised layers random values (so every
        input matters), and trains it with F5's own Trainer (its optimizer, LR schedule, EMA and checkpoint
@@ -159,7 +160,27 @@ def load(d: Path) -> None:
     save_file({k: v.contiguous() for k, v in out.items()}, str(d / "export_outputs.safetensors"))
 
 
+def base(d: Path) -> None:
+    """F5TTS_v1_Base at full size, from F5's own config file and vocabulary: its EMA state dict as released
+    (ema_pytorch's first update copies the weights) and its DiT's outputs for DIR/inputs.safetensors."""
+    from importlib.resources import files
+
+    from ema_pytorch import EMA
+    from omegaconf import OmegaConf
+
+    arch = dict(OmegaConf.load(str(files("f5_tts").joinpath("configs/F5TTS_v1_Base.yaml"))).model.arch)
+    vocab = files("f5_tts").joinpath("infer/examples/vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    (d / "vocab.txt").write_text("".join(s + "\n" for s in vocab), encoding="utf-8")
+    model = build(arch, len(vocab))
+    ema = EMA(model, include_online_model=False)
+    ema.update()
+    save_file(ema.state_dict(), str(d / "model_1.safetensors"))
+    out = {"parameters": torch.tensor([sum(p.numel() for p in model.parameters())])}
+    dit_outputs(model.transformer, load_file(str(d / "inputs.safetensors")), "base", out)
+    save_file({k: v.contiguous() for k, v in out.items()}, str(d / "outputs.safetensors"))
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    {"train": train, "load": load}[sys.argv[1]](Path(sys.argv[2]))
+    {"train": train, "load": load, "base": base}[sys.argv[1]](Path(sys.argv[2]))
