@@ -397,3 +397,26 @@ def test_export_refusals(tmp_path):
                                                         "model": asdict(f5.CONFIGS["tiny"])}))
     with pytest.raises(CheckpointError, match="kernel 7.*31"):
         ck.export_run(tiny, tmp_path / "z")
+
+
+def test_init_from_options_ema_restart_cosine_and_a_kept_forward(f5_shards, tmp_path):
+    """--ema-restart counts the EMA from 0 (F5 would continue the file's 9 updates); --lr-schedule cosine is
+    core's; a resumed run keeps the forward it was trained with, and says so when told otherwise."""
+    import core
+
+    released = _released(tmp_path, VOCAB)
+    cfg = tmp_path / "parity.json"
+    cfg.write_text(json.dumps({**ARCH, "conv_pos_kernel": 31, "conv_pos_groups": 16}))
+    out = tmp_path / "run"
+    common = ["--shards", str(f5_shards), "--out", str(out), "--config", str(cfg), "--batch-frames", "1600",
+              "--log-every", "1", "--vocab", str(released.parent / "vocab.txt"), "--lr", "1e-3"]
+    f5.main([*common, "--max-steps", "2", "--init-from", str(released), "--ema-restart", "--lr-schedule", "cosine",
+             "--warmup-steps", "1"])
+    state = torch.load(out / "ckpt-00000002.pt", weights_only=True)
+    assert state["hooks"]["ema"]["step"] == 2 and state["hooks"]["ema"]["initted"]
+    rc = core.RunConfig(lr=1e-3, warmup_steps=1, max_steps=2)
+    assert [json.loads(x)["lr"] for x in (out / "log.jsonl").read_text().splitlines()] == \
+        [core.lr_at(0, rc), core.lr_at(1, rc)]
+    assert json.loads((out / "model_config.json").read_text())["model"]["upstream_forward"]
+    with pytest.raises(SystemExit, match="trained with the upstream forward; a resumed run keeps it"):
+        f5.main([*common, "--max-steps", "3", "--resume", "--forward", "masked"])
