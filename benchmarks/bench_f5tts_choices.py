@@ -125,7 +125,8 @@ def train_part(args, bs: list[dict]) -> dict:
         t0 = time.time()
         f5.main(["--shards", args.shards, "--config", args.config, "--out", str(out), "--max-steps", str(args.steps),
                  "--batch-frames", str(args.batch_frames), "--lr", str(args.lr), "--warmup-steps",
-                 str(max(1, args.steps // 10)), "--log-every", "10", "--ckpt-every", str(args.steps), *flags])
+                 str(max(1, args.steps // 10)), "--log-every", "10", "--ckpt-every", str(args.steps),
+                 "--seed", str(args.seed), *flags])
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         ck = torch.load(f5.latest_checkpoint(out), weights_only=True, map_location="cpu")
         model = f5.F5TTS(f5.ModelConfig(**{**json.loads((out / "model_config.json").read_text())["model"],
@@ -152,15 +153,30 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-frames", type=int, default=1500)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1234, help="the trainer's seed (init, data order, draws)")
     p.add_argument("--work", default="/tmp/f5_choices")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "f5tts_choices.json"))
-    p.add_argument("--skip-forward", action="store_true")
+    p.add_argument("--forward-from", default=None,
+                   help="take part 1 from this earlier result file instead of measuring it again")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the training runs (the trainer's default: the cores per rank)")
     args = p.parse_args()
     bs = batches(args.shards, 8, args.batch_frames)
-    res = {"command": " ".join(sys.argv), "torch_threads": torch.get_num_threads()}
-    if not args.skip_forward:
+    res = {"command": " ".join(sys.argv)}
+    if args.forward_from:
+        res["forward"] = json.loads(Path(args.forward_from).read_text())["forward"]
+    else:
         res["forward"] = forward_part(bs, args.forward_config)
         print(json.dumps(res["forward"], indent=1), flush=True)
+    if args.threads:
+        setup = f5.setup_dist
+
+        def setup_with_threads(seed):
+            d = setup(seed)
+            torch.set_num_threads(args.threads)
+            return d
+
+        f5.setup_dist = setup_with_threads
     res["training"] = train_part(args, bs)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
