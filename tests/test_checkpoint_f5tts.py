@@ -420,3 +420,22 @@ def test_init_from_options_ema_restart_cosine_and_a_kept_forward(f5_shards, tmp_
     assert json.loads((out / "model_config.json").read_text())["model"]["upstream_forward"]
     with pytest.raises(SystemExit, match="trained with the upstream forward; a resumed run keeps it"):
         f5.main([*common, "--max-steps", "3", "--resume", "--forward", "masked"])
+
+
+def test_export_checkpoint_serves_the_speaker_models_too(tmp_path, capsys):
+    """One command for every trainer: the speaker runs (model_config.json {"model": "eres2net", ...}) go through
+    audiopipe.checkpoints.speaker's export, as an experiment folder or the embedding model's file."""
+    from audiopipe.cli import main as cli
+    from test_checkpoint_speaker import SMALL, write_our_run
+
+    state = write_our_run(tmp_path / "run", "eres2net", SMALL["eres2net"], num_classes=9)
+    assert cli(["export-checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    assert "speakerlab/bin/extract.py --exp_dir" in capsys.readouterr().out
+    emb = torch.load(tmp_path / "exp" / "models" / "CKPT-EPOCH-3-00" / "embedding_model.ckpt", weights_only=True)
+    assert torch.equal(emb["seg_1.weight"], state["encoder.embed.weight"])
+    assert cli(["export-checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 2  # kept
+    assert cli(["export-checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "f"), "--format", "file"]) == 0
+    assert torch.equal(torch.load(tmp_path / "f" / "embedding_model.ckpt", weights_only=True)["seg_1.weight"],
+                       state["encoder.embed.weight"])
+    assert cli(["export-checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "g"), "--weights", "ema"]) == 2
+    assert cli(["export-checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "g"), "--format", "pt"]) == 2

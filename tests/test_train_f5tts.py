@@ -188,6 +188,7 @@ def test_loss_is_the_flow_mse_inside_the_span():
 
 # ----------------------------------------------------------------------------- learning
 
+@pytest.mark.usefixtures("one_torch_thread")  # a tiny model: a second spinning thread only slows it down
 def test_overfitting_one_batch_drives_the_loss_down():
     """One padded batch with the same draws every step (noise, t, span, CFG drops), AdamW and F5's LR schedule:
     the model memorises it. The loss falls from the zero-output start (~30, the mean square of the flow) far
@@ -195,28 +196,23 @@ def test_overfitting_one_batch_drives_the_loss_down():
     level and shape stops)."""
     cfg = f5.ModelConfig(**{**f5.asdict(f5.CONFIGS["tiny"]), "dropout": 0.0})
     mel, lens, text = _inputs([48, 40, 29], ["some words here", "more", "a last one"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: threads only add overhead
-    try:
-        torch.manual_seed(0)
-        m = f5.F5TTS(cfg)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
-        seen = {}
-        m.transformer.register_forward_hook(lambda mod, args, out: seen.update(args=args))
-        losses = []
-        for step in range(250):
-            for g in opt.param_groups:
-                g["lr"] = f5.f5_lr(step, 1e-2, 10, 250)
-            torch.manual_seed(1)
-            random.seed(1)
-            loss, _ = m(mel, lens, text)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
-            losses.append(loss.item())
-    finally:
-        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = f5.F5TTS(cfg)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
+    seen = {}
+    m.transformer.register_forward_hook(lambda mod, args, out: seen.update(args=args))
+    losses = []
+    for step in range(250):
+        for g in opt.param_groups:
+            g["lr"] = f5.f5_lr(step, 1e-2, 10, 250)
+        torch.manual_seed(1)
+        random.seed(1)
+        loss, _ = m(mel, lens, text)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
     xt, cond, _, t, _ = seen["args"]  # the one set of draws, to price the mean-flow predictor
     tt = t[:, None, None]
     flow = mel - (xt - tt * mel) / (1 - tt)

@@ -572,14 +572,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="masked: padding and filler never reach real frames; upstream: F5's own forward (GRN "
                             "statistics over filler, attention keys unmasked). auto (default): upstream when "
                             "--init-from is an F5-TTS checkpoint, what the run used when it is ours, else masked")
-        for a in p._actions:  # core's words say cosine; here the schedule is --lr-schedule's
-            if a.dest == "warmup_steps":
-                a.help = "linear warmup updates, then the decay of --lr-schedule (default %(default)s)"
-            if a.dest == "min_lr_ratio":
-                a.help = "with --lr-schedule cosine: final LR as a fraction of --lr (default %(default)s)"
-
     cfg, args = parse_args("Train F5-TTS (DiT + conditional flow matching) on audiopipe f5tts shards.",
-                           defaults=RUN_DEFAULTS, extra=extra, argv=argv)
+                           defaults=RUN_DEFAULTS, extra=extra, argv=argv, flag_help={
+                               "warmup_steps": "linear warmup updates, then the decay of --lr-schedule",
+                               "min_lr_ratio": "with --lr-schedule cosine: final LR as a fraction of --lr"})
     if args.tokenizer == "pinyin":
         from audiopipe.text.f5_pinyin import f5_pinyin_tokens
         from audiopipe.reader.texts import shard_texts

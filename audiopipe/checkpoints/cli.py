@@ -37,7 +37,41 @@ MODELS: dict[str, Converter] = {
     "f5tts": Converter("audiopipe.checkpoints.f5tts:to_upstream", "audiopipe.checkpoints.f5tts:from_upstream",
                        "audiopipe.checkpoints.f5tts:export_run", ("safetensors", "pt", "both"),
                        "SWivid/F5-TTS (f5-tts_infer-cli, its Trainer)"),
+    "eres2net": Converter("audiopipe.checkpoints.speaker:eres2net_to_upstream",
+                          "audiopipe.checkpoints.speaker:eres2net_from_upstream",
+                          "audiopipe.checkpoints.cli:export_eres2net", ("experiment", "file"),
+                          "3D-Speaker speakerlab (bin/extract.py)"),
+    "campplus": Converter("audiopipe.checkpoints.speaker:campplus_to_upstream",
+                          "audiopipe.checkpoints.speaker:campplus_from_upstream",
+                          "audiopipe.checkpoints.cli:export_campplus", ("experiment", "file"),
+                          "3D-Speaker speakerlab (bin/extract.py)"),
 }
+
+
+def _export_speaker(model: str, source: Path, out: str | Path, *, weights: str | None, fmt: str,
+                    overwrite: bool) -> dict[str, Any]:
+    """audiopipe.checkpoints.speaker's export in this command's terms: an experiment folder at --out, or (format
+    file) the embedding model's state dict as --out/embedding_model.ckpt."""
+    from audiopipe.checkpoints.files import CheckpointError
+    from audiopipe.checkpoints.speaker import MODEL_CONFIG_CHECKS, export_upstream
+
+    if weights == "ema":
+        raise CheckpointError(f"{model} keeps no EMA weights; export its weights (no --weights)")
+    target = Path(out) / "embedding_model.ckpt" if fmt == "file" else Path(out)
+    if target.exists() and not overwrite and (fmt == "file" or any(target.iterdir())):
+        raise CheckpointError(f"{target} already exists; pass --overwrite to replace")
+    res = export_upstream(model, source, target, layout=fmt, check_config=MODEL_CONFIG_CHECKS.get(model))
+    nxt = (f"torchrun --nproc_per_node=1 speakerlab/bin/extract.py --exp_dir {target} --data wav.scp"
+           if fmt == "experiment" else "")
+    return {"model": model, "source": res["from"], "weights": "model", "files": [res["path"]], "next": nxt}
+
+
+def export_eres2net(source: Path, out: str | Path, **kw: Any) -> dict[str, Any]:
+    return _export_speaker("eres2net", source, out, **kw)
+
+
+def export_campplus(source: Path, out: str | Path, **kw: Any) -> dict[str, Any]:
+    return _export_speaker("campplus", source, out, **kw)
 
 
 def _model_of(source: Path) -> str | None:
@@ -47,9 +81,12 @@ def _model_of(source: Path) -> str | None:
     if not cfg.is_file():
         return None
     try:
-        return json.loads(cfg.read_text()).get("trainer")
+        cfg_json = json.loads(cfg.read_text())
     except (ValueError, OSError):
         return None
+    # F5 records {"trainer": "f5tts"}; the speaker trainers {"model": "eres2net" | "campplus", ...}
+    name = cfg_json.get("trainer") or cfg_json.get("model")
+    return name if isinstance(name, str) else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if fmt not in conv.formats:
         raise ValueError(f"--format {fmt}: {model} exports {', '.join(conv.formats)}")
     summary = conv.load("writer")(source, args.out, weights=args.weights, fmt=fmt, overwrite=args.overwrite)
-    print(f"exported {model} step {summary.get('step')} ({summary.get('weights', 'model')} weights) from "
-          f"{summary.get('source', source)}:")
+    step = f" step {summary['step']}" if summary.get("step") is not None else ""
+    print(f"exported {model}{step} ({summary.get('weights', 'model')} weights) from {summary.get('source', source)}:")
     for f in summary["files"]:
         print(f"  {f}")
     for n in summary.get("notes", []):
