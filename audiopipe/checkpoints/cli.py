@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Write a run of an audiopipe trainer (its folder, for the latest checkpoint, or one\n"
                      "ckpt-*.pt) as the checkpoint files the model's upstream project loads.\n\nmodels:\n"
                      + "\n".join(f"  {k:<10} {c.upstream}; formats {', '.join(c.formats)}" for k, c in MODELS.items())
-                     + "\n\nSee docs/trainers/<model>.md for each model's files and the upstream command that runs them.")
+                     + "\n\nSee docs/trainers/<model>.md for each model's files and the upstream command that "
+                       "runs them.")
     p.add_argument("source", help="run folder (its latest ckpt-*.pt) or one ckpt-*.pt; its model_config.json "
                                   "(and vocab.txt) are read beside it")
     p.add_argument("--out", required=True, help="folder to write the upstream files into")
