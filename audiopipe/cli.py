@@ -1,4 +1,4 @@
-"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, tokens.
+"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, export-checkpoint, tokens.
 
 Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-zero exit, never a traceback
 (set AUDIOPIPE_DEBUG=1 to see one).
@@ -53,6 +53,8 @@ def _presets_help() -> str:
 PLUGGED = {
     "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
     "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
+    "export-checkpoint": ("audiopipe.checkpoints.cli", "write a trained run as the checkpoint files its upstream "
+                                                       "project loads (F5-TTS, ...)"),
     "export-hf": ("audiopipe.export.hf", "export shards as a Hugging Face datasets folder (load_from_disk, no copy)"),
     "export-lhotse": ("audiopipe.export.lhotse", "export shards as a lhotse CutSet in Shar (audio, supervisions, "
                                                  "features)"),
