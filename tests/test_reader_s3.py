@@ -382,7 +382,8 @@ def test_bench_loader_times_make_loader_from_s3(remote, tmp_path):
     w = r["wait_50ms"]
     assert r["source"] == url and r["batches"] > 3 and r["audio_s_per_s"] > 0
     assert w["bytes_delivered"] > 0 and w["bytes_requested"] >= w["bytes_delivered"]
-    assert w["requests_per_batch"] * (w["timed_batches"] + 1) == w["requests"]
+    # The data-wait pass saw every batch of the epoch the throughput pass counted (its first one untimed).
+    assert w["timed_batches"] + 1 == r["batches"] and w["requests"] > r["batches"]
 
 
 class _BytesReader:

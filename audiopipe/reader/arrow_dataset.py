@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 
 from audiopipe.collate.rows import RowBatch, Rows
-from audiopipe.index.lengths import LengthIndex
+from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity
-from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
+from audiopipe.reader.errors import ConfigMismatch, CorruptIndexError, CorruptShardError
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
@@ -72,6 +72,20 @@ class _MappedShard:
         self.size, self._fd = self._mmap.size(), self._mmap.fileno()
         self.table = table
         self.columns: dict[str, _Column] = {}
+        try:
+            # Buffer sizes against the lengths the headers declare (cheap: no row payload is read). A header
+            # whose buffer length was shrunk would otherwise surface as a bare numpy ValueError naming nothing.
+            table.validate()
+            self._columns(table, features, channels)
+        except (pa.lib.ArrowException, ValueError, IndexError) as e:
+            self._mmap.close()
+            raise CorruptShardError(f"shard {name} ({path}) is unreadable: {integrity.first_line(e)}; "
+                                    f"run `audiopipe verify`") from e
+        self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
+        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
+
+    def _columns(self, table: pa.Table, features: Sequence[str], channels: dict[str, int]) -> None:
+        name = self.name
         for f in features:
             if f not in table.column_names:
                 raise CorruptShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
@@ -86,8 +100,6 @@ class _MappedShard:
                 raise CorruptShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
             # int64 once here: the copy kernel takes int64 frame counts, and a batch gathers them per shard.
             self.columns[f] = _Column(values, offsets, frames.astype(np.int64), ch)
-        self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
-        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
 
     def check(self) -> None:
         """Refuse to touch rows of a file whose size changed since it was mapped.
@@ -229,6 +241,7 @@ class ShardDataset:
                     f"{want}; re-extract with the trainer's preset or point at matching shards")
         self.channels = {f: specs[f]["channels"] if f in specs else extra_arrays[f] for f in self.features}
         self.index = self._open_index()
+        integrity.check_index(self.index.shard, self.index.row, self.manifest, f"{self.root}/{INDEX_NAME}")
         self._shard_of = self.index.shard
         self._row_of = self.index.row
         self._open: OrderedDict[int, _MappedShard] = OrderedDict()  # least recently used first
@@ -256,7 +269,12 @@ class ShardDataset:
         return read_manifest(self.root)
 
     def _open_index(self) -> LengthIndex:
-        return LengthIndex.open(self.root)
+        index = LengthIndex.open(self.root)
+        why = integrity.index_checksum_fails(None, self.root / INDEX_NAME, self.manifest)
+        if why:
+            raise CorruptIndexError(f"{self.root / INDEX_NAME} {why}: corrupted or from another run; rebuild the "
+                                    f"shard set")
+        return index
 
     # ---- corrupt shards ------------------------------------------------------------------------------
 
