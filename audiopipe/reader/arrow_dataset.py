@@ -301,7 +301,8 @@ class ShardDataset:
 
     def skip_what_other_ranks_skip(self) -> None:
         """With torch.distributed initialised, also skip every shard another rank found corrupt, so all ranks
-        plan over the same rows (and get the same batch count). A collective: every rank must call it."""
+        plan over the same rows (and get the same batch count). A collective: every rank must call it
+        (make_loader calls it only for a loader of the whole group, see integrity.spans_whole_group)."""
         if self.on_corrupt != "skip":
             return
         agreed = integrity.union_across_ranks([b.shard for b in self.skipped], len(self.manifest["shards"]))

@@ -184,6 +184,21 @@ def summary(bad: Sequence[CorruptShard], total_shards: int, limit: int = 3) -> s
     return f"{len(bad)} of {total_shards} shards corrupt: {lines}{more}"
 
 
+def spans_whole_group(rank: int | None, world_size: int | None) -> bool:
+    """Whether a loader with this rank/world_size is one of the whole torch.distributed group's (so every rank
+    builds one, and a collective among them cannot hang): torch.distributed is initialised with more than one
+    rank, and rank and world_size are left to default or equal the group's. A loader built on one rank alone
+    (evaluation: rank=0, world_size=1) is not."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return False
+    return ((rank is None or int(rank) == dist.get_rank())
+            and (world_size is None or int(world_size) == dist.get_world_size()))
+
+
 def union_across_ranks(shards: Sequence[int], num_shards: int) -> list[int]:
     """The corrupt shards any rank found, when torch.distributed is initialised (else `shards` as is).
 

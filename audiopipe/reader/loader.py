@@ -31,6 +31,7 @@ import torch
 
 from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
+from audiopipe.reader import integrity
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.mixture import MixtureDataset
 from audiopipe.reader.prefetch import PrefetchIterator
@@ -187,7 +188,10 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
              before they are read, so a cold shard is fetched from disk in parallel with the copy of the
              current batch; 0 turns it off (mmap reader only).
     on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its rows
-             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()).
+             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()). Ranks
+             agree on what to skip through a collective, run only when the loader is one of the whole
+             torch.distributed group's (rank/world_size left to default or equal to the group's); a loader built
+             on one rank alone (rank=0, world_size=1 for evaluation) skips what that rank found, and runs none.
     max_open: shards kept mapped per process (least recently used closed beyond it; mmap reader only).
     prefetch: batches built ahead in a background thread while the step runs (0: built on the caller's
              thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
@@ -204,6 +208,9 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
+    # on_corrupt="skip" agrees on the skipped shards across ranks (a collective) only when this loader is one of
+    # the whole group's: rank/world_size left to default, or equal to torch.distributed's.
+    whole_group = on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size)
     mixed = not isinstance(shards_dir, (str, Path))
     folders = [str(s) for s in shards_dir] if mixed else [shards_dir]
     remote = [is_s3(require_local_or_s3(f, "shard folder")) for f in folders]  # other schemes: one line
@@ -229,12 +236,14 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
         if reader != "mmap":
             raise ValueError(f"mixing corpora needs reader='mmap', got reader={reader!r}")
         ds = MixtureDataset([open_shards(f, r) for f, r in zip(names, remote)], names)
-        ds.skip_what_other_ranks_skip()
+        if whole_group:
+            ds.skip_what_other_ranks_skip()
     elif weights is not None:
         raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
     elif reader == "mmap":
         ds = open_shards(shards_dir, remote[0])
-        ds.skip_what_other_ranks_skip()  # a collective under torch.distributed: all ranks plan the same rows
+        if whole_group:  # a collective: all ranks plan the same rows; never for a loader of one rank alone
+            ds.skip_what_other_ranks_skip()
     elif reader == "files":
         from audiopipe.reader.files_dataset import FilesDataset
 
