@@ -40,6 +40,7 @@ class Job:
     write_tar: bool = True
     language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
     checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
+    shard_seed: int | None = 0  # utterances in a seeded random order before shards are cut (shard/plan.py); None: id order
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -67,6 +68,8 @@ class Job:
             d.pop(k)
         if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
             d.pop("language")
+        if d.get("shard_seed", 0) is None:  # id order: what every job did before the field existed
+            d.pop("shard_seed")
         if d.get("codec"):
             d["codec"].pop("device", None)
             d["codec"].pop("batch_size", None)
