@@ -31,6 +31,7 @@ import pyarrow as pa
 from audiopipe.collate.rows import RowBatch, Rows
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity
+from audiopipe.reader.blocks import BlockTable, cut_blocks
 from audiopipe.reader.errors import ConfigMismatch, CorruptIndexError, CorruptShardError
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.shard.columns import ListColumn
@@ -254,6 +255,7 @@ class ShardDataset:
         shard_bytes = sum(int(e["arrow"]["bytes"]) for e in self.manifest["shards"])
         self._hint_always = shard_bytes > _physical_memory() // 2
         self._index_meta_readers: dict[str, Callable[[np.ndarray], list[Any]]] | None = None
+        self._shard_first: np.ndarray | None = None
         self.skipped: tuple[integrity.CorruptShard, ...] = ()
         self._skipped_shard = np.zeros(len(self.manifest["shards"]), dtype=bool)
         self._hashed = False  # checksums done by the open-time scan (workers inherit it and do not hash again)
@@ -395,6 +397,29 @@ class ShardDataset:
                 sh.close()
                 raise CorruptShardError(f"shard {name}: feature {f} hash differs from the manifest")
         return sh
+
+    # ---- blocks (block-window reading, audiopipe/reader/blocks.py) --------------------------------------
+
+    def blocks(self, block_bytes: int) -> BlockTable:
+        """The shard set cut into blocks of about block_bytes of the features read."""
+        return cut_blocks(self.index, self.manifest, self.features, self.channels, block_bytes)
+
+    def block_rows(self, blocks: BlockTable, ids: Sequence[int]) -> np.ndarray:
+        """Global indices of the rows of these blocks."""
+        if self._shard_first is None:
+            rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
+            self._shard_first = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        ids = np.asarray(ids, dtype=np.int64)
+        first = self._shard_first[blocks.shard[ids]] + blocks.start[ids]
+        count = blocks.end[ids] - blocks.start[ids]
+        return np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()), dtype=np.int64)
+
+    def hold_blocks(self, tag: Any, blocks: BlockTable, ids: Sequence[int]) -> None:
+        """Local shards: the kernel reads the blocks' rows ahead (read_ahead); the page cache keeps them."""
+        self.read_ahead(self.block_rows(blocks, ids))
+
+    def release_blocks(self, tag: Any) -> None:
+        pass
 
     def willneed(self, indices: Sequence[int]) -> None:
         """Start reading these utterances' feature bytes into the page cache; returns without waiting for
