@@ -2,15 +2,17 @@
 read by byte range.
 
 The layout under the prefix is the local folder's (manifest.json, index.arrow, shard-*.arrow). Opening reads
-the manifest and the length index whole (both small, the index checked against the manifest's sha256), then
-checks every shard as the local scan does, from its size (HEAD) and its Arrow footer and record-batch header
-(two ranged GETs), on a thread pool. A shard's row payload is never downloaded whole for random access:
-- the first time a shard is read, its small buffers (feature offsets and frame counts, the text column) are
-  fetched, a few KB a shard (ipc_layout.py says where they lie);
+the manifest and the length index whole (both small, the index checked against the manifest's checksum and row
+by row), then checks every shard as the local scan does, from its size (HEAD) and its Arrow footer and
+record-batch headers (ranged GETs), 64 shards at a time; in the same pass it fetches each shard's small buffers
+(feature offsets and frame counts, the text column: a few KB a shard, ipc_layout.py says where they lie), which
+are kept for every shard whatever max_open. A shard's row payload is never downloaded whole for random access:
 - a batch's rows are fetched by byte range, each row's values being one contiguous range of its column
-  (adjacent rows in one request), many requests at once from a thread pool;
+  (adjacent rows in one request), `fetch_threads` requests at once (sized by rate x round trip);
 - the rows of the batches to come are fetched ahead: the sampler announces them (`read_ahead` batches early,
-  on the read-ahead thread the local reader uses for madvise), so the step finds them fetched already.
+  on the read-ahead thread the local reader uses for madvise), so the step finds them fetched already;
+- with block-window reading (reading.py, sampler/block_window.py) whole blocks of rows are fetched instead, a
+  window at a time (`hold_blocks`), and the batches cut their rows from them.
 With `cache_dir`, shards are also downloaded whole in the background into a bounded local cache
 (shard_cache.py) and read from there by mmap once complete: later epochs send no request.
 
