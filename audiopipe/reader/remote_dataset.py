@@ -581,9 +581,11 @@ class RemoteShardDataset(ShardDataset):
                for k, r in enumerate(reasons) if r is not None]
         times = sorted(lay.seconds for lay in self._layouts.values())
         if times:
-            # HEAD + GET of each tail, many at once: half the median is one round trip as the loader will see
-            # it (server time included, queueing on the open's own pool mostly not).
-            self.round_trip_s = times[len(times) // 2] / 2
+            # HEAD + GET of each tail: half of one is a round trip, server time included. The open sends 64 at a
+            # time, so most of them also queue at the server; the 10th percentile is what an exchange costs when
+            # it does not (the median, inflated by that queueing under load, sized the pool 2-4x too large and
+            # the extra requests only queued at the server).
+            self.round_trip_s = times[len(times) // 10] / 2
         self._hashed = self.verify == "checksum"
         self.reader.forget()  # each shard's size is asked again when it is first read (a change since is caught)
         if bad and self.on_corrupt == "fail":
