@@ -22,6 +22,11 @@ examples:
   audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
   audiopipe shard --corpus ./aishell3 --preset f5tts,gpt_sovits --language zh   # Mandarin: GPT-SoVITS phones
   audiopipe shard --corpus ./data/train --layout kaldi --preset eres2net        # wav.scp + segments
+  audiopipe shard --corpus ./VCTK-Corpus-0.92 --vctk-mic mic2                   # txt/ + wav48_silence_trimmed/
+  audiopipe shard --manifest data/libritts_recordings_dev-clean.jsonl.gz \
+                  --manifest data/libritts_supervisions_dev-clean.jsonl.gz       # lhotse prepare's output
+  audiopipe shard --manifest ./hf_dataset --text-column sentence                # Hugging Face save_to_disk
+  audiopipe shard --manifest cv-corpus-17.0/en/validated.tsv --require-text     # Common Voice
   audiopipe shard --corpus ./wavs --out s3://bucket/shards/v1   # upload to S3 (AWS_* env, AWS_ENDPOINT_URL)
 
 Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
@@ -76,7 +81,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                    "checksummed Arrow IPC shards (mmap, zero-copy) and WebDataset tars.\n\n"
                                    "presets:\n" + _presets_help(),
                        epilog=EPILOG_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--corpus", required=True, help="folder of audio (searched recursively)")
+    s.add_argument("--corpus", default=None,
+                   help="folder of audio (searched recursively), or the folder ids and sources are relative to "
+                        "with --manifest (default there: the first manifest's folder)")
     s.add_argument("--out", default="./shards",
                    help="output folder, or s3://bucket/prefix for any S3-compatible store: credentials, region "
                         "and endpoint from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_REGION, "
@@ -92,11 +99,32 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--features", default=None,
                    help="comma-separated feature kinds instead of a preset's (vocos_mel, slaney_mel, f0, "
                         "energy, kaldi_fbank, pcm)")
-    s.add_argument("--manifest", default=None, help="JSONL/CSV listing path[,id,text,speaker]; only these files")
+    s.add_argument("--manifest", action="append", default=None, metavar="PATH",
+                   help="use only what a manifest lists (repeat for several): audiopipe JSONL/CSV/TSV "
+                        "(path[,id,text,speaker]), lhotse recordings + supervisions or cuts (.jsonl[.gz]) or a "
+                        "Shar folder, NeMo JSONL (audio_filepath, offset, duration, text), a Common Voice TSV, "
+                        "Hugging Face parquet/Arrow files or a save_to_disk folder; see docs/corpus.md")
     s.add_argument("--speaker", default="auto", help="auto (first folder), dir:N, or none (default auto)")
-    s.add_argument("--layout", default="auto", choices=("auto", "files", "kaldi", "aishell3", "emilia"),
-                   help="corpus layout: auto detects a Kaldi data dir (wav.scp), AISHELL-3 (content.txt) or "
-                        "Emilia (JSONL beside MP3 folders), else walks the folder (files); see docs/corpus.md")
+    s.add_argument("--layout", default="auto",
+                   choices=("auto", "files", "kaldi", "aishell3", "libritts", "vctk", "emilia"),
+                   help="corpus layout: auto detects a Kaldi/ESPnet data dir (wav.scp), AISHELL-3 (content.txt), "
+                        "LibriTTS(-R) (split folders), VCTK (txt/ + wav48*/) or Emilia (JSONL beside MP3 "
+                        "folders), else walks the folder (files); see docs/corpus.md")
+    s.add_argument("--vctk-mic", default="mic1", choices=("mic1", "mic2"),
+                   help="VCTK 0.92: which microphone's recordings to take (default mic1)")
+    s.add_argument("--text-column", default=None,
+                   help="table manifests (Hugging Face, CSV/TSV/JSONL, NeMo, Common Voice): the transcript column "
+                        "(default: text, sentence, transcription, ... whichever exists)")
+    s.add_argument("--speaker-column", default=None,
+                   help="table manifests: the speaker column (default: speaker, speaker_id, client_id)")
+    s.add_argument("--audio-column", default=None,
+                   help="Hugging Face manifests: the audio column (default: the one typed Audio)")
+    s.add_argument("--id-column", default=None, help="table manifests: a column of unique utterance ids")
+    s.add_argument("--keep-columns", default=None, metavar="A,B",
+                   help="metadata to write as text columns beside id/speaker/text (e.g. gender,original_text,snr,"
+                        "language); discovery names what is available and not kept")
+    s.add_argument("--require-text", action="store_true",
+                   help="refuse (no_text) every utterance without a transcript")
     s.add_argument("--language", default="en", choices=("en", "zh", "auto"),
                    help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
                         "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
@@ -167,11 +195,16 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     from audiopipe.presets import resolve
     from audiopipe.shard.job import CodecSettings, Job, JobError
 
-    corpus = Path(a.corpus)
+    manifests = [str(Path(m).resolve()) for m in a.manifest or []]
+    for m in manifests:
+        if not Path(m).exists():
+            raise JobError(f"manifest not found: {m}")
+    if a.corpus is None and not manifests:
+        raise JobError("give --corpus FOLDER (a folder of audio), or --manifest PATH (a manifest that lists it)")
+    first = Path(manifests[0]) if manifests else None
+    corpus = Path(a.corpus) if a.corpus is not None else (first if first.is_dir() else first.parent)
     if not corpus.is_dir():
         raise JobError(f"corpus folder not found: {corpus}")
-    if a.manifest and not Path(a.manifest).is_file():
-        raise JobError(f"manifest not found: {a.manifest}")
     if a.workers is not None and a.workers < 1:
         raise JobError("--workers must be at least 1")
     if a.nice is not None and not -20 <= a.nice <= 19:
@@ -202,8 +235,17 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
                               random_init=a.codec_random_init and not a.codec_checkpoint,
                               batch_size=a.codec_batch_size)
+    keep = [c.strip() for c in (a.keep_columns or "").split(",") if c.strip()]
+    _check_keep_columns(keep, features, preset)
+    from audiopipe.corpus.options import CorpusOptions
     from audiopipe.decode.audio import DecodeLimits
     from audiopipe.shard.run import run_job
+
+    corpus_options = CorpusOptions(text_column=a.text_column, speaker_column=a.speaker_column,
+                                   audio_column=a.audio_column, id_column=a.id_column, vctk_mic=a.vctk_mic,
+                                   keep_columns=tuple(keep), require_text=a.require_text,
+                                   text_for=f"--preset {a.preset}" if preset.transcripts and not a.features
+                                   else None)
 
     limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
                           max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
@@ -220,10 +262,10 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum, shard_seed=a.shard_seed)
-    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
+              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed)
+    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
-                      staging=a.staging, break_lock=a.break_lock)
+                      staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)
     for line in summary.lines():
         print(line)
     if a.timings:
@@ -231,6 +273,31 @@ def _cmd_shard(a: argparse.Namespace) -> int:
 
         Path(a.timings).write_text(json.dumps(summary.timeline, indent=1) + "\n")
     return 0
+
+
+_KEEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_keep_columns(keep: list[str], features: list[tuple[str, dict]], preset) -> None:
+    """--keep-columns names that cannot clash with a column the shards already have (their features, the length
+    index's `<feature>_frames`, trimming and phones)."""
+    from audiopipe.shard.job import JobError
+
+    if not keep:
+        return
+    from audiopipe.shard.build import make_feature
+
+    taken = {"id", "speaker", "text", "source", "duration", "trim_start", "trim_end", "phones", "durations",
+             "codes", "shard", "row"}
+    taken |= {s.name for kind, params in features for s in make_feature(kind, params).specs}
+    for name in keep:
+        if not _KEEP_NAME.fullmatch(name) or name.endswith("_frames"):
+            raise JobError(f"--keep-columns: {name!r} is not a column name (letters, digits and _, not ending "
+                           f"in _frames)")
+        if name in taken:
+            raise JobError(f"--keep-columns: {name!r} is already a column of these shards")
+    if len(set(keep)) != len(keep):
+        raise JobError("--keep-columns names a column twice")
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:

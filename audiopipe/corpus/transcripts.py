@@ -213,18 +213,20 @@ def _row(rec: dict[str, Any], base: str, where: str, line: int) -> ManifestRow:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
-    """Rows of a JSONL (.jsonl/.ndjson/.json), CSV (.csv) or TSV (.tsv) manifest, in file order.
+    """Rows of a JSONL (.jsonl/.ndjson/.json), CSV (.csv) or TSV (.tsv) manifest, in file order; each may be
+    gzipped (.jsonl.gz).
 
     Relative paths are resolved against the manifest's folder.
     """
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"manifest not found: {path}")
+    from audiopipe.corpus.manifests import open_text, regular_file
+
+    path = regular_file(os.fspath(path))
     base = os.path.dirname(path)
-    ext = path.rsplit(".", 1)[-1].lower()
+    name = path[:-3] if path.lower().endswith(".gz") else path
+    ext = name.rsplit(".", 1)[-1].lower()
     rows: list[ManifestRow] = []
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with open_text(path) as f:
             if ext in ("csv", "tsv"):
                 reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
                 if not reader.fieldnames or not set(MANIFEST_PATH_KEYS) & set(reader.fieldnames):
@@ -236,7 +238,8 @@ def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
                 for lineno, rec in json_lines(path, f):
                     rows.append(_row(rec, base, path, lineno))
             else:
-                raise TranscriptError(f"{path}: unknown manifest type '.{ext}' (use .jsonl, .csv or .tsv)")
-    except UnicodeDecodeError as e:
+                raise TranscriptError(f"{path}: unknown manifest type '.{ext}' (use .jsonl, .csv or .tsv, "
+                                      f"or a lhotse, NeMo, Common Voice or Hugging Face manifest: docs/corpus.md)")
+    except (UnicodeDecodeError, EOFError, OSError) as e:
         raise TranscriptError(f"{path}: not UTF-8 text ({e})") from None
     return rows

@@ -1,6 +1,10 @@
-"""Utterances cut out of longer recordings (Kaldi `segments`): each recording decoded once for all its cuts.
+"""Utterances cut out of longer recordings (Kaldi `segments`, lhotse supervisions, NeMo offsets): each recording
+decoded once for all its cuts.
 
 A segment utterance carries `extra["start_frame"]` and `extra["end_frame"]` (frames at the recording's rate).
+The recording is a file, a member of an uncompressed tar, or bytes in a table cell (audiopipe.decode.members,
+audiopipe.decode.cells), whichever the utterance names; `RecordingCache.load` is the one entry point the shard
+builder uses for every utterance.
 The recording is decoded with the file-level checks only (unreadable, truncated, NaN); the duration and
 silence limits apply to each segment, since a one-hour recording is fine when its segments are short.
 "Once" is per shard: a recording whose segments straddle a shard boundary is decoded by each shard. A decoded
@@ -24,38 +28,62 @@ def is_segment(u: Any) -> bool:
     return bool(u.extra) and "start_frame" in u.extra and "end_frame" in u.extra
 
 
+def recording_key(u: Any) -> tuple:
+    """Which recording a segment is cut from: its file, and within it the tar member or table cell, if any."""
+    x = u.extra or {}
+    return (u.path, x.get("member_offset"), x.get("cell_group"), x.get("cell_row"))
+
+
 class RecordingCache:
     """Decoded recordings of one batch of utterances, each kept until its last segment has been cut."""
 
     def __init__(self, utterances: Iterable[Any]):
-        self._left = Counter(u.path for u in utterances if is_segment(u))
-        self._decoded: dict[str, tuple[np.ndarray, int] | RejectError] = {}
+        utterances = list(utterances)
+        self._left = Counter(recording_key(u) for u in utterances if is_segment(u))
+        self._decoded: dict[tuple, tuple[np.ndarray, int] | RejectError] = {}
+        self._cells = None
+        if any("cell_row" in (u.extra or {}) for u in utterances):
+            from audiopipe.decode.cells import CellCache
+
+            self._cells = CellCache(utterances)
         self.decodes = 0  # recordings decoded (diagnostics: one per recording)
 
+    @property
+    def row_group_reads(self) -> int:
+        """Parquet row groups read for table-cell utterances (diagnostics: one per group and shard)."""
+        return self._cells.group_reads if self._cells is not None else 0
+
     def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
-        """Any utterance's audio: a segment cut from its recording, a tar member read in place, or a file."""
+        """Any utterance's audio: a segment cut from its recording, a tar member or table cell read in place, or
+        a file."""
         if is_segment(u):
             return self.cut(u, limits)
+        return self._whole(u, limits)
+
+    def _whole(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
         from audiopipe.decode.members import is_member, load_member
 
         if is_member(u):
             return load_member(u, limits)
+        if self._cells is not None and "cell_row" in u.extra:
+            return self._cells.load(u, limits)
         return load_audio(u.path, limits)
 
     def cut(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
         """The segment's samples (float32 mono) and rate, or RejectError (the recording's, or the segment's)."""
-        got = self._decoded.get(u.path)
+        key = recording_key(u)
+        got = self._decoded.get(key)
         if got is None:
             whole = replace(limits, min_duration=0.0, max_duration=math.inf, silence_dbfs=-math.inf)
             try:
-                got = load_audio(u.path, whole)
+                got = self._whole(u, whole)
             except RejectError as e:
                 got = e
-            self._decoded[u.path] = got
+            self._decoded[key] = got
             self.decodes += 1
-        self._left[u.path] -= 1
-        if self._left[u.path] <= 0:  # the last segment of this recording: free it
-            self._decoded.pop(u.path, None)
+        self._left[key] -= 1
+        if self._left[key] <= 0:  # the last segment of this recording: free it
+            self._decoded.pop(key, None)
         if isinstance(got, RejectError):
             raise RejectError(got.reason, f"recording {u.extra.get('recording', u.path)}: {got.detail}")
         wav, sr = got

@@ -208,7 +208,15 @@ def scalar_columns(job: Job) -> list[ScalarColumn]:
     cols = []
     if job.trim:
         cols += [ScalarColumn("trim_start", pa.int64()), ScalarColumn("trim_end", pa.int64())]
+    cols += [ScalarColumn(name, pa.string()) for name in job.keep_columns]
     return cols
+
+
+def kept_value(value: Any) -> str | None:
+    """A metadata value as its --keep-columns text: strings as they are, numbers and lists as JSON, null as null."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def shard_metadata(job: Job, specs: list[FeatureSpec]) -> dict[str, Any]:
@@ -262,7 +270,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     for u in unit.utterances:
         try:
             wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar
-            scalars: dict[str, Any] = {}
+            scalars: dict[str, Any] = {name: kept_value((u.extra or {}).get(name)) for name in job.keep_columns}
             if job.trim:
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
                 scale = sr / CODEC_RATE

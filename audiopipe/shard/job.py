@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -40,6 +40,8 @@ class Job:
     write_tar: bool = True
     language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
     checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
+    # Metadata columns written as text columns beside id/speaker/text (--keep-columns): gender, original_text, ...
+    keep_columns: list[str] = field(default_factory=list)
     shard_seed: int | None = 0  # utterances in a seeded random order before shards are cut (shard/plan.py); None: id order
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +70,8 @@ class Job:
             d.pop(k)
         if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
             d.pop("language")
+        if not d.get("keep_columns"):  # likewise
+            d.pop("keep_columns", None)
         if d.get("shard_seed", 0) is None:  # id order: what every job did before the field existed
             d.pop("shard_seed")
         if d.get("codec"):

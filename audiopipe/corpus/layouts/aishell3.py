@@ -14,6 +14,7 @@ file is missing is a `missing` reject.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
@@ -50,7 +51,7 @@ def read_content(path: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list[Reject]]:
+def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[list[Utterance], list[Reject]]:
     utts: list[Utterance] = []
     rejects: list[Reject] = []
     for split in _splits(root):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
@@ -117,7 +118,7 @@ def detect(root: str) -> bool:
     return bool(tars) and _looks_like_emilia_tar(tars[0])
 
 
-def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list[Reject]]:
+def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[list[Utterance], list[Reject]]:
     utts: list[Utterance] = []
     rejects: list[Reject] = []
     for jsonl in _jsonl_files(root):

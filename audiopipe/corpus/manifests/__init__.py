@@ -1,0 +1,218 @@
+"""Manifests written by other tools, read as `--manifest` (docs/corpus.md, Manifests).
+
+`kind_of(path)` tells which reader a manifest path needs:
+
+| kind | what | reader |
+|---|---|---|
+| `plain` | audiopipe's own JSONL/CSV/TSV (`path`, `id`, `text`, `speaker`) | audiopipe.corpus.transcripts |
+| `lhotse` | lhotse recordings / supervisions / cuts, `.jsonl` or `.jsonl.gz` | lhotse.py (lhotse's parser) |
+| `lhotse_shar` | a lhotse Shar folder (`cuts.000000.jsonl.gz` + `recording.000000.tar`) | lhotse.py |
+| `nemo` | NeMo JSON-lines (`audio_filepath`, `duration`, `offset`, `text`) | nemo.py |
+| `commonvoice` | Common Voice TSV (`path` under `clips/`, `sentence`, `client_id`) | commonvoice.py |
+| `hf` | Hugging Face parquet / Arrow files or a `save_to_disk` folder with an `Audio` column | hf.py |
+
+Every reader but `plain` returns `Entry` rows (audiopipe.corpus.entries), which `read_entries` turns into
+utterances and rejects with one header read per audio. Each reader also says which of its columns it did not
+use, so that discovery can name them once instead of dropping them silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from audiopipe.corpus.entries import Entry
+
+KINDS = ("plain", "lhotse", "lhotse_shar", "nemo", "commonvoice", "hf")
+MAX_INDEX_LINE = 64 << 20  # a manifest line longer than this is not a manifest line
+# Extra keys every reader may fill and the shard builder reads (language: per-line phones; textgrid: durations).
+from audiopipe.corpus.hints import USED_EXTRA  # noqa: E402
+# Types of lhotse manifest items, from their JSON fields (lhotse itself decides when it parses them).
+_CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut", "DataCut")
+
+
+@dataclass
+class Read:
+    """What one reader made of its manifests."""
+
+    entries: list[Entry] = field(default_factory=list)
+    rejects: list[Any] = field(default_factory=list)  # Reject rows decided before any header is read
+    notes: list[str] = field(default_factory=list)
+    unused: set[str] = field(default_factory=set)  # columns read from the manifest and used for nothing
+
+
+def regular_file(path: str, what: str = "manifest") -> str:
+    """`path` made absolute, if it is a regular file (not a FIFO, device or folder), else FileNotFoundError /
+    ValueError with one line."""
+    path = os.path.abspath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise FileNotFoundError(f"{what} not found: {path}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} is not a regular file: {path}")
+    return path
+
+
+def open_text(path: str):
+    """A text manifest for reading, gunzipped when its name ends in .gz."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, object) of a JSON-lines file (gzipped or not); a bad line stops with `file:line`."""
+    from audiopipe.corpus.transcripts import TranscriptError
+
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(iter(lambda: f.readline(MAX_INDEX_LINE + 1), ""), 1):
+                if len(line) > MAX_INDEX_LINE:
+                    raise TranscriptError(f"{path}:{n}: a line longer than {MAX_INDEX_LINE} characters")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TranscriptError(f"{path}:{n}: not a JSON object per line ({e.msg})") from None
+                if not isinstance(rec, dict):
+                    raise TranscriptError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+                yield n, rec
+    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
+        raise TranscriptError(f"{path}: not UTF-8 JSON lines ({e})") from None
+
+
+def _first_object(path: str) -> dict[str, Any] | None:
+    for _, rec in json_objects(path):
+        return rec
+    return None
+
+
+def _lhotse_item(rec: dict[str, Any]) -> bool:
+    if rec.get("type") in _CUT_TYPES:
+        return True
+    if "sources" in rec and "sampling_rate" in rec and "id" in rec:
+        return True  # a Recording
+    return {"recording_id", "start", "duration", "id"} <= rec.keys()  # a SupervisionSegment
+
+
+def is_shar_folder(path: str) -> bool:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return any(n.startswith("cuts.") and (n.endswith(".jsonl.gz") or n.endswith(".jsonl")) for n in names)
+
+
+def kind_of(path: str) -> str:
+    """Which reader `path` needs (a file or a folder), decided from its name and first row."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        names = set(os.listdir(path))
+        if "state.json" in names or "dataset_dict.json" in names:
+            return "hf"
+        if is_shar_folder(path):
+            return "lhotse_shar"
+        from audiopipe.corpus.manifests.hf import table_files
+
+        if table_files(path):
+            return "hf"
+        raise ValueError(f"{path} is a folder but not a manifest: expected a Hugging Face save_to_disk folder "
+                         f"(state.json), a lhotse Shar folder (cuts.000000.jsonl.gz) or a folder of .parquet/"
+                         f".arrow files; a folder of audio is given with --corpus")
+    path = regular_file(path)
+    name = os.path.basename(path).lower()
+    if name.endswith((".parquet", ".arrow")):
+        return "hf"
+    stem = name[:-3] if name.endswith(".gz") else name
+    if stem.endswith((".jsonl", ".json", ".ndjson")):
+        first = _first_object(path)
+        if first is not None and "audio_filepath" in first:
+            return "nemo"
+        if first is not None and _lhotse_item(first):
+            return "lhotse"
+        return "plain"
+    if stem.endswith(".tsv"):
+        with open_text(path) as f:
+            head = f.readline(1 << 16).rstrip("\r\n").split("\t")
+        if "path" in head and "sentence" in head:
+            return "commonvoice"
+    return "plain"
+
+
+def _need(module: str, what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise RuntimeError(f"reading {what} needs the {module} package: pip install -e \".[manifests]\" "
+                           f"(or pip install {module})")
+
+
+def read(kind: str, paths: list[str], root: str, speaker_rule: int | None, options: Any) -> Read:
+    """Entries of the manifests of one kind (not `plain`)."""
+    if kind in ("lhotse", "lhotse_shar"):
+        _need("lhotse", "lhotse manifests")
+    elif kind == "hf":
+        _need("datasets", "a Hugging Face dataset")
+    if kind == "nemo":
+        from audiopipe.corpus.manifests import nemo as mod
+    elif kind == "commonvoice":
+        from audiopipe.corpus.manifests import commonvoice as mod
+    elif kind in ("lhotse", "lhotse_shar"):
+        from audiopipe.corpus.manifests import lhotse as mod
+    elif kind == "hf":
+        from audiopipe.corpus.manifests import hf as mod
+    else:
+        raise ValueError(f"no reader for manifest kind {kind!r}")
+    # A manifest's speaker is taken in every --speaker mode, as for audiopipe's own manifests.
+    return mod.read(paths, root, options) if kind != "lhotse_shar" else mod.read_shar(paths, root, options)
+
+
+def source_of(path: str, root: str, written: str) -> str:
+    """Utterance.source of a listed file: relative to the root when inside it, else the path as written."""
+    from audiopipe.corpus.layouts.common import rel
+
+    real_root = os.path.realpath(root)
+    if path.startswith(root + os.sep):
+        return rel(path, root)
+    real = os.path.realpath(path)
+    if real.startswith(real_root + os.sep):
+        return rel(real, real_root)
+    return written.replace(os.sep, "/")
+
+
+def inside(path: str, root: str) -> bool:
+    return path.startswith(root + os.sep) or os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
+
+
+def pick_column(columns: list[str], given: str | None, usual: tuple[str, ...], flag: str, where: str) -> str | None:
+    """The column to read a field from: the one the user named (which must exist), else the first usual name
+    present, else None."""
+    if given:
+        if given not in columns:
+            raise ValueError(f"{where}: no column {given!r} ({flag}); its columns are {', '.join(columns)}")
+        return given
+    return next((c for c in usual if c in columns), None)
+
+
+def text_of(value: Any) -> str:
+    """A transcript or speaker cell as a single-spaced string ("" for null)."""
+    if value is None:
+        return ""
+    return " ".join(str(value).split())
+
+
+def plain_value(value: Any) -> bool:
+    """Whether a metadata value can travel in the plan (JSON) and into a text column."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 64 and all(plain_value(v) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= 64 and all(isinstance(k, str) and plain_value(v) for k, v in value.items())
+    return False
