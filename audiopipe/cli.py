@@ -35,6 +35,18 @@ checks every object against the checksum uploaded with it, one HEAD each, and re
 """
 
 
+def _shard_seed(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed or 'none', got {text!r}") from None
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"the seed must be in 0..2**64-1, got {value}")
+    return value
+
+
 def _size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
     if not m:
@@ -134,6 +146,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=_size, default=0,
                    help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
                         "are up to 64 shards of at least 16MB)")
+    s.add_argument("--shard-seed", type=_shard_seed, default=0,
+                   help="utterances go into shards in a pseudo-random order drawn from this seed (default 0), so "
+                        "every shard is a random sample of the corpus (what readers that take a few shards at a "
+                        "time need); 'none' fills shards in id order")
     s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
     s.add_argument("--max-duration", type=float, default=30.0, help="reject longer clips, seconds (default 30)")
     s.add_argument("--max-channels", type=int, default=2, help="reject files with more channels (default 2)")
@@ -252,7 +268,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum, keep_columns=keep)
+              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed)
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
                       staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)

@@ -42,6 +42,7 @@ class Job:
     checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
     # Metadata columns written as text columns beside id/speaker/text (--keep-columns): gender, original_text, ...
     keep_columns: list[str] = field(default_factory=list)
+    shard_seed: int | None = 0  # utterances in a seeded random order before shards are cut (shard/plan.py); None: id order
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -71,6 +72,8 @@ class Job:
             d.pop("language")
         if not d.get("keep_columns"):  # likewise
             d.pop("keep_columns", None)
+        if d.get("shard_seed", 0) is None:  # id order: what every job did before the field existed
+            d.pop("shard_seed")
         if d.get("codec"):
             d["codec"].pop("device", None)
             d["codec"].pop("batch_size", None)
