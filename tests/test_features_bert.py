@@ -133,3 +133,14 @@ def test_shard_verify_tokens_and_trainer_read_the_features(bert_dir, tmp_path, c
     train_main(["--shards", str(tokens), "--config", "tiny", "--out", str(tmp_path / "run"), "--max-steps", "1",
                 "--batch-frames", "2000", "--prefetch", "0", "--min-ps-ratio", "0"])
     assert "BERT features: yes" in capsys.readouterr().out
+
+
+def test_shard_refuses_bert_without_gpt_sovits_phones(bert_dir, tmp_path, capsys):
+    from audiopipe.cli import main as cli
+
+    (tmp_path / "c").mkdir()
+    base = ["shard", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--bert-checkpoint"]
+    assert cli([*base, str(bert_dir), "--preset", "gpt_sovits"]) == 2  # --language en: ARPAbet ids
+    assert "needs a preset with phones (gpt_sovits) and --language zh or auto" in capsys.readouterr().err
+    assert cli([*base, str(tmp_path / "nope"), "--preset", "gpt_sovits", "--language", "zh"]) == 2
+    assert "BERT checkpoint folder not found" in capsys.readouterr().err

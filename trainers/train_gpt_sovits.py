@@ -35,9 +35,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -373,6 +373,11 @@ def main(argv: list[str] | None = None) -> dict:
     summary = "; ".join(p[2] for p in parts)
     features = ["semantic", "phones"] + (["bert"] if all(has_bert(s) for s in shard_dirs(cfg)) else [])
     model = Text2Semantic(c)
+    if "bert" not in features:
+        # Without features the projection's weight sees only zeros: GPT-SoVITS's gradient for it is exactly 0, so
+        # its ScaledAdam leaves it as it is; frozen, it stays so under either optimizer, and DDP does not wait for
+        # a gradient that never comes.
+        model.bert_proj.weight.requires_grad_(False)
     opt = ScaledAdam(model.parameters()) if optimizer == "scaled_adam" else None
     out = Path(cfg.out)
     if d.main:
