@@ -164,6 +164,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--codec-random-init", action="store_true",
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
     s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
+    s.add_argument("--bert-checkpoint", default=None, metavar="DIR",
+                   help="GPT-SoVITS stage 1, Chinese: per-phone BERT features (column `bert`, float16 [1024, phones]) "
+                        "from this local chinese-roberta-wwm-ext-large folder (save_pretrained layout); needs "
+                        "phones with --language zh or auto. See docs/trainers/gpt_sovits.md")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--timings", default=None, metavar="FILE",
                    help="write where the wall time went as JSON: the driver's phases and, for every shard built, "
@@ -231,6 +235,16 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     if a.language != "en" and preset.codec:
         raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
                        "(MFA TextGrids), so it takes --language en only")
+    bert = None
+    if a.bert_checkpoint:
+        if not preset.phones or a.language == "en":
+            raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
+                           "phones (gpt_sovits) and --language zh or auto")
+        if not Path(a.bert_checkpoint).is_dir():
+            raise JobError(f"BERT checkpoint folder not found: {a.bert_checkpoint}")
+        from audiopipe.shard.job import BertSettings
+
+        bert = BertSettings(checkpoint=str(Path(a.bert_checkpoint).resolve()))
     codec = None
     if preset.codec:
         if not a.codec_checkpoint and not a.codec_random_init:
@@ -268,7 +282,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed)
+              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed, bert=bert)
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
                       staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)
