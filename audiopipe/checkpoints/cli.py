@@ -45,6 +45,10 @@ MODELS: dict[str, Converter] = {
                           "audiopipe.checkpoints.speaker:campplus_from_upstream",
                           "audiopipe.checkpoints.cli:export_campplus", ("experiment", "file"),
                           "3D-Speaker speakerlab (bin/extract.py)"),
+    "gpt_sovits": Converter("audiopipe.checkpoints.gpt_sovits:to_upstream",
+                            "audiopipe.checkpoints.gpt_sovits:from_upstream",
+                            "audiopipe.checkpoints.gpt_sovits:export_run", ("fp16", "fp32"),
+                            "RVC-Boss/GPT-SoVITS stage 1 (its WebUI, TTS_infer_pack)"),
 }
 
 
