@@ -349,10 +349,14 @@ def test_init_from_a_gpt_sovits_checkpoint_fine_tunes_and_exports(token_dir, ups
     assert set(state) == set(start) and any(not torch.equal(state[k], start[k]) for k in start)  # it trained
     run_cfg = json.loads((out / "model_config.json").read_text())
     assert run_cfg["trainer"] == "gpt_sovits" and run_cfg["optimizer"] == "scaled_adam"
-    # the same weights through export-checkpoint's writer, from the run folder
-    summary = io.export_run(out, tmp_path / "cli", fmt="fp32")
-    again, _, _ = io.read_upstream(summary["files"][0])
-    assert summary["step"] == 3 and all(torch.allclose(again[k], state[k], atol=1e-3) for k in state)
+    # the same weights through `audiopipe export-checkpoint`, which finds the trainer in model_config.json
+    from audiopipe.cli import main as cli_main
+
+    assert cli_main(["export-checkpoint", str(out), "--out", str(tmp_path / "cli"), "--format", "fp32"]) == 0
+    said = capsys.readouterr().out
+    assert "exported gpt_sovits step 3" in said and "GPT_weights_v2/" in said
+    again, _, _ = io.read_upstream(tmp_path / "cli" / "gpt_sovits_s1-step3.ckpt")
+    assert all(torch.allclose(again[k], state[k], atol=1e-3) for k in state)
 
 
 def test_init_from_refusals_name_the_fix(token_dir, upstream_ckpt, tmp_path):
