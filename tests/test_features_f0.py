@@ -119,6 +119,24 @@ def test_short_clips_keep_the_frame_count(backend):
         assert feat(x)["f0"].shape == (n // HOP + 1,)
 
 
+def test_praat_frames_sit_on_t_times_hop_whatever_the_clip_length():
+    # Praat centres its frame grid in the sound, so with plain padding the grid sits a clip-length-dependent fraction
+    # of a frame off t * hop, and the nearest frame's voicing moves every voicing edge. Trailing samples must change
+    # nothing before them, and a burst's voiced frames must sit symmetrically about the burst.
+    t = np.arange(int(0.3 * SR)) / SR
+    burst = sum(np.sin(2 * np.pi * k * 200.0 * t) / k for k in range(1, 6))
+    x = np.concatenate([np.zeros(int(0.3 * SR)), 0.3 * burst, np.zeros(int(0.4 * SR))]).astype(np.float32)
+    feat = F0(sample_rate=SR, hop_length=HOP, backend="praat")
+    ref = feat(x)
+    T = len(ref["f0"]) - 10
+    for extra in range(7, 2 * HOP, 41):
+        out = feat(np.concatenate([x, np.zeros(extra, np.float32)]))
+        np.testing.assert_array_equal(out["voiced"][:T], ref["voiced"][:T])
+        np.testing.assert_allclose(out["f0"][:T], ref["f0"][:T], rtol=1e-6)
+    on, off = np.flatnonzero(ref["voiced"])[[0, -1]]
+    assert abs((on * HOP - 7200) + (off * HOP - 14400)) <= HOP, (on, off)  # the burst is samples 7200..14400
+
+
 def test_parameters_are_validated_and_hashed():
     with pytest.raises(ValueError, match="backend"):
         F0(backend="crepe")

@@ -401,31 +401,43 @@ def _pyworld_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float,
     return _fit_length(f0, len(wav) // hop + 1)
 
 
+def _praat_padding(n: int, sr: int, hop: int, window_s: float) -> tuple[int, int]:
+    """Zeros to put before and after an n-sample clip so that Praat's frame grid falls exactly on t * hop.
+
+    Praat centres its frames in the sound: with D the padded duration, it makes k = floor((D - window) / dt) + 1
+    frames starting at D / 2 - (k - 1) * dt / 2. For frame times pad_left / sr + t * dt, (n + pad_right - pad_left -
+    (k - 1) * hop) must be a multiple of 2 * hop. The left pad is chosen so that one right pad in every 2 * hop
+    consecutive ones satisfies it away from the rounding edge of the floor; both cover half a window past the clip.
+    """
+    left = int(math.ceil(window_s / 2 * sr + hop / 4)) + hop
+    for right in range(left, left + 2 * hop):
+        q = ((left + n + right) / sr - window_s) / (hop / sr)
+        if abs(q - round(q)) < 1e-6:
+            continue  # Praat's own floor could fall either way here
+        if (n + right - left - math.floor(q) * hop) % (2 * hop) == 0:
+            return left, right
+    raise AssertionError("unreachable: one right pad in 2 * hop aligns the grid")  # pragma: no cover
+
+
 def _praat_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> np.ndarray:
     try:
         import parselmouth
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("f0 backend 'praat' needs praat-parselmouth: pip install 'audiopipe[reference]'") from e
     T = len(wav) // hop + 1
-    # Praat only places frames whose 3-period window fits in the sound: pad so every centre t*hop is covered.
-    pad = int(math.ceil(1.5 / fmin * sr)) + hop
-    x = np.concatenate([np.zeros(pad), wav.astype(np.float64), np.zeros(pad)])
+    # Praat's grid must land on t * hop itself: a grid offset by a fraction of a frame, read through the nearest frame,
+    # moves every voicing edge by up to half a frame, always in the same direction for a given clip length.
+    left, right = _praat_padding(len(wav), sr, hop, 3.0 / fmin)  # to_pitch_ac's window: 3 periods of the floor
+    x = np.concatenate([np.zeros(left), wav.astype(np.float64), np.zeros(right)])
     pitch = parselmouth.Sound(x, sampling_frequency=sr).to_pitch_ac(
         time_step=hop / sr, pitch_floor=fmin, pitch_ceiling=fmax
     )
-    freq = pitch.selected_array["frequency"]
-    times = pitch.xs() - pad / sr
-    want = np.arange(T) * hop / sr
-    # Voicing from the nearest Praat frame; F0 linearly interpolated when both neighbours are voiced.
-    right = np.clip(np.searchsorted(times, want), 1, len(times) - 1)
-    left = right - 1
-    w = np.clip((want - times[left]) / (times[right] - times[left]), 0.0, 1.0)
-    nearest = np.where(w < 0.5, left, right)
-    f0 = freq[nearest].copy()
-    both = (freq[left] > 0) & (freq[right] > 0)
-    f0[both] = (1 - w[both]) * freq[left][both] + w[both] * freq[right][both]
-    f0[freq[nearest] <= 0] = 0.0
-    return f0
+    pos = (pitch.xs() - left / sr) * sr / hop  # frame index of each Praat frame
+    k = np.rint(pos).astype(np.int64)
+    if not np.allclose(pos, k, atol=1e-6) or k[0] > 0 or k[-1] < T - 1:
+        raise RuntimeError(f"f0 backend 'praat': Praat placed its frames at {pos[0]:.4f} + k frames, not on t * hop "
+                           f"(parselmouth {parselmouth.__version__}: frame placement changed?)")
+    return pitch.selected_array["frequency"][(k >= 0) & (k < T)].astype(np.float64)
 
 
 def interpolate_unvoiced(f0: np.ndarray, voiced: np.ndarray, fill_hz: float) -> np.ndarray:
