@@ -17,6 +17,7 @@ The default backend "yin" (design and accuracy in docs/features.md):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -30,26 +31,35 @@ from audiopipe.features.pcm import check_waveform
 Backend = Literal["yin", "dio", "harvest", "praat"]
 BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
 
-# Tuning of the "yin" backend. The voicing costs were chosen on the held-in split of the consensus reference
-# (tests/data/f0_reference.npz: frames where Praat 50-1100 and CREPE agree) and checked on its held-out split
-# (docs/features.md); the candidate search on tones, chirps and harvest. Changing any of these changes the
-# output: bump F0_VERSION.
-F0_VERSION = 3
+# Tuning of the "yin" backend. The voicing constants of F0_VERSION 4 (YIN_UNVOICED_COST, YIN_SWITCH_COST,
+# YIN_VOICING_WEIGHT) were chosen on the dev sources of the real read speech set and the held-in split of the first
+# set, never on their test / held-out parts (docs/features.md); the candidate search on tones, chirps and harvest.
+# Changing any of these changes the output: bump F0_VERSION.
+F0_VERSION = 4
 YIN_RATE = 8000  # analysis rate (Hz)
 YIN_WINDOW_S = 0.040  # integration window of the difference function
 YIN_CANDIDATES = 6  # CMNDF dips kept per frame
 YIN_LAG_BIAS = 0.08  # cost per octave below a frame's shortest candidate, so the shortest of equally good periods wins
-YIN_UNVOICED_COST = 0.7  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
+YIN_UNVOICED_COST = 0.5  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
 YIN_QUIET_DB = -20.0  # ... in frames within this of the clip's loudest frame (window level, dB); below it ...
 YIN_QUIET_SLOPE = 1.0  # ... "unvoiced" gets this much cheaper per 10 dB
 YIN_OCTAVE_COST = 3.0  # transition cost per octave of F0 change between consecutive frames
-YIN_SWITCH_COST = 0.4  # transition cost of a voiced <-> unvoiced switch
+YIN_SWITCH_COST = 0.2  # transition cost of a voiced <-> unvoiced switch
 YIN_REFINE_ABOVE_HZ = 400.0  # voiced frames above this are re-located on the input-rate signal
 YIN_REFINE_WINDOW_S = 0.010
 YIN_SILENCE_DB = -70.0  # frames quieter than this (RMS re full scale, DC removed) are unvoiced
 YIN_HIGH_HZ = 400.0  # candidates above this pay ...
 YIN_HIGH_COST = 0.3  # ... this much per octave above it, in full where the CMNDF dip is above ...
 YIN_HIGH_CLEAN = 0.1  # ... this (a clean periodic high sound, a tone or a child's vowel, pays less)
+# Second voicing opinion (Praat's autocorrelation voicing measure at the first pass's lag): "unvoiced" costs
+# YIN_VOICING_WEIGHT x (Praat's voiced strength - its unvoiced strength) more, so it is cheaper where Praat's measure
+# says unvoiced and dearer where it says voiced.
+YIN_VOICING_WEIGHT = 4.0
+YIN_VOICING_PERIODS = 3.0  # window: this many periods of fmin (Praat's default for the autocorrelation method)
+YIN_VOICING_SEARCH = 0.1  # the autocorrelation peak is looked for within +-10 % of the first pass's lag
+PRAAT_VOICING_THRESHOLD = 0.45  # Praat's defaults (Sound: To Pitch (ac)...)
+PRAAT_SILENCE_THRESHOLD = 0.03
+PRAAT_OCTAVE_COST = 0.01
 _BLOCK_FRAMES = 256  # frames per block: keeps the running-sum buffer in cache and memory O(K) per frame
 
 
@@ -303,6 +313,92 @@ def _refine_lags(x, centers, lags, W):  # pragma: no cover - numba
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _lag_product(y, n, tau):  # pragma: no cover - numba
+    acc = 0.0
+    for i in range(n - tau):
+        acc += y[i] * y[i + tau]
+    return acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _periodicity(x, centers, lags, w, rw, n_mean, n_peak, tau_lo, tau_hi, fmax_lag):  # pragma: no cover - numba
+    """Praat's autocorrelation voicing evidence at one lag per frame: (strength, local peak).
+
+    Per frame with lags[t] > 0: the window x[c - n/2 : c + n/2] less its local mean (over c +- n_mean), times the Hann
+    window w; its autocorrelation r(tau) / r(0), divided by the window's own (rw), is climbed from round(lags[t]) to the
+    nearest local maximum within YIN_VOICING_SEARCH of lags[t]; strength is that maximum (parabola; values above 1
+    reflected, as Praat does) less PRAAT_OCTAVE_COST per octave below fmax (fmax_lag), or -1 where there is no maximum
+    above half Praat's voicing threshold (Praat registers no candidate there). Local peak: the largest |windowed
+    sample| within n_peak of the centre.
+    """
+    T = centers.shape[0]
+    n = w.shape[0]
+    half = n // 2
+    strength = np.full(T, -1.0)
+    peak = np.zeros(T)
+    y = np.empty(n)
+    cs = np.empty(x.shape[0] + 1)
+    cs[0] = 0.0
+    acc = 0.0
+    for j in range(x.shape[0]):
+        acc += x[j]
+        cs[j + 1] = acc
+    for t in range(T):
+        lag = lags[t]
+        if lag <= 0.0:
+            continue
+        c = centers[t]
+        mean = (cs[c + n_mean] - cs[c - n_mean]) / (2 * n_mean)
+        s0 = c - half
+        e0 = 0.0
+        for i in range(n):
+            v = (x[s0 + i] - mean) * w[i]
+            y[i] = v
+            e0 += v * v
+        pk = 0.0
+        for i in range(half - n_peak, half + n_peak):
+            a = abs(y[i])
+            if a > pk:
+                pk = a
+        peak[t] = pk
+        if e0 <= 0.0:
+            continue
+        lo = max(tau_lo, int(lag * (1.0 - YIN_VOICING_SEARCH)))
+        hi = min(tau_hi, int(lag * (1.0 + YIN_VOICING_SEARCH)) + 1)
+        k = min(max(int(round(lag)), lo), hi)
+        rm = 0.0  # r(k - 1), r(k), r(k + 1) in one pass
+        r0 = 0.0
+        rp = 0.0
+        for i in range(n - k - 1):
+            v = y[i]
+            rm += v * y[i + k - 1]
+            r0 += v * y[i + k]
+            rp += v * y[i + k + 1]
+        rm += y[n - k - 1] * y[n - 2] + y[n - k] * y[n - 1]
+        r0 += y[n - k - 1] * y[n - 1]
+        rm /= e0 * rw[k - 1]
+        r0 /= e0 * rw[k]
+        rp /= e0 * rw[k + 1]
+        while rp > r0 and k < hi:
+            k += 1
+            rm, r0 = r0, rp
+            rp = _lag_product(y, n, k + 1) / (e0 * rw[k + 1])
+        while rm > r0 and k > lo:
+            k -= 1
+            rp, r0 = r0, rm
+            rm = _lag_product(y, n, k - 1) / (e0 * rw[k - 1])
+        if r0 < rm or r0 < rp or r0 <= 0.5 * PRAAT_VOICING_THRESHOLD:
+            continue
+        den = rm - 2.0 * r0 + rp
+        frac = 0.5 * (rm - rp) / den if den < 0.0 else 0.0
+        val = r0 - 0.25 * (rm - rp) * frac
+        if val > 1.0:
+            val = 1.0 / val
+        strength[t] = val - PRAAT_OCTAVE_COST * math.log2((k + frac) / fmax_lag)
+    return strength, peak
+
+
 def _candidate_costs(lags: np.ndarray, costs: np.ndarray, rate: int, tau_min: int) -> np.ndarray:
     """Local cost of each voiced candidate: its CMNDF dip (with the lag bias of _yin_candidates), less the bias of the
     frame's shortest candidate, plus a cost for F0 above YIN_HIGH_HZ.
@@ -333,6 +429,94 @@ def _unvoiced_costs(level_db: np.ndarray) -> np.ndarray:
     return YIN_UNVOICED_COST - YIN_QUIET_SLOPE * np.maximum(0.0, (YIN_QUIET_DB - rel) / 10.0)
 
 
+@functools.lru_cache(maxsize=8)
+def _hann_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Praat's Hann window of n samples and its normalised autocorrelation (r_w(tau) / r_w(0), tau = 0..n-1)."""
+    w = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(1, n + 1) / (n + 1))
+    spec = np.fft.rfft(w, 2 * n)
+    rw = np.fft.irfft(spec.real**2 + spec.imag**2, 2 * n)[:n]
+    return w, rw / rw[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_energy(x, centers, n):  # pragma: no cover - numba
+    """Mean square of x (its mean removed) over [c - n/2, c - n/2 + n) for each centre c (clipped to the signal);
+    centres ascending. One pass: sums of x and x^2 are read off at the window edges as it goes."""
+    N = x.shape[0]
+    T = centers.shape[0]
+    s1 = np.zeros(2 * T)  # running sums at window starts (even) and ends (odd)
+    s2 = np.zeros(2 * T)
+    a1 = 0.0
+    a2 = 0.0
+    j = 0
+    ia = 0  # next window start to record
+    ib = 0  # next window end to record
+    while ia < T or ib < T:
+        pa = min(max(centers[ia] - n // 2, 0), N) if ia < T else N + 1
+        pb = min(max(centers[ib] - n // 2 + n, 0), N) if ib < T else N + 1
+        p = min(pa, pb)
+        while j < p:
+            v = x[j]
+            a1 += v
+            a2 += v * v
+            j += 1
+        if pa == p:
+            s1[2 * ia] = a1
+            s2[2 * ia] = a2
+            ia += 1
+        else:
+            s1[2 * ib + 1] = a1
+            s2[2 * ib + 1] = a2
+            ib += 1
+    while j < N:
+        a1 += x[j]
+        j += 1
+    mean = a1 / max(N, 1)
+    out = np.empty(T)
+    for t in range(T):
+        d1 = s1[2 * t + 1] - s1[2 * t]
+        d2 = s2[2 * t + 1] - s2[2 * t]
+        out[t] = max(d2 - 2.0 * mean * d1 + (min(max(centers[t] - n // 2 + n, 0), N)
+                                              - min(max(centers[t] - n // 2, 0), N)) * mean * mean, 0.0) / n
+    return out
+
+
+def _voicing_margin(wav: np.ndarray, sr: int, x: np.ndarray, xp: np.ndarray, offset: int, rate: int, hop: int,
+                    lags: np.ndarray, fmin: float, fmax: float) -> np.ndarray:
+    """Per frame: Praat's voiced strength at the frame's lag (0 = none) less its unvoiced strength, on x (wav at rate;
+    xp: x with at least 1.5 / fmin s of zeros before it, from offset on).
+
+    Praat's voicing decision weighs the normalised autocorrelation peak against a threshold raised in frames whose
+    local peak is far below the clip's (silence). x is band-limited to rate / 2: the noise a breathy or fricative
+    frame carries above it would lower the peak in Praat's full-band analysis, so the strength is scaled by the share
+    of the frame's energy below rate / 2 (1 where wav is no wider).
+    """
+    T = len(lags)
+    if not (lags > 0).any():  # nothing but silence: no frame can be voiced anyway
+        return np.zeros(T)
+    n = int(round(YIN_VOICING_PERIODS / fmin * rate))
+    n_mean = int(rate / fmin)  # Praat takes the local mean over one longest period each side, ...
+    n_peak = n_mean // 2 + 1  # ... and the local peak over half of one
+    reach = max(n // 2, n_mean) + 1
+    centers = np.rint(np.arange(T) * (hop * rate / sr)).astype(np.int64)
+    centers = np.clip(centers, min(reach, len(x) // 2), max(len(x) - reach, len(x) // 2))  # windows that fit
+    w, rw = _hann_tables(n)
+    tau_lo, tau_hi = max(2, int(rate / fmax)), min(int(math.ceil(rate / fmin)), n // 2)
+    strength, peak = _periodicity(xp, centers + offset, lags, w, rw, n_mean, n_peak, tau_lo, tau_hi, rate / fmax)
+    if sr > rate:
+        wide = np.rint(np.arange(T) * hop).astype(np.int64)
+        n_wide = int(round(YIN_VOICING_PERIODS / fmin * sr))
+        r_wide = max(n_wide // 2, 1)
+        wide = np.clip(wide, min(r_wide, len(wav) // 2), max(len(wav) - r_wide, len(wav) // 2))
+        share = _window_energy(x, centers, n) / np.maximum(_window_energy(wav, wide, n_wide), 1e-30)
+        strength = np.where(strength > -1.0, strength * np.clip(share, 0.0, 1.0), strength)
+    global_peak = np.abs(x - x.mean()).max() if len(x) else 0.0
+    rel = np.minimum(peak / global_peak, 1.0) if global_peak > 0 else np.zeros(T)
+    unvoiced = PRAAT_VOICING_THRESHOLD + np.maximum(
+        0.0, 2.0 - rel * (1.0 + PRAAT_VOICING_THRESHOLD) / PRAAT_SILENCE_THRESHOLD)
+    return np.where(lags > 0, strength - unvoiced, 0.0)
+
+
 def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> tuple[np.ndarray, np.ndarray]:
     T = len(wav) // hop + 1
     rate = min(YIN_RATE, sr)
@@ -353,7 +537,15 @@ def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> 
     costs = _candidate_costs(lags, costs, rate, tau_min)
     level_db = 10.0 * np.log10(energy / W + 1e-20)
     costs[level_db < YIN_SILENCE_DB] = np.inf
-    path = _viterbi(lags, costs, _unvoiced_costs(level_db), YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    unvoiced = _unvoiced_costs(level_db)
+    path = _viterbi(lags, costs, unvoiced, YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    # Second opinion on voicing, at the first pass's lag (its path's where voiced, else the frame's best candidate),
+    # then the path again with "unvoiced" priced by it.
+    rows = np.arange(T)
+    first = lags[rows, np.where(path < YIN_CANDIDATES, path, np.argmin(costs, axis=1))]
+    first = np.where(np.isfinite(costs.min(axis=1)), first, 0.0)
+    evidence = _voicing_margin(wav, sr, x, xp, pad + margin, rate, hop, first, fmin, fmax)
+    path = _viterbi(lags, costs, unvoiced + YIN_VOICING_WEIGHT * evidence, YIN_OCTAVE_COST, YIN_SWITCH_COST)
     voiced = path < YIN_CANDIDATES
     lag = lags[np.arange(T), np.minimum(path, YIN_CANDIDATES - 1)]
     f0 = np.zeros(T)
