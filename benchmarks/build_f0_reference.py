@@ -23,7 +23,10 @@ unvoiced; every other frame is left out of the scoring (mask 0). CREPE runs on e
 sample, every 40 ms.
 Frames more than 60 dB below the clip's loudest frame are not sent to CREPE and count as CREPE-unvoiced (in the
 spirit of torchcrepe's Silence(-60) threshold, which zeroes periodicity below -60 dB loudness). The raw Praat and
-CREPE tracks are stored too, so the rule can be changed without running CREPE again.
+CREPE tracks are stored too, so the rule can be changed without running CREPE again, and --crepe-from OLD.npz
+rebuilds a reference with a new Praat half (e.g. after a change to the "praat" backend) from the CREPE tracks stored
+in OLD.npz, without CREPE or torchcrepe. Both halves are framed on t * 320 / 24000 s exactly (the "praat" backend pads
+so that Praat's own frame grid falls on those times).
 """
 
 from __future__ import annotations

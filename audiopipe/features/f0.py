@@ -12,7 +12,10 @@ The default backend "yin" (design and accuracy in docs/features.md):
      pure tones do not fall to sub-harmonics) plus an "unvoiced" state;
   4. Viterbi over those states: octave jumps and voicing switches cost, so the track is continuous and
      isolated voicing blips vanish; "unvoiced" costs less the further a frame lies below the clip's loudest
-     frame (as in Praat's voicing decision), so breathy onsets and vowel decays are not voiced.
+     frame, so breathy onsets and vowel decays are not voiced;
+  5. a second opinion on voicing: Praat's autocorrelation voicing measure (Hann window of 3 periods of fmin,
+     normalised autocorrelation peak near the lag step 4 chose, against a threshold raised in frames far below
+     the clip's peak), one window and a few lags per frame; "unvoiced" is priced by it and step 4 runs again.
 """
 
 from __future__ import annotations
