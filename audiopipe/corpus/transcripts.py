@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from audiopipe.errors import AudiopipeError
+
 METADATA_NAME = "metadata.csv"
 # Sidecar names tried beside `x.wav`, in order. LibriTTS ships x.normalized.txt and x.original.txt.
 SIDECAR_SUFFIXES = (".normalized.txt", ".txt", ".lab", ".original.txt")
@@ -21,7 +23,7 @@ MANIFEST_PATH_KEYS = ("path", "audio")
 MANIFEST_KNOWN_KEYS = ("path", "audio", "id", "text", "speaker")
 
 
-class TranscriptError(ValueError):
+class TranscriptError(AudiopipeError, ValueError):
     """A transcript source that cannot be parsed; the message names the file and line."""
 
 

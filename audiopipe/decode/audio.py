@@ -18,6 +18,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from audiopipe.errors import AudiopipeError
+
 RESAMPLE_QUALITY = "HQ"
 
 # An MP3 header length may be an estimate (no Xing/LAME frame count); allow a little slack before calling it
@@ -41,7 +43,7 @@ class DecodeLimits:
         return asdict(self)
 
 
-class RejectError(Exception):
+class RejectError(AudiopipeError):
     """An input that must not be written. `reason` is a short stable code, `detail` a sentence with numbers."""
 
     def __init__(self, reason: str, detail: str) -> None:

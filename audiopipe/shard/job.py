@@ -11,8 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from audiopipe.errors import AudiopipeError
 
-class JobError(RuntimeError):
+
+class JobError(AudiopipeError, RuntimeError):
     """A problem the user can fix (bad arguments, an output folder from another job): printed, not traced."""
 
 

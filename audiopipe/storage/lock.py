@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from audiopipe.errors import AudiopipeError
+
 LOCK_NAME = ".audiopipe.lock"
 
 
-class LockHeld(RuntimeError):
+class LockHeld(AudiopipeError, RuntimeError):
     """The folder is locked by a running job; the message names it."""
 
 
