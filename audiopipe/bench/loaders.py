@@ -36,7 +36,7 @@ import torch
 
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
+from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.wds import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
@@ -143,7 +143,7 @@ def _dataloader(dataset: Any, batch_sampler: Any, collate: Callable, workers: in
 
 
 def npy_cache(shards: str, feature: str, cache: str) -> Path:
-    """The per-utterance export (audiopipe/reader/files_dataset.py, the one exporter of that layout), written
+    """The per-utterance export (audiopipe/bench/files_dataset.py, the one exporter of that layout), written
     once under <cache>/npy: <feature>/<row>.npy plus metadata.json, as Amphion keeps a file per utterance."""
     return export_per_utterance(shards, [feature], Path(cache) / "npy")
 
