@@ -117,10 +117,20 @@ class Header(NamedTuple):
 _BLOCK = 1 << 16  # frames decoded at a time
 
 
+def as_stream(f: sf.SoundFile) -> sf.SoundFile:
+    """`f` read forward only, as soundfile reads a pipe. soundfile seeks to its own position after every read
+    (to keep its count), and libFLAC cannot seek in a FLAC whose STREAMINFO gives no length: reading such a
+    file in blocks would stop after the first one. Marking it unseekable (soundfile's state for pipes) keeps
+    soundfile from seeking; the frames to read are then always given."""
+    f._info.seekable = 0
+    return f
+
+
 def measure_frames(f: sf.SoundFile, limit: int | None = None) -> int:
     """The frames an open file really holds, counted by decoding it block by block into one reused buffer (the
     memory of one block, whatever the length); stops past `limit` frames when given. For a stream whose header
-    gives no length (a FLAC with total_samples 0)."""
+    gives no length (a FLAC with total_samples 0): `f` is read forward (as_stream) and cannot be rewound."""
+    as_stream(f)
     buf = np.empty((_BLOCK, f.channels), np.float32)
     n = 0
     try:
@@ -207,7 +217,7 @@ def decode_open(f: sf.SoundFile, raw: Any, size: int, limits: DecodeLimits,
     duration allowed, and its length checked on what was decoded."""
     if declared.unknown(f.frames):
         check_format(int(f.samplerate), int(f.channels), limits)
-        return decode_checked(f, 0, limits, what)
+        return decode_checked(as_stream(f), 0, limits, what)
     check_header(f, limits)
     length = declared.declared_length(raw, size, f)
     if length.short is not None and not length.counted:  # cut short, by how many frames the header cannot say

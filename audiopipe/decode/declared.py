@@ -183,7 +183,7 @@ def _caf(head: bytes) -> Declared | None:
 
 _LOG_TRUNCATED = re.compile(r"truncated|Data length \d+ should be \d+", re.IGNORECASE)
 _LOG_FRAMES = re.compile(r"^\s*Frames\s*:\s*(\d+)\s*$", re.MULTILINE)
-_LOG_COLS = re.compile(r"^\s*Cols\s*:\s*(\d+)\s*$", re.MULTILINE)  # MAT files: a channels x frames matrix
+_LOG_COLS = re.compile(r"\bCols\s*:\s*(\d+)")  # MAT files: a channels x frames matrix
 # Formats whose libsndfile log states the frames their header declares, and the line that says it.
 _LOG_LENGTH = {"AVR": _LOG_FRAMES, "MPC2K": _LOG_FRAMES, "MAT4": _LOG_COLS, "MAT5": _LOG_COLS}
 

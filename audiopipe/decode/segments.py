@@ -30,7 +30,7 @@ import numpy as np
 import soundfile as sf
 
 from audiopipe.decode import declared
-from audiopipe.decode.audio import DecodeLimits, RejectError, check_format, check_limits, load_audio
+from audiopipe.decode.audio import DecodeLimits, RejectError, as_stream, check_format, check_limits, load_audio
 
 # Subtypes whose frames libsndfile seeks to exactly (a byte offset), and formats that seek exactly whatever
 # their subtype (FLAC's seek table and sample-accurate decoder). Vorbis seeks were measured a few hundred
@@ -56,6 +56,7 @@ class Recording:
 
     def __init__(self, opener: Callable[[], tuple[sf.SoundFile, Any, int]], name: str, limits: DecodeLimits):
         self.name = name
+        self._opener = opener
         self.f, raw, size = opener()
         try:
             check_format(int(self.f.samplerate), int(self.f.channels), limits)
@@ -71,7 +72,10 @@ class Recording:
                 raw.close()
         self.declared = length.frames if length is not None else None
         self.short = length.short if length is not None else None
-        self.exact_seek = self.f.subtype in _EXACT_SEEK_SUBTYPES or self.f.format in _EXACT_SEEK_FORMATS
+        self.exact_seek = self.frames is not None and (self.f.subtype in _EXACT_SEEK_SUBTYPES
+                                                       or self.f.format in _EXACT_SEEK_FORMATS)
+        if self.frames is None:  # a FLAC stream without a length: libFLAC cannot seek in it at all
+            as_stream(self.f)
         self.pos = 0  # next frame a forward read returns (codecs without exact seeks)
 
     def close(self) -> None:
@@ -103,7 +107,14 @@ class Recording:
 
     def _skip_to(self, start: int) -> None:
         if start < self.pos:  # an earlier segment: decode again from the start
-            self.f.seek(0)
+            if self.frames is None:  # a stream cannot be rewound: open it again
+                self.f.close()
+                self.f, raw, _ = self._opener()
+                as_stream(self.f)
+                if raw is not None:
+                    raw.close()
+            else:
+                self.f.seek(0)
             self.pos = 0
         buf = np.empty((_BLOCK, self.f.channels), np.float32)
         while self.pos < start:
