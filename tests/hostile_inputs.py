@@ -31,12 +31,12 @@ CONTAINERS = [
     ("MPC2K", "PCM_16", "mpc2k"), ("WVE", "ALAW", "wve"), ("HTK", "PCM_16", "htk"), ("SDS", "PCM_16", "sds"),
     ("XI", "DPCM_16", "xi"),
 ]
-LOSSY = {"VORBIS", "OPUS", "MPEG_LAYER_III", "ULAW", "ALAW", "DPCM_16", "PCM_S8"}
+LOSSY = {"VORBIS", "OPUS", "MPEG_LAYER_III"}  # no byte-exact reference for a cut stream of these
 # Containers whose header states the length of the data (so a cut file must be refused as truncated). The
 # others either state none (IRCAM, PAF, PVF: the data runs to the end of the file) or cannot be cut and still
-# open (FLAC, OGG, MP3 have their own checks, HTK/SDS/XI refuse to open).
+# open (FLAC and OGG have their own checks, HTK/SDS/XI refuse to open).
 DECLARED_LENGTH = {"WAV", "WAVEX", "RF64", "W64", "AIFF", "AU", "NIST", "CAF", "SVX", "AVR", "MAT5", "MPC2K", "VOC",
-                   "WVE"}
+                   "WVE", "MP3"}  # (MP3: the byte count of the Xing frame LAME writes)
 RATE = {"WVE": 8000, "OPUS": 48000, "HTK": 16000}
 
 
@@ -58,13 +58,15 @@ def audio_bytes(x: np.ndarray, sr: int, fmt: str, subtype: str) -> bytes:
 
 def decoded(data: bytes) -> np.ndarray:
     """What libsndfile decodes from whole, valid bytes (the reference a written clip must equal)."""
-    y, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    from audiopipe.decode.cells import AudioBytes
+
+    y, _ = sf.read(AudioBytes(data), dtype="float32", always_2d=True)
     return y.mean(axis=1, dtype=np.float32) if y.shape[1] > 1 else y[:, 0]
 
 
-def streamed_flac(x: np.ndarray, sr: int) -> bytes:
+def streamed_flac(x: np.ndarray, sr: int, subtype: str = "PCM_16") -> bytes:
     """A valid FLAC whose STREAMINFO gives no total (0 samples: what a streaming encoder writes)."""
-    d = bytearray(audio_bytes(x, sr, "FLAC", "PCM_16"))
+    d = bytearray(audio_bytes(x, sr, "FLAC", subtype))
     body = 8  # "fLaC" + the STREAMINFO block header
     v = int.from_bytes(d[body + 10:body + 18], "big") & ~((1 << 36) - 1)  # total samples: the low 36 bits
     d[body + 10:body + 18] = v.to_bytes(8, "big")

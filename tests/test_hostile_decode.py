@@ -19,7 +19,7 @@ from audiopipe.corpus.discover import discover
 from audiopipe.decode.audio import DecodeLimits, RejectError, load_audio, read_info
 from audiopipe.decode.segments import RecordingCache
 
-from hostile_inputs import (CONTAINERS, DECLARED_LENGTH, LOSSY, RATE, audio_bytes, decoded, peak_rss_growth,
+from hostile_inputs import (CONTAINERS, DECLARED_LENGTH, RATE, audio_bytes, decoded, peak_rss_growth,
                             rf64_claiming, signal, streamed_flac, write_tar)
 
 SR = 16000

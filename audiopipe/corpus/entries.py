@@ -159,10 +159,11 @@ def segment_problem(start: float, end: float, total: int, sr: int) -> str | None
     length = total / sr
     if not (math.isfinite(start) and math.isfinite(end)):
         return f"segment {start}-{end} s is not a finite stretch of the audio (0-{length:.3f} s)"
-    first, last = round(start * sr), min(round(end * sr), total)
-    if not (start >= 0 and end > start and end <= length + SEGMENT_SLACK_S and last > first):
-        return f"segment {start:.3f}-{end:.3f} s is empty or outside the audio (0-{length:.3f} s)"
-    return None
+    # The bounds first: a start of 1e308 s is finite, and round(1e308 * sr) would overflow.
+    if start >= 0 and end > start and end <= length + SEGMENT_SLACK_S \
+            and min(round(end * sr), total) > round(start * sr):
+        return None
+    return f"segment {start:.3f}-{end:.3f} s is empty or outside the audio (0-{length:.3f} s)"
 
 
 def resolve_path(written: str, base: str) -> str:

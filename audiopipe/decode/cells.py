@@ -25,6 +25,18 @@ from audiopipe.decode.audio import DecodeLimits, Header, RejectError, decode_ope
 MAX_CELL_BYTES = 1 << 30
 
 
+class AudioBytes(io.BytesIO):
+    """Audio bytes in memory for libsndfile. A damaged header can make libsndfile seek before the start; BytesIO
+    raises there, inside soundfile's C callback, which prints a traceback and goes on: clamp instead, as a file
+    does (audiopipe.decode.members.MemberView does the same for tar members)."""
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return super().seek(pos, whence)
+        except ValueError:
+            return super().seek(0)
+
+
 def is_cell(u: Any) -> bool:
     return bool(u.extra) and "cell_row" in u.extra
 
@@ -38,7 +50,7 @@ def cell_info(data: bytes | memoryview) -> Header:
     if size > MAX_CELL_BYTES:
         raise RejectError("too_large", f"the audio cell holds {size} bytes, more than {MAX_CELL_BYTES}")
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
+        with sf.SoundFile(AudioBytes(data)) as f:
             frames = measure_frames(f) if declared.unknown(f.frames) else f.frames
             return Header(f.samplerate, frames, f.channels, f.format, f.subtype)
     except (RuntimeError, OSError, ValueError, TypeError) as e:
@@ -50,8 +62,8 @@ def decode_cell(data: bytes | memoryview, limits: DecodeLimits | None = None) ->
     included)."""
     limits = limits or DecodeLimits()
     cell_info(data)  # the refusals of bytes that are not audio
-    with sf.SoundFile(io.BytesIO(data)) as f:
-        return decode_open(f, io.BytesIO(data), len(data), limits, what="embedded audio")
+    with sf.SoundFile(AudioBytes(data)) as f:
+        return decode_open(f, AudioBytes(data), len(data), limits, what="embedded audio")
 
 
 def _regular(path: str) -> None:

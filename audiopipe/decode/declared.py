@@ -4,7 +4,8 @@ that was cut.
 libsndfile reports the frames it can read: a WAV, RF64, W64, AIFF, AU, NIST or CAF file whose data was cut
 short (a partial download, a full disk) opens as a shorter clip with no error, and its transcript no longer
 matches. The header still says how long the data should be, so this module reads that length and the decoder
-compares: fewer frames than declared is `truncated`. Where the data cannot run past the end of the file at all
+compares: fewer frames than declared is `truncated`. An MP3's Xing/Info/VBRI frame counts its bytes, which is
+checked the same way. Where the data cannot run past the end of the file at all
 (a data chunk declared longer than the file, an RF64 ds64 claiming 10^12 frames), the refusal comes before
 anything is decoded.
 
@@ -56,6 +57,9 @@ def parse(head: bytes, size: int) -> Declared | None:
             return _nist(head)
         if head[:4] == b"caff":
             return _caf(head)
+        if head[:3] == b"ID3" or head[:2] in (b"\xff\xfb", b"\xff\xfa", b"\xff\xf3", b"\xff\xf2", b"\xff\xe3",
+                                             b"\xff\xe2"):
+            return _mp3(head)
     except (struct.error, ValueError, IndexError, ZeroDivisionError, OverflowError):
         return None  # a header too damaged to say: libsndfile's own reading decides
     return None
@@ -178,6 +182,32 @@ def _caf(head: bytes) -> Declared | None:
         if size < 0:
             return None
         pos = body + size
+    return None
+
+
+def _mp3(head: bytes) -> Declared | None:
+    """An MP3's Xing / Info / VBRI frame, which counts the stream's bytes (LAME and most encoders write one):
+    the data ends that many bytes after the first frame. Without one the length is an estimate (MP3 slack)."""
+    start = 0
+    if head[:3] == b"ID3":  # an ID3v2 tag first: its size is syncsafe (7 bits a byte), plus a footer if flagged
+        size = (head[6] << 21) | (head[7] << 14) | (head[8] << 7) | head[9]
+        start = 10 + size + (10 if head[5] & 0x10 else 0)
+    if start + 4 > len(head) or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
+        return None
+    frame = head[start:start + 200]
+    for tag in (b"Xing", b"Info"):
+        at = frame.find(tag)
+        if at >= 0:
+            flags = struct.unpack_from(">I", frame, at + 4)[0]
+            if not flags & 0x2:  # no byte count
+                return None
+            pos = at + 8 + (4 if flags & 0x1 else 0)
+            count = struct.unpack_from(">I", frame, pos)[0]
+            return Declared(None, start + count, f"its {tag.decode()} frame") if count else None
+    at = frame.find(b"VBRI")
+    if at >= 0:
+        count = struct.unpack_from(">I", frame, at + 10)[0]
+        return Declared(None, start + count, "its VBRI frame") if count else None
     return None
 
 

@@ -22,7 +22,6 @@ short.
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from typing import Any, Callable, Iterable
 
@@ -184,11 +183,11 @@ class RecordingCache:
             return member
         if self._cells is not None and "cell_row" in u.extra:
             def cell() -> tuple[sf.SoundFile, Any, int]:
-                from audiopipe.decode.cells import cell_info
+                from audiopipe.decode.cells import AudioBytes, cell_info
 
                 data = self._cells.bytes_of(u)
                 cell_info(data)
-                return sf.SoundFile(io.BytesIO(data)), io.BytesIO(data), len(data)
+                return sf.SoundFile(AudioBytes(data)), AudioBytes(data), len(data)
             return cell
         return _file_opener(u.path)
 

@@ -131,9 +131,8 @@ def _fields(row: dict[str, Any], speaker_rule: int | None, source: str) -> tuple
     type."""
     from audiopipe.corpus.manifests import plain_value, text_of
 
-    uid = text_of(row.get("id"), "id")
+    uid, speaker = (_as_given(row.get(k), k) for k in ("id", "speaker"))
     text = text_of(row.get("text"), "text")
-    speaker = text_of(row.get("speaker"), "speaker")
     extra = {k: v for k, v in row.items()
              if k not in ("id", "wav", "text", "speaker") and k not in LOCATION_EXTRA and plain_value(v)}
     reserved = sorted(k for k in LOCATION_EXTRA if row.get(k) not in (None, ""))
@@ -143,6 +142,14 @@ def _fields(row: dict[str, Any], speaker_rule: int | None, source: str) -> tuple
     if "language" in extra and not isinstance(extra["language"], str):
         extra["language"] = text_of(extra["language"], "language")
     return uid, text, speaker_from_folders(source, speaker_rule, speaker), extra
+
+
+def _as_given(value: Any, name: str) -> str:
+    """An id or speaker as the line gives it (blank: none); guard.Refused for a value that is not text."""
+    from audiopipe.corpus.manifests import text_of
+
+    said = text_of(value, name)  # refuses lists, objects, booleans and lone surrogates
+    return (value if isinstance(value, str) else said) if said else ""
 
 
 def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[list[Utterance], list[Reject]]:

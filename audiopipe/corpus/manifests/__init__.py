@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -36,6 +37,7 @@ MAX_INDEX_LINE = 64 << 20  # a manifest line longer than this is not a manifest 
 from audiopipe.corpus.hints import USED_EXTRA  # noqa: E402
 # Types of lhotse manifest items, from their JSON fields (lhotse itself decides when it parses them).
 _CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut", "DataCut")
+_LHOTSE_NAME = re.compile(r"(^|[_.-])(recordings|supervisions|cuts)([_.-]|$)")  # lhotse's file names
 
 
 @dataclass
@@ -105,6 +107,7 @@ def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any] | guard.Refuse
 
 
 def _first_object(path: str) -> dict[str, Any] | None:
+    """The first readable object of a JSON-lines file, which tells its kind (None: no line can be read)."""
     for _, rec in json_objects(path):
         if isinstance(rec, dict):
             return rec
@@ -152,8 +155,8 @@ def kind_of(path: str) -> str:
         first = _first_object(path)
         if first is not None and "audio_filepath" in first:
             return "nemo"
-        if first is not None and _lhotse_item(first):
-            return "lhotse"
+        if first is not None and _lhotse_item(first) or first is None and _LHOTSE_NAME.search(name):
+            return "lhotse"  # (no line readable: lhotse's own reader says why, rather than another reader)
         return "plain"
     if stem.endswith(".tsv"):
         with open_binary(path) as f:
