@@ -36,7 +36,7 @@ LOSSY = {"VORBIS", "OPUS", "MPEG_LAYER_III"}  # no byte-exact reference for a cu
 # others either state none (IRCAM, PAF, PVF: the data runs to the end of the file) or cannot be cut and still
 # open (FLAC and OGG have their own checks, HTK/SDS/XI refuse to open).
 DECLARED_LENGTH = {"WAV", "WAVEX", "RF64", "W64", "AIFF", "AU", "NIST", "CAF", "SVX", "AVR", "MAT5", "MPC2K", "VOC",
-                   "WVE", "MP3"}  # (MP3: the byte count of the Xing frame LAME writes)
+                   "WVE", "MP3", "SDS"}  # (MP3: the byte count of the Xing frame LAME writes)
 RATE = {"WVE": 8000, "OPUS": 48000, "HTK": 16000}
 
 

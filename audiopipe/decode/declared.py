@@ -4,8 +4,8 @@ that was cut.
 libsndfile reports the frames it can read: a WAV, RF64, W64, AIFF, AU, NIST or CAF file whose data was cut
 short (a partial download, a full disk) opens as a shorter clip with no error, and its transcript no longer
 matches. The header still says how long the data should be, so this module reads that length and the decoder
-compares: fewer frames than declared is `truncated`. An MP3's Xing/Info/VBRI frame counts its bytes, which is
-checked the same way. Where the data cannot run past the end of the file at all
+compares: fewer frames than declared is `truncated`. An MP3's Xing/Info/VBRI frame counts its bytes, and a MIDI
+sample dump (SDS) its words, which are checked the same way. Where the data cannot run past the end of the file at all
 (a data chunk declared longer than the file, an RF64 ds64 claiming 10^12 frames), the refusal comes before
 anything is decoded.
 
@@ -57,6 +57,8 @@ def parse(head: bytes, size: int) -> Declared | None:
             return _nist(head)
         if head[:4] == b"caff":
             return _caf(head)
+        if head[:2] == b"\xf0\x7e" and head[3:4] == b"\x01":  # a MIDI sample dump header
+            return _sds(head)
         if head[:3] == b"ID3" or head[:2] in (b"\xff\xfb", b"\xff\xfa", b"\xff\xf3", b"\xff\xf2", b"\xff\xe3",
                                              b"\xff\xe2"):
             return _mp3(head)
@@ -183,6 +185,18 @@ def _caf(head: bytes) -> Declared | None:
             return None
         pos = body + size
     return None
+
+
+def _sds(head: bytes) -> Declared | None:
+    """A MIDI Sample Dump: its dump header gives the sample length in words (three 7-bit bytes); the words
+    follow in 127-byte data packets of 120 payload bytes, each word in ceil(bits / 7) bytes. A cut dump decodes
+    to garbage in its last packet, so its length must be checked."""
+    bits = head[6]
+    words = head[10] | head[11] << 7 | head[12] << 14
+    if not 8 <= bits <= 28 or words == 0:
+        return None
+    packets = -(-words * ((bits + 6) // 7) // 120)
+    return Declared(words, 21 + packets * 127, "its dump header")
 
 
 def _mp3(head: bytes) -> Declared | None:
