@@ -18,7 +18,7 @@ from audiopipe.features.f0 import BACKENDS, F0, interpolate_unvoiced
 SR, HOP = 24000, 256
 # yin on the held-in Asterisk + espeak-ng clips of the reference (%), measured value plus a margin; the measured
 # figures and the full comparison are in docs/features.md (benchmarks/bench_f0.py).
-PINNED = {"GPE": 1.0, "VDE": 2.5, "FFE": 2.5, "GPE_all": 1.0}  # measured 0.00, 1.25, 1.25, 0.27
+PINNED = {"GPE": 1.0, "VDE": 2.5, "FFE": 2.5, "GPE_all": 1.0}  # measured 0.00, 1.79, 1.79, 0.28
 
 
 def tone(f0: float, seconds: float = 1.0, sr: int = SR, harmonics: int = 1) -> np.ndarray:
@@ -277,3 +277,84 @@ def test_same_audio_in_every_file_format_gives_identical_f0(held_in, tmp_path, s
         np.testing.assert_array_equal(o["f0"], outs[0]["f0"])
         np.testing.assert_array_equal(o["voiced"], outs[0]["voiced"])
     assert outs[0]["voiced"].mean() > 0.2
+
+
+# --- real read speech (benchmarks/f0_speech.py, tests/data/f0_reference_read.npz) ---------------------------------
+REFERENCE_READ = Path(__file__).parent / "data" / "f0_reference_read.npz"
+
+
+def _f0_speech():
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "f0_speech.py"
+    spec = importlib.util.spec_from_file_location("f0_speech", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("f0_speech", mod)  # dataclasses look their module up there
+    spec.loader.exec_module(sys.modules["f0_speech"]) if sys.modules["f0_speech"] is mod else None
+    return sys.modules["f0_speech"]
+
+
+def test_read_reference_follows_its_rule_and_pins_its_files():
+    z = np.load(REFERENCE_READ, allow_pickle=False)
+    praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
+    ran = ~np.isnan(per)
+    pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
+    agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
+    np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
+    np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
+    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP and z["frames"].sum() == len(z["ref"])
+    # every clip names its package, version, file and the file's sha256, as the material script lists them
+    speech = _f0_speech()
+    listed = {(c.source.package, c.source.version, c.path, c.sha256, c.start_s) for c in speech.CLIPS}
+    stored = set(zip(z["package"], z["version"], z["path"], z["sha256"], z["start_s"].astype(float)))
+    assert stored == listed
+    test_sources = set(z["source"][z["split"] == "test"])
+    assert len(test_sources) >= 3 and not test_sources & set(z["source"][z["split"] == "dev"])
+    rows = np.repeat(z["split"] == "test", z["frames"])
+    assert ((z["ref"] > 0) & rows).sum() > 500 and ((z["ref"] == 0) & (z["mask"] > 0) & rows).sum() > 500
+
+
+@pytest.fixture(scope="module")
+def read_test_debian():
+    """Test-split clips of the real read speech set that Debian packages ship (the PyPI ones need a download):
+    {source: [(audio, ref, mask)]}; skips if none of those packages is installed."""
+    speech = _f0_speech()
+    z = np.load(REFERENCE_READ, allow_pickle=False)
+    bounds = np.concatenate([[0], np.cumsum(z["frames"])])
+    row = {str(n): i for i, n in enumerate(z["ident"])}
+    out: dict = {}
+    missing = set()
+    for c in speech.CLIPS:
+        if c.split != "test" or c.source.origin != "deb":
+            continue
+        if not Path(c.path).is_file():
+            missing.add(c.source.package)
+            continue
+        x = speech.load(c, None)
+        i = row[c.name]
+        assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == z["digest"][i], f"{c.name} decodes differently"
+        out.setdefault(c.source.name, []).append(
+            (x, z["ref"][bounds[i]:bounds[i + 1]].astype(np.float64), z["mask"][bounds[i]:bounds[i + 1]] > 0))
+    if not out:
+        pytest.skip("none of the Debian packages of the read speech test split is installed: " + " ".join(missing))
+    return out
+
+
+# yin on the Debian-shipped test-split clips of the read speech set (%), measured plus a margin (docs/features.md):
+# measured 0.00 / 2.86 / 2.86 / 0.00 (Praat 75-600: 0.00 / 1.90 / 1.90 / 0.07).
+PINNED_READ = {"GPE": 0.5, "VDE": 3.5, "FFE": 3.5, "GPE_all": 0.5}
+
+
+def test_yin_against_praat_75_600_on_real_read_speech_never_tuned_on(read_test_debian):
+    # Sources the tracker was never tuned on (the test split); the figures with every source, PyPI ones included,
+    # and the leave-one-source-out table come from benchmarks/bench_f0.py.
+    clips = [c for cs in read_test_debian.values() for c in cs]
+    yin = consensus_scores(F0(sample_rate=REF_SR, hop_length=REF_HOP), clips)
+    praat = consensus_scores(F0(sample_rate=REF_SR, hop_length=REF_HOP, fmin=75, fmax=600, backend="praat"), clips)
+    for k in ("GPE", "VDE", "FFE", "GPE_all"):
+        assert yin[k] <= PINNED_READ[k], (k, yin, praat)
+    # yin's F0 is at least as good as Praat's on this speech; its voicing is not yet (VDE, hence FFE, is higher:
+    # docs/features.md), so only the F0 measures are held to Praat here.
+    for k in ("GPE", "GPE_all"):
+        assert yin[k] <= praat[k], (k, yin, praat)

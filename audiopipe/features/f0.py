@@ -34,19 +34,22 @@ BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
 # (tests/data/f0_reference.npz: frames where Praat 50-1100 and CREPE agree) and checked on its held-out split
 # (docs/features.md); the candidate search on tones, chirps and harvest. Changing any of these changes the
 # output: bump F0_VERSION.
-F0_VERSION = 2
+F0_VERSION = 3
 YIN_RATE = 8000  # analysis rate (Hz)
 YIN_WINDOW_S = 0.040  # integration window of the difference function
 YIN_CANDIDATES = 6  # CMNDF dips kept per frame
-YIN_LAG_BIAS = 0.04  # cost per octave below fmax, so the shortest of equally good periods wins
+YIN_LAG_BIAS = 0.08  # cost per octave below a frame's shortest candidate, so the shortest of equally good periods wins
 YIN_UNVOICED_COST = 0.7  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
 YIN_QUIET_DB = -20.0  # ... in frames within this of the clip's loudest frame (window level, dB); below it ...
 YIN_QUIET_SLOPE = 1.0  # ... "unvoiced" gets this much cheaper per 10 dB
 YIN_OCTAVE_COST = 3.0  # transition cost per octave of F0 change between consecutive frames
-YIN_SWITCH_COST = 0.6  # transition cost of a voiced <-> unvoiced switch
+YIN_SWITCH_COST = 0.4  # transition cost of a voiced <-> unvoiced switch
 YIN_REFINE_ABOVE_HZ = 400.0  # voiced frames above this are re-located on the input-rate signal
 YIN_REFINE_WINDOW_S = 0.010
 YIN_SILENCE_DB = -70.0  # frames quieter than this (RMS re full scale, DC removed) are unvoiced
+YIN_HIGH_HZ = 400.0  # candidates above this pay ...
+YIN_HIGH_COST = 0.3  # ... this much per octave above it, in full where the CMNDF dip is above ...
+YIN_HIGH_CLEAN = 0.1  # ... this (a clean periodic high sound, a tone or a child's vowel, pays less)
 _BLOCK_FRAMES = 256  # frames per block: keeps the running-sum buffer in cache and memory O(K) per frame
 
 
@@ -300,6 +303,26 @@ def _refine_lags(x, centers, lags, W):  # pragma: no cover - numba
     return out
 
 
+def _candidate_costs(lags: np.ndarray, costs: np.ndarray, rate: int, tau_min: int) -> np.ndarray:
+    """Local cost of each voiced candidate: its CMNDF dip (with the lag bias of _yin_candidates), less the bias of the
+    frame's shortest candidate, plus a cost for F0 above YIN_HIGH_HZ.
+
+    The lag bias is there to rank a frame's candidates (of several equally good periods the shortest wins, against
+    sub-harmonic errors); measured from tau_min it would also make every low voice look less periodic than a high
+    one, and so unvoiced. Speaking voices rarely go above ~400 Hz, while a whistle, a fricative's resonance or a
+    codec artefact easily shows a short-lag dip: those pay per octave above it, scaled down for dips close to 0 (a
+    pure 1 kHz tone, whose sub-harmonics are as deep, keeps its own period).
+    """
+    ok = np.isfinite(costs) & (lags > 0.0)
+    costs = np.where(ok, costs, np.inf)
+    shortest = np.min(np.where(ok, lags, np.inf), axis=1)
+    shortest = np.where(np.isfinite(shortest), shortest, tau_min)
+    f0 = rate / np.where(ok, lags, 1.0)
+    dip = np.clip((costs - YIN_LAG_BIAS * np.log2(np.where(ok, lags, tau_min) / tau_min)) / YIN_HIGH_CLEAN, 0.0, 1.0)
+    costs = costs - (YIN_LAG_BIAS * np.log2(shortest / tau_min))[:, None]
+    return costs + dip * YIN_HIGH_COST * np.maximum(0.0, np.log2(f0 / YIN_HIGH_HZ))
+
+
 def _unvoiced_costs(level_db: np.ndarray) -> np.ndarray:
     """Per-frame cost of "unvoiced": cheaper the further a frame lies below YIN_QUIET_DB re the clip's loudest frame.
 
@@ -327,6 +350,7 @@ def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> 
     reach = W // 2 + (tau_max + 2) // 2 + 2
     centers = np.clip(centers, min(reach, len(x) // 2), max(len(x) - reach, len(x) // 2)) + pad + margin
     lags, costs, energy = _yin_candidates(xp, centers, W, tau_min, tau_max, YIN_CANDIDATES, YIN_LAG_BIAS)
+    costs = _candidate_costs(lags, costs, rate, tau_min)
     level_db = 10.0 * np.log10(energy / W + 1e-20)
     costs[level_db < YIN_SILENCE_DB] = np.inf
     path = _viterbi(lags, costs, _unvoiced_costs(level_db), YIN_OCTAVE_COST, YIN_SWITCH_COST)
