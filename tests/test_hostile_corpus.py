@@ -341,3 +341,59 @@ def test_sparse_helper_packs_what_tar_reads_back():
     with tarfile.open(fileobj=io.BytesIO(blob)) as tf:
         m = tf.next()
         assert m.issparse() and tf.extractfile(m).read() == data
+
+
+# ------------------------------------------------------------------------------------------------- docs
+
+def _emitted_reasons() -> dict[str, str]:
+    """Every reject code the library's source passes to RejectError / Refused / Reject / a reject record, or
+    puts first in a (reason, detail) pair, with one file that does."""
+    import ast
+    import re
+
+    code = re.compile(r"^[a-z]+(_[a-z]+)*$")
+    found: dict[str, str] = {}
+    package = Path(__file__).parents[1] / "audiopipe"
+    for path in package.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            got = []
+            if isinstance(n, ast.Call):
+                f = n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                at = {"RejectError": 0, "Refused": 0, "Reject": 2, "_reject": 1}.get(f)
+                if at is not None and len(n.args) > at and isinstance(n.args[at], ast.Constant):
+                    got.append(n.args[at].value)
+                got += [k.value.value for k in n.keywords if k.arg == "reason" and isinstance(k.value, ast.Constant)]
+            elif isinstance(n, ast.Dict):
+                got += [v.value for k, v in zip(n.keys, n.values) if isinstance(k, ast.Constant)
+                        and k.value == "reason" and isinstance(v, ast.Constant)]
+            elif isinstance(n, ast.Tuple) and len(n.elts) == 2 and isinstance(n.elts[0], ast.Constant) \
+                    and isinstance(n.elts[0].value, str) and code.match(n.elts[0].value) \
+                    and (isinstance(n.elts[1], ast.JoinedStr) or isinstance(n.elts[1], ast.Constant)
+                         and " " in str(n.elts[1].value)):
+                got.append(n.elts[0].value)
+            for g in got:
+                if isinstance(g, str) and code.match(g):
+                    found.setdefault(g, str(path.relative_to(package.parent)))
+    return found
+
+
+def _documented_reasons() -> dict[str, list[str]]:
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "corpus.md").read_text()
+    table = text.split("## Reject reasons", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in table.splitlines() if r.startswith("| `")]
+    cells = re.compile(r"(?<!\\)\|")  # a cell ends at a | that is not escaped
+    return {r.split("`")[1]: [c.strip() for c in cells.split(r.strip().strip("|"))] for r in rows}
+
+
+def test_docs_list_every_reject_reason_with_an_example():
+    documented = _documented_reasons()
+    emitted = _emitted_reasons()
+    missing = {r: where for r, where in emitted.items() if r not in documented}
+    assert not missing, f"reject reasons not in docs/corpus.md's table: {missing}"
+    for reason, cells in documented.items():
+        assert len(cells) == 4 and cells[3].startswith("`") and len(cells[3]) > 4, f"{reason}: no example"
+    from fuzz_corpus import REASONS
+
+    assert REASONS <= set(documented), REASONS - set(documented)

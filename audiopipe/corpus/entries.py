@@ -8,8 +8,8 @@ table cell whose header the reader has already read), the row's id, text, speake
 
 - no start/end, or a stretch from 0 to the audio's end (within 10 ms: manifests round durations): the
   utterance is the audio;
-- a stretch inside it: a segment (`extra` gets `recording`, `start_frame`, `end_frame`), decoded once per
-  recording and shard by audiopipe.decode.segments, like a Kaldi `segments` line;
+- a stretch inside it: a segment (`extra` gets `recording`, `start_frame`, `end_frame`), read on its own by
+  seeking in the recording (audiopipe.decode.segments), like a Kaldi `segments` line;
 - a stretch that is empty, negative or runs past the audio's end: `bad_segment`. A segment is never paired
   with the whole recording.
 """

@@ -6,8 +6,8 @@
     data/train/utt2spk    <utterance> <speaker>            (optional)
 
 Without `segments` every recording is one utterance with the recording's id. With it, utterances are cut out
-of their recording: the header is read once per recording, and the shard builder decodes each recording once
-for all its segments (audiopipe.decode.segments).
+of their recording: the header is read once per recording, and the shard builder reads each segment by seeking
+in its recording (audiopipe.decode.segments: memory follows the segment, never the recording).
 
 Refused with a reject, never run or guessed: a wav.scp entry that is a command (`sox a.flac -t wav - |`; we do
 not execute commands found in data files: convert to files first), an archive offset (`feats.ark:1234`), a

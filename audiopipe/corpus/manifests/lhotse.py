@@ -3,8 +3,8 @@
 - **Recordings + supervisions** (what `lhotse prepare <corpus>` writes: `<corpus>_recordings_<part>.jsonl.gz`
   and `<corpus>_supervisions_<part>.jsonl.gz`): one utterance per supervision, the stretch
   [start, start + duration) of its recording, with its text, speaker, language and custom fields. Supervisions
-  covering a whole recording give the whole file; shorter ones are cut from the recording, which is decoded
-  once for all of them (audiopipe.decode.segments). Recordings without supervisions are left out (a note says
+  covering a whole recording give the whole file; shorter ones are read from the recording by seeking in it
+  (audiopipe.decode.segments). Recordings without supervisions are left out (a note says
   how many); recordings alone (no supervisions given) are whole-file utterances without text.
 - **A CutSet** (`cuts.jsonl.gz`): one utterance per cut, [cut.start, cut.end) of its recording, text the
   cut's supervisions' texts in time order, speaker theirs when they agree.

@@ -4,7 +4,7 @@
 
 `audio_filepath` is relative to the manifest's folder (as NeMo resolves it) or absolute. `offset` and
 `duration` are honoured as NeMo's loaders honour them: the utterance is that stretch of the file, cut from the
-recording, which is decoded once for all its rows (audiopipe.corpus.entries). A row from 0 to the file's end
+recording by seeking in it (audiopipe.decode.segments). A row from 0 to the file's end
 (10 ms of rounding allowed) is the whole file. `lang` (NeMo's language tag) becomes `extra["language"]`. Ids:
 the `--id-column` (or an `id` field), else the path without extension, with `_<start ms>-<end ms>` appended
 for a stretch. `.json`, `.jsonl` and their `.gz` are read.
