@@ -13,7 +13,6 @@ rising by less than 256 MiB. The seed makes a run repeatable: the same seed and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random

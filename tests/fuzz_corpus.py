@@ -41,8 +41,8 @@ from audiopipe.corpus.transcripts import TranscriptError
 from audiopipe.decode.audio import DecodeLimits, RejectError
 from audiopipe.decode.segments import RecordingCache
 
-from hostile_inputs import (CONTAINERS, DECLARED_LENGTH, LOSSY, RATE, audio_bytes, decoded, peak_rss_growth, signal, streamed_flac,
-                            write_tar)
+from hostile_inputs import (CONTAINERS, DECLARED_LENGTH, LOSSY, RATE, audio_bytes, decoded, peak_rss_growth,
+                            signal, streamed_flac, write_tar)
 
 TIME_LIMIT_S = 20.0  # per example: discovery and every decode
 MEMORY_LIMIT = 256 << 20  # peak resident memory may rise this much per example
@@ -317,7 +317,8 @@ def audio_example(draw) -> Example:
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
         return Expect(inputs=1, wants={"spk/a": want})
-    return Example(build, fmt=fmt, subtype=subtype, mutation=mutation, seconds=seconds, channels=channels, seed=seed, cut=cut, flips=flips, word=word, junk=junk)
+    return Example(build, fmt=fmt, subtype=subtype, mutation=mutation, seconds=seconds, channels=channels, seed=seed,
+                   cut=cut, flips=flips, word=word, junk=junk)
 
 
 def _self_decode(data: bytes) -> np.ndarray | None:

@@ -212,7 +212,8 @@ def test_emilia_jsonl_values_of_the_wrong_type_are_rejects_naming_the_line(tmp_p
     rows = [{"id": "a", "wav": "ZH_B00000/a.wav", "text": "fine", "speaker": "s1"},
             {"id": "b", "wav": "ZH_B00000/b.wav", "text": ["hello", "world"], "speaker": "s1"},
             {"id": "c", "wav": "ZH_B00000/c.wav", "text": "ok", "speaker": {"who": "s1"}}]
-    lines = [json.dumps(r).encode() for r in rows] + ['{"id": "d", "wav": "x.wav", "text": "caf\u00e9"}'.encode("latin-1")]
+    latin1 = '{"id": "d", "wav": "x.wav", "text": "caf\u00e9"}'.encode("latin-1")
+    lines = [json.dumps(r).encode() for r in rows] + [latin1]
     (tmp_path / "ZH" / "ZH_B00000.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     d = discover(tmp_path)
     assert [(u.id, u.text, u.speaker) for u in d.utterances] == [("a", "fine", "s1")]

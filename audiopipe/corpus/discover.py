@@ -16,7 +16,6 @@ from typing import Any, Iterable, Iterator
 
 import soundfile as sf
 
-from audiopipe.storage import guard
 from audiopipe.corpus.transcripts import (
     METADATA_NAME,
     MetadataIndex,
@@ -28,6 +27,7 @@ from audiopipe.corpus.transcripts import (
 )
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
+from audiopipe.storage import guard
 
 # Extensions of each libsndfile major format. RAW is left out on purpose: headerless files cannot be read
 # without being told their layout.

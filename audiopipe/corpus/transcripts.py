@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.hints import LOCATION_EXTRA
+from audiopipe.storage import guard
 
 METADATA_NAME = "metadata.csv"
 # Sidecar names tried beside `x.wav`, in order. LibriTTS ships x.normalized.txt and x.original.txt.

@@ -16,8 +16,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from audiopipe.storage import guard
 from audiopipe.decode import declared
+from audiopipe.storage import guard
 
 RESAMPLE_QUALITY = "HQ"
 

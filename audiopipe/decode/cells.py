@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from audiopipe.storage import guard
 from audiopipe.decode import declared
 from audiopipe.decode.audio import DecodeLimits, Header, RejectError, decode_open, measure_frames
+from audiopipe.storage import guard
 
 # A cell larger than this is refused rather than decoded from memory (a 2 GiB binary value is not a clip).
 MAX_CELL_BYTES = 1 << 30

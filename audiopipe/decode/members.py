@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from audiopipe.storage import guard
 from audiopipe.decode import declared
 from audiopipe.decode.audio import DecodeLimits, Header, RejectError, decode_open, measure_frames
+from audiopipe.storage import guard
 
 
 class MemberView(io.RawIOBase):

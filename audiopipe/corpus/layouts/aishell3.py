@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "aishell3"
 EXPECTS = "content.txt beside a wav/ folder, in the folder itself or in train/ and test/"

@@ -28,11 +28,11 @@ import json
 import os
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.hints import LOCATION_EXTRA
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
 from audiopipe.corpus.tarmembers import TAR_ERRORS, Member, list_members, open_tar, read_member
+from audiopipe.storage import guard
 
 NAME = "emilia"
 EXPECTS = "JSONL files (id, wav, text, ...) beside their audio folders, in the folder or one level below"

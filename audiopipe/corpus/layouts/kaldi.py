@@ -26,10 +26,10 @@ import os
 import re
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import segment_problem
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "kaldi"
 EXPECTS = "a wav.scp file in the folder (and optionally text, utt2spk, segments)"

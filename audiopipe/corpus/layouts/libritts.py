@@ -22,8 +22,8 @@ from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import ordered_map
-from audiopipe.storage import guard
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "libritts"
 EXPECTS = "LibriTTS split folders (train-clean-100, dev-clean, ...) holding <speaker>/<chapter>/ folders"

@@ -21,8 +21,8 @@ from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import ordered_map
-from audiopipe.storage import guard
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "vctk"
 EXPECTS = "txt/ beside wav48_silence_trimmed/ (VCTK 0.92) or wav48/ (VCTK 0.80)"

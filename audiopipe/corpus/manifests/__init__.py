@@ -28,11 +28,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from audiopipe.storage import guard
 from audiopipe.corpus.entries import Entry
+from audiopipe.storage import guard
 
 KINDS = ("plain", "lhotse", "lhotse_shar", "nemo", "commonvoice", "hf")
-MAX_INDEX_LINE = 64 << 20  # a manifest line longer than this is not a manifest line
 # Extra keys every reader may fill and the shard builder reads (language: per-line phones; textgrid: durations).
 from audiopipe.corpus.hints import USED_EXTRA  # noqa: E402
 # Types of lhotse manifest items, from their JSON fields (lhotse itself decides when it parses them).
@@ -63,19 +62,30 @@ def regular_file(path: str, what: str = "manifest") -> str:
     return path
 
 
-def open_text(path: str):
-    """A text manifest for reading, gunzipped when its name ends in .gz (opened by guard.open_regular: a file
-    that became a pipe since regular_file looked at it does not block)."""
-    raw = guard.open_regular(path, "manifest")
-    if path.endswith(".gz"):
-        return gzip.open(raw, "rt", encoding="utf-8-sig", newline="")
-    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile over an open file that closes that file too (GzipFile leaves a file it was given open)."""
+
+    def __init__(self, raw: Any):
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def open_binary(path: str):
-    """A manifest's bytes, gunzipped when its name ends in .gz."""
+    """A manifest's bytes, gunzipped when its name ends in .gz (opened by guard.open_regular: a file that became
+    a pipe since regular_file looked at it does not block)."""
     raw = guard.open_regular(path, "manifest")
-    return gzip.open(raw, "rb") if path.endswith(".gz") else raw
+    return _Gunzip(raw) if path.endswith(".gz") else raw
+
+
+def open_text(path: str):
+    """A text manifest for reading (UTF-8, a BOM dropped), gunzipped when its name ends in .gz."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
 def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any] | guard.Refused]]:

@@ -25,9 +25,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.entries import Entry, ordered_map, resolve_path
 from audiopipe.corpus.manifests import USED_EXTRA, Read, pick_column, plain_value, regular_file, source_of, text_of
+from audiopipe.storage import guard
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text", "raw_text")
 SPEAKER_COLUMNS = ("speaker", "speaker_id", "client_id", "spk_id")

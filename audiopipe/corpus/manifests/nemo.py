@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from audiopipe.storage import guard
 from audiopipe.corpus.entries import Entry, resolve_path
 from audiopipe.corpus.hints import LOCATION_EXTRA
 from audiopipe.corpus.manifests import (USED_EXTRA, Read, inside, json_objects, kind_of_value, plain_value,
                                         regular_file, source_of, text_of)
 from audiopipe.corpus.transcripts import TranscriptError
+from audiopipe.storage import guard
 
 
 def _seconds(value: Any, name: str) -> float | None:
