@@ -133,15 +133,18 @@ def _problem(m: tarfile.TarInfo, name: str, tar_size: int) -> tuple[str, str] | 
     return None
 
 
-def read_member(path: str, member: Member, kind: str, what: str) -> bytes:
-    """A small member's bytes (JSON beside the audio), at most guard.LIMITS[kind]; Refused `too_large` else."""
+def read_member(path: str, member: Member, kind: str, what: str, f: BinaryIO | None = None) -> bytes:
+    """A small member's bytes (JSON beside the audio), at most guard.LIMITS[kind]; Refused `too_large` else.
+    `f`: the tar already open (one open for all the members of a tar)."""
     limit = guard.LIMITS[kind]
     if member.size > limit:
         raise guard.Refused("too_large", f"{what} is {member.size} bytes, more than the {limit}-byte limit for a "
                                          f"{kind}")
-    with guard.open_regular(path, "tar") as f:
-        f.seek(member.offset)
-        data = f.read(member.size)
+    if f is None:
+        with guard.open_regular(path, "tar") as own:
+            return read_member(path, member, kind, what, own)
+    f.seek(member.offset)
+    data = f.read(member.size)
     if len(data) < member.size:
         raise guard.Refused("truncated", f"{what}: the tar ends inside it")
     return data

@@ -194,9 +194,6 @@ def _read_tar(tar: str, root: str, speaker_rule: int | None, utts: list[Utteranc
     """Each audio member with its JSON: one utterance or one reject; every member refused on its own is one
     reject too, which also stands for the JSON beside a refused audio member (discovered = written + rejected
     holds for tars)."""
-    from audiopipe.decode.audio import RejectError
-    from audiopipe.decode.members import member_info
-
     tar_source = rel(tar, root)
     try:
         listing = list_members(tar)
@@ -223,37 +220,52 @@ def _read_tar(tar: str, root: str, speaker_rule: int | None, utts: list[Utteranc
                                   f"{m.name} is neither audio ({', '.join(_AUDIO_EXTS)}) nor its .json"))
             continue
         group[ext] = m
-    for key, members in sorted(groups.items()):
-        audio = next((members[e] for e in _AUDIO_EXTS if e in members), None)
-        meta = members.get(".json")
-        if audio is None:
-            if meta is not None and key not in refused_keys:
-                rejects.append(Reject(tar, f"{tar_source}#{meta.name}", "missing",
-                                      f"{meta.name} has no audio member beside it in {tar_source}"))
-            continue
-        source = f"{tar_source}#{audio.name}"
-        try:
-            row = _member_json(tar, meta, tar_source) if meta is not None else {}
-            # The tar's own speaker in every mode but none (a tar source has no speaker folders).
-            uid, text, speaker, extra = _fields(row, -1 if speaker_rule is not None else None, source)
-        except guard.Refused as e:
-            rejects.append(Reject(tar, source, e.reason, e.detail))
-            continue
-        try:
-            info = member_info(tar, audio.offset, audio.size)
-        except RejectError as e:
-            rejects.append(Reject(tar, source, e.reason, e.detail))
-            continue
-        extra.update(tar_member=audio.name, member_offset=audio.offset, member_size=audio.size)
-        utts.append(utterance(uid or os.path.basename(key), tar, source, info, speaker, text, extra))
+    try:
+        f = guard.open_regular(tar, "tar")  # one open for all the JSON members
+    except guard.Refused as e:  # gone since it was listed
+        rejects.append(Reject(tar, tar_source, e.reason, e.detail))
+        return
+    with f:
+        for key, members in sorted(groups.items()):
+            _read_pair(tar, tar_source, f, key, members, refused_keys, speaker_rule, utts, rejects)
 
 
-def _member_json(tar: str, meta: Member, tar_source: str) -> dict[str, Any]:
+def _read_pair(tar: str, tar_source: str, f: Any, key: str, members: dict[str, Member], refused_keys: set[str],
+               speaker_rule: int | None, utts: list[Utterance], rejects: list[Reject]) -> None:
+    """One key of a tar: an utterance, or a reject naming its audio (or its lone JSON)."""
+    from audiopipe.decode.audio import RejectError
+    from audiopipe.decode.members import member_info
+
+    audio = next((members[e] for e in _AUDIO_EXTS if e in members), None)
+    meta = members.get(".json")
+    if audio is None:
+        if meta is not None and key not in refused_keys:
+            rejects.append(Reject(tar, f"{tar_source}#{meta.name}", "missing",
+                                  f"{meta.name} has no audio member beside it in {tar_source}"))
+        return
+    source = f"{tar_source}#{audio.name}"
+    try:
+        row = _member_json(tar, meta, tar_source, f) if meta is not None else {}
+        # The tar's own speaker in every mode but none (a tar source has no speaker folders).
+        uid, text, speaker, extra = _fields(row, -1 if speaker_rule is not None else None, source)
+    except guard.Refused as e:
+        rejects.append(Reject(tar, source, e.reason, e.detail))
+        return
+    try:
+        info = member_info(tar, audio.offset, audio.size)
+    except RejectError as e:
+        rejects.append(Reject(tar, source, e.reason, e.detail))
+        return
+    extra.update(tar_member=audio.name, member_offset=audio.offset, member_size=audio.size)
+    utts.append(utterance(uid or os.path.basename(key), tar, source, info, speaker, text, extra))
+
+
+def _member_json(tar: str, meta: Member, tar_source: str, f: Any = None) -> dict[str, Any]:
     """The JSON object of a member; guard.Refused for a member too large, not UTF-8 or not a JSON object."""
     from audiopipe.corpus.manifests import kind_of_value
 
     where = f"{tar_source}#{meta.name}"
-    data = read_member(tar, meta, "json member", where)
+    data = read_member(tar, meta, "json member", where, f)
     try:
         row = json.loads(guard.decode(data, where))
     except json.JSONDecodeError as e:
