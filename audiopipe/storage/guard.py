@@ -52,6 +52,8 @@ def shown(path: str) -> str:
 
 def name_problem(path: str) -> str | None:
     """Why a file name cannot travel into ids, Arrow strings and JSON records, or None."""
+    if path.isascii():  # nearly every name: no encode per file of a million-file walk
+        return None
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
