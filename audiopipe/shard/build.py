@@ -313,7 +313,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     codec_inputs: list[np.ndarray] = []
-    recordings = RecordingCache(unit.utterances)  # Kaldi segments: each recording decoded once per shard
+    recordings = RecordingCache(unit.utterances)  # segments (Kaldi, NeMo, lhotse): read by seeking in their recording
     for u in unit.utterances:
         try:
             wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar
