@@ -89,15 +89,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
                         "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
                         "line (a manifest/Emilia `language` field, else the script). See docs/features.md")
-    s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per CPU; more than the CPUs here is capped, and said). "
+                        "0: build in this process only, no other process and no Ray (small jobs, debugging; "
+                        "the same bytes)")
+    s.add_argument("--engine", default="auto", choices=("auto", "local", "ray"),
+                   help="where shards are built: auto (default) runs a small local job on local processes, "
+                        "which start in about a second, and a large one (over 10 h of audio per worker), a "
+                        "cluster (--ray-address) or a codec stage on Ray; local or ray to choose. See "
+                        "docs/shard.md")
     s.add_argument("--nice", type=int, default=None,
-                   help="niceness of the Ray worker processes, -20..19 (default: this command's own niceness, "
+                   help="niceness of the worker processes, -20..19 (default: this command's own niceness, "
                         "0 from a normal shell; Ray's own default would be 15, which lets any other busy process "
                         "on the machine starve extraction). Use e.g. --nice 10 to yield to a trainer; on a "
                         "cluster, going below the cluster's setting needs CAP_SYS_NICE")
-    s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
-                                                       "or auto); paths must be on shared storage")
-    s.add_argument("--shard-size", type=_size, default=0,
+    s.add_argument("--ray-address", default=None,
+                   help="join a running Ray cluster (e.g. HEAD:6379); paths must be on shared storage. A cluster "
+                        "with token authentication needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN (or "
+                        "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token), as on its nodes (docs/shard.md). Without it, a "
+                        "private Ray (when the engine is Ray) listens on 127.0.0.1 only, with a token")
+    s.add_argument("--shard-size", type=_size, default=None,
                    help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
                         "are up to 64 shards of at least 16MB)")
     s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
@@ -147,67 +158,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _cmd_shard(a: argparse.Namespace) -> int:
-    # Check the command line before importing torch, Ray and friends: a typo should cost milliseconds.
-    from audiopipe.presets import resolve
-    from audiopipe.shard.job import CodecSettings, Job, JobError
+    # A thin layer over audiopipe.shard.api.shard: the options are checked there (before torch or Ray is
+    # imported: a typo costs milliseconds), the same for the command line and for Python.
+    from audiopipe.shard.worker import THREAD_ENV
 
-    corpus = Path(a.corpus)
-    if not corpus.is_dir():
-        raise JobError(f"corpus folder not found: {corpus}")
-    if a.manifest and not Path(a.manifest).is_file():
-        raise JobError(f"manifest not found: {a.manifest}")
-    if a.workers is not None and a.workers < 1:
-        raise JobError("--workers must be at least 1")
-    if a.nice is not None and not -20 <= a.nice <= 19:
-        raise JobError(f"--nice must be between -20 and 19, got {a.nice}")
-    try:
-        preset = resolve([n.strip() for n in a.preset.split(",") if n.strip()])
-    except ValueError as e:
-        raise JobError(str(e)) from e
-    features = list(preset.features)
-    if a.features:
-        from audiopipe.features.registry import FEATURE_KINDS
+    for k, v in THREAD_ENV.items():  # this process builds shards too (the local engine): one thread each
+        os.environ.setdefault(k, v)
+    from audiopipe.shard.api import shard
 
-        kinds = [k.strip() for k in a.features.split(",") if k.strip()]
-        bad = [k for k in kinds if k not in FEATURE_KINDS]
-        if bad:
-            raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
-        features = [(k, {}) for k in kinds]
-    if a.language != "en" and preset.codec:
-        raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
-                       "(MFA TextGrids), so it takes --language en only")
-    codec = None
-    if preset.codec:
-        if not a.codec_checkpoint and not a.codec_random_init:
-            raise JobError("preset ns2 needs codec weights: --codec-checkpoint DIR (a local EnCodec 24 kHz "
-                           "folder), or --codec-random-init for a demo")
-        if a.codec_checkpoint and not Path(a.codec_checkpoint).is_dir():
-            raise JobError(f"codec checkpoint folder not found: {a.codec_checkpoint}")
-        codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
-                              random_init=a.codec_random_init and not a.codec_checkpoint,
-                              batch_size=a.codec_batch_size)
-    from audiopipe.decode.audio import DecodeLimits
-    from audiopipe.shard.run import run_job
-
-    limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
-                          max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
-    from dataclasses import asdict
-
-    from audiopipe.storage.s3 import is_s3, parse_s3
-
-    out = str(parse_s3(a.out)) if is_s3(a.out) else str(Path(a.out).resolve())
-    if (a.staging or a.break_lock) and not is_s3(out):
-        raise JobError("--staging and --break-lock are for an s3:// --out (a local folder is written in place "
-                       "and its lock is released by the kernel when its holder dies)")
-    job = Job(corpus=str(corpus.resolve()), out=out,
-              presets=["custom"] if a.features else preset.description.split("+"),
-              features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
-              align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
-              write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum)
-    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
-                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
-                      staging=a.staging, break_lock=a.break_lock)
+    summary = shard(a.corpus, a.out, preset=a.preset, features=a.features, manifest=a.manifest,
+                    speaker=a.speaker, layout=a.layout, language=a.language, workers=a.workers, engine=a.engine,
+                    nice=a.nice, ray_address=a.ray_address, shard_size=a.shard_size,
+                    min_duration=a.min_duration, max_duration=a.max_duration, max_channels=a.max_channels,
+                    silence_dbfs=a.silence_dbfs, tar=not a.no_tar, checksum=a.checksum,
+                    codec_checkpoint=a.codec_checkpoint, codec_random_init=a.codec_random_init,
+                    codec_batch_size=a.codec_batch_size, staging=a.staging, break_lock=a.break_lock,
+                    progress=not a.no_progress)
     for line in summary.lines():
         print(line)
     if a.timings:
