@@ -144,11 +144,25 @@ def _check_token(address: str) -> None:
     from ray.exceptions import AuthenticationError
 
     try:
-        GcsClient(address=address)
+        with _quiet_stderr():  # Ray's C++ client logs each refusal to fd 2: the one line below says it all
+            GcsClient(address=address)
     except AuthenticationError:
         raise JobError(auth_help(address)) from None
     except Exception:
         return
+
+
+class _quiet_stderr:
+    def __enter__(self) -> None:
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
 
 
 def check_progress_possible(cluster_cpus: float, codec_cpus: float, address: str | None) -> None:
