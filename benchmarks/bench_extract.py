@@ -149,7 +149,7 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
                   shard_size: str = "4MB") -> dict[str, float]:
     """One `audiopipe shard` run from source tree `tree` (this checkout, or an older one exported with
     `git archive` for a before/after comparison in the same run)."""
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
            "--preset", "f5tts", "--workers", str(workers), "--shard-size", shard_size, "--no-progress",
            "--nice", "0"]
