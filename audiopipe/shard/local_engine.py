@@ -62,28 +62,36 @@ class LocalEngine:
         self._warmups = [self._pool.submit(warm_worker, self._job_dict, self.nice) for _ in range(self.helpers)]
 
     def warm_here(self, job: Job) -> None:
-        """Warm this process, which builds shards too (its imports overlap the workers')."""
+        """Warm this process, which builds shards too (its imports overlap the workers' and the discovery)."""
+        t = time.monotonic()
         warm_worker(job.to_dict(), self.nice)
+        self._warm_here_s = time.monotonic() - t
 
     def await_warmups(self) -> float:
-        if not self._warmups:
-            return 0.0
-        wait(self._warmups)
-        self._warmups.clear()
-        return time.monotonic() - self._t_sent
+        """Nothing waits for the worker processes: this process starts building at once, and each worker gets
+        groups once its warm-up is done (a worker slow to start, on a busy machine, holds no work back).
+        Returns the seconds this process spent warming itself."""
+        return getattr(self, "_warm_here_s", 0.0)
+
+    def _ready(self) -> int:
+        """Worker processes that have finished their warm-up (one warm-up task each)."""
+        return sum(f.done() for f in self._warmups)
 
     def slots(self, job: Job) -> int:
         return self.workers
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            # Every group is accounted for when this is called: the processes exit on their own, and nothing
+            # of the job waits for them (a process's exit, freeing torch & co., takes a while on a busy machine).
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
     def run(self, job: Job, todo: list[WorkUnit], ledger: Ledger, progress: Progress,
             staging: str | None) -> None:
         """Build `todo` until every unit is reported or failed in `ledger`: groups go to the worker processes
-        (two queued each, so none waits for the driver) and to this process, from one queue in plan order."""
+        (two queued each once it is warm, so none waits for the driver) and to this process, from one queue in
+        plan order."""
         from audiopipe.shard.groups import group_units
 
         encode, codec_spec = _codec(job)
@@ -121,10 +129,17 @@ class LocalEngine:
             progress.refresh()
 
         def feed() -> None:
-            while self._pool is not None and queue and len(running) < 2 * self.helpers:
+            while self._pool is not None and queue and len(running) < 2 * self._ready():
                 group, attempt = queue.popleft()
-                running[self._pool.submit(_build, [u.to_dict() for u in group], self._job_dict, self.nice,
-                                          staging, os.getpid())] = (group, attempt)
+                try:
+                    f = self._pool.submit(_build, [u.to_dict() for u in group], self._job_dict, self.nice,
+                                          staging, os.getpid())
+                except BrokenProcessPool:  # a worker died while idle: start the pool again, this group waits
+                    queue.appendleft((group, attempt))
+                    self.close()
+                    self._new_pool()
+                    return
+                running[f] = (group, attempt)
 
         try:
             prepare_worker(self.nice)

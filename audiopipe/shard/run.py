@@ -114,12 +114,15 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | N
 
 
 def _plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None,
-          layout: str) -> tuple[dict[str, Any], str | None]:
-    """The plan, and the discovery's hint for a corpus where it found nothing usable (if it gives one)."""
+          layout: str) -> tuple[dict[str, Any], str | None, float]:
+    """The plan, the discovery's hint for a corpus where it found nothing usable (if it gives one), and the
+    seconds the discovery itself took (the plan also waits for the feature code, to size the shards)."""
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import RejectError, check_header
 
+    t = time.monotonic()
     disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout)
+    discovery_s = time.monotonic() - t
     limits = DecodeLimits(**job.limits)
     utts: list[PlannedUtt] = []
     rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
@@ -143,7 +146,7 @@ def _plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None,
         "units": [u.to_dict() for u in units],
     }
     hint = getattr(disc, "hint", None) or None
-    return plan, (str(hint) if hint else None)
+    return plan, (str(hint) if hint else None), discovery_s
 
 
 def _clean_temporaries(out: str | os.PathLike[str]) -> None:
@@ -240,7 +243,9 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
              staging: str | None, lock: Any, engine: str) -> Summary:
     t0 = time.monotonic()
     wall0 = time.time()
-    timeline: dict[str, Any] = {"phases": {}, "tasks": []}
+    # "clock": the Unix time all the others count from, so that a caller can place them on its own clock (a
+    # benchmark measures start-up from the moment it launched the command).
+    timeline: dict[str, Any] = {"clock": wall0, "phases": {}, "tasks": []}
 
     def mark(phase: str) -> None:  # seconds since the command started, on the clock the workers' stamps use
         timeline["phases"][phase] = round(time.time() - wall0, 4)
@@ -271,13 +276,13 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
         # The engine starts, and its workers import torch & co., while the corpus is discovered: neither needs
         # the other. The local engine's own process warms up here too (it builds shards as well).
         with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
-            planned = pool.submit(_timed, _plan, job, manifest, speaker, None, layout)
+            planned = pool.submit(_plan, job, manifest, speaker, None, layout)
             pool.submit(load_table_support)  # after discovery, in the same thread
             if eng is not None:
                 ray_start_s = eng.start(job)
                 if kind == "local":
                     eng.warm_here(job)
-            (plan, hint), discovery_s = planned.result()
+            plan, hint, discovery_s = planned.result()
         mark("planned")
         if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
             raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
@@ -428,8 +433,4 @@ def _manifest_features(out: LocalOutput | S3Output, records: list[dict[str, Any]
     meta = out.arrow_schema(records[0]["arrow"]["path"]).metadata[METADATA_KEY]
     return json.loads(meta)["features"]
 
-
-def _timed(fn, *args):
-    t = time.monotonic()
-    return fn(*args), time.monotonic() - t
 
