@@ -136,22 +136,38 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError(f"ray start {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
-    def start(self) -> "Cluster":
-        port = self.address.rsplit(":", 1)[1]
-        (dashboard,) = free_ports(1)  # the head's dashboard server runs even without the UI: not on 8265
-        try:
-            self._ray_start("--head", "--port", port, "--num-cpus", "1", "--temp-dir", self.tmp,
-                            "--include-dashboard", "false", "--dashboard-port", str(dashboard))
-            self.head = self._ours()
-            self.add_worker()
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, attempts: int = 2) -> "Cluster":
+        """Start both nodes; on a busy machine Ray's own start-up can time out, so it is tried again once."""
+        for attempt in range(attempts):
+            port = self.address.rsplit(":", 1)[1]
+            (dashboard,) = free_ports(1)  # the head's dashboard server runs even without the UI: not on 8265
+            try:
+                self._ray_start("--head", "--port", port, "--num-cpus", "1", "--temp-dir", self.tmp,
+                                "--include-dashboard", "false", "--dashboard-port", str(dashboard))
+                self.head = self._ours()
+                self.add_worker()
+                return self
+            except BaseException:
+                self.stop()
+                if attempt + 1 == attempts:
+                    raise
+                self.tmp = tempfile.mkdtemp(prefix="aprc-", dir="/tmp")
+                (gcs,) = free_ports(1)
+                self.address = f"127.0.0.1:{gcs}"
         return self
 
-    def add_worker(self) -> None:
-        before = self._ours()
-        self._ray_start("--address", self.address, "--num-cpus", "1")
+    def add_worker(self, attempts: int = 3) -> None:
+        """Start the worker node (again); Ray's node start-up can time out on a busy machine: retried."""
+        for attempt in range(attempts):
+            before = self._ours()
+            try:
+                self._ray_start("--address", self.address, "--num-cpus", "1")
+                break
+            except RuntimeError:
+                for p in self._ours() - before:  # what the failed start left
+                    kill(p)
+                if attempt + 1 == attempts:
+                    raise
         self.worker_procs = self._ours() - before
         raylets = [p for p in self.worker_procs if _cmdline(p).split(b"\0")[0].endswith(b"/raylet")]
         assert len(raylets) == 1, raylets
@@ -326,6 +342,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="audiopipe-chaos-"))
     cluster = None
     runs: list[dict] = []
+    n_shards, load = 0, []
     try:
         corpus = make_corpus(work / "corpus")
         clean = reference(corpus, work / "clean")
@@ -341,23 +358,31 @@ def main() -> int:
                 print(f"run {i}: {point} ({mode}): {r['outcome']} in {r['seconds']} s, at kill {r['at_kill']}"
                       + (f"; {r['error_line']}" if r["error_line"] else ""), flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-                cluster.clear_worker()
-                cluster.add_worker()
                 load.append(os.getloadavg())
+                save(a, seed, n_shards, load, runs)
+                cluster.clear_worker()
+                if i + 1 < a.runs:
+                    cluster.add_worker()
     finally:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+    ok = save(a, seed, n_shards, load, runs)
+    print(f"{ok} of {len(runs)} runs identical or one line + identical rerun (seed {seed}); {a.json}")
+    return 0 if ok == len(runs) == a.runs else 1
+
+
+def save(a: argparse.Namespace, seed: int, n_shards: int, load: list, runs: list[dict]) -> int:
+    """Write the results so far (after every run: a benchmark stopped midway keeps what it measured)."""
     ok = sum(not r["outcome"].startswith("FAIL") for r in runs)
     out = {"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})", "command": " ".join(sys.argv),
            "seed": seed, "stress_processes": a.stress, "shards": n_shards,
            "load_average_1m": [round(x[0], 2) for x in load], "runs": runs,
            "outcomes": {k: sum(r["outcome"] == k for r in runs) for k in ("identical", "rerun_identical")},
-           "failed": len(runs) - ok, "ok": f"{ok} of {len(runs)}"}
+           "failed": len(runs) - ok, "ok": f"{ok} of {len(runs)}", "runs_asked": a.runs}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{ok} of {len(runs)} runs identical or one line + identical rerun (seed {seed}); {a.json}")
-    return 0 if ok == len(runs) else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -75,6 +75,16 @@ def test_local_worker_processes_build_what_this_process_builds(asterisk_corpus, 
         assert r["record"] == json.loads((tmp_path / "here" / "done" / f"{name}.json").read_text())
 
 
+def test_auto_takes_ray_for_a_job_larger_than_the_local_engine_takes(asterisk_corpus, tmp_path, monkeypatch):
+    import audiopipe.shard.run as run
+
+    here = shard(asterisk_corpus.root, tmp_path / "here", features="pcm", shard_size=100_000, workers=0)
+    monkeypatch.setattr(run, "LOCAL_MAX_AUDIO_S_PER_WORKER", 1.0)  # a 2-minute corpus is "large" now
+    s = shard(asterisk_corpus.root, tmp_path / "auto", features="pcm", shard_size=100_000, workers=2)
+    assert s.engine == "ray" and any(n.startswith("Ray engine: ") for n in s.notes), s.lines()
+    assert s.shards == here.shards and tree_digest(tmp_path / "auto") == tree_digest(tmp_path / "here")
+
+
 def _spawned_workers(pid: int) -> list[int]:
     """The local engine's worker processes under `pid` (multiprocessing's spawn, not its resource tracker)."""
     out = []
@@ -173,8 +183,12 @@ def test_the_python_entry_point_checks_the_same_and_returns_the_summary(syntheti
         shard(synthetic_corpus.root, tmp_path / "o", min_duration=float("nan"))
     with pytest.raises(JobError, match="unknown engine"):
         shard(synthetic_corpus.root, tmp_path / "o", engine="spark")
+    import torch
+
+    torch.set_num_threads(2)
     s = shard(synthetic_corpus.root, tmp_path / "o", features=["pcm"], workers=0)
     assert s.written == len(synthetic_corpus.utterances) and s.engine == "local" and not s.up_to_date
+    assert torch.get_num_threads() == 2  # one while it built shards here, the caller's own again after
     assert shard(synthetic_corpus.root, tmp_path / "o", features=["pcm"], workers=0).up_to_date
 
 

@@ -64,8 +64,17 @@ class LocalEngine:
     def warm_here(self, job: Job) -> None:
         """Warm this process, which builds shards too (its imports overlap the workers' and the discovery)."""
         t = time.monotonic()
+        self._keep_threads()
         warm_worker(job.to_dict(), self.nice)
         self._warm_here_s = time.monotonic() - t
+
+    def _keep_threads(self) -> None:
+        """Remember this process's torch threads, set to one while it builds shards and given back by close()
+        (a caller of `shard()` goes on with its own settings)."""
+        if not hasattr(self, "_threads"):
+            import torch
+
+            self._threads = torch.get_num_threads()
 
     def await_warmups(self) -> float:
         """Nothing waits for the worker processes: this process starts building at once, and each worker gets
@@ -81,6 +90,13 @@ class LocalEngine:
         return self.workers
 
     def close(self) -> None:
+        if hasattr(self, "_threads"):
+            import torch
+
+            torch.set_num_threads(self._threads)
+        self._drop_pool()
+
+    def _drop_pool(self) -> None:
         if self._pool is not None:
             # Every group is accounted for when this is called: the processes exit on their own, and nothing
             # of the job waits for them (a process's exit, freeing torch & co., takes a while on a busy machine).
@@ -124,7 +140,7 @@ class LocalEngine:
                     reports, error, broken = [], e, True
                 handle(group, attempt, reports, error)
             if broken:
-                self.close()
+                self._drop_pool()
                 self._new_pool()
             progress.refresh()
 
@@ -136,12 +152,13 @@ class LocalEngine:
                                           staging, os.getpid())
                 except BrokenProcessPool:  # a worker died while idle: start the pool again, this group waits
                     queue.appendleft((group, attempt))
-                    self.close()
+                    self._drop_pool()
                     self._new_pool()
                     return
                 running[f] = (group, attempt)
 
         try:
+            self._keep_threads()
             prepare_worker(self.nice)
             feed()
             while queue or running:

@@ -304,6 +304,9 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                                                       notes)
             ray_start_s += started
             warmup_s = eng.await_warmups()
+            if ray_address and workers and workers != eng.slots(job):  # a cluster's CPUs decide, not --workers
+                notes.append(f"--workers {workers}: the cluster at {ray_address} has {eng.slots(job)} CPUs for "
+                             f"shard tasks; using them")
             notes += _cap_by_tasks(eng.slots(job), len(todo), ray_address)
         startup_s = time.monotonic() - t0
         mark("started")
