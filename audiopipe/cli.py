@@ -219,6 +219,27 @@ def _refuse_urls(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit code. Called as the program (no `argv`), a `shard` run then ends the
+    process itself (see _leave)."""
+    rc = _main(argv)
+    if argv is None and sys.argv[1:2] == ["shard"] and not os.environ.get("AUDIOPIPE_DEBUG"):
+        _leave(rc)
+    return rc
+
+
+def _leave(rc: int) -> None:
+    """End the process once the exit handlers have run (a Ray shutdown, worker processes joined, logs flushed),
+    without the interpreter's teardown of every module: with torch & co. loaded that is seconds on a busy
+    machine, spent after the job is complete and every file written and closed."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser(argv).parse_args(argv)
     handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
     try:

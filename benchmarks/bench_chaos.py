@@ -7,7 +7,8 @@ authentication on), and a corpus of espeak-ng speech cut into small shards. Each
 the worker node at a point drawn at random:
 
 - before_first_shard: once the job holds its output folder, before any shard is done;
-- mid_group: once k shards are done (k drawn from 1..n-2) and the worker node is running a shard task;
+- mid_group: once k shards are done (k drawn from 1..n-4) and the worker node is running a shard task (or,
+  if it is not seen running one by then, once k+2 are done);
 - during_index: once every shard is done, before the manifest (the index is built then).
 
 How the node is lost is drawn too: `raylet` (SIGKILL of its raylet alone: its workers are orphaned and must stop
@@ -262,15 +263,15 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
     t0 = time.monotonic()
     cmd, env = shard_cmd(corpus, out, cluster.address), job_env(cluster)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    target = rng.randint(1, max(1, n_shards - 2))
+    target = rng.randint(1, max(1, n_shards - 4))
     deadline = time.monotonic() + timeout
     killed = False
     while time.monotonic() < deadline and proc.poll() is None:
         done = _done(out)
         if point == "before_first_shard":
             ready = (out / ".audiopipe.lock").exists() and done == 0
-        elif point == "mid_group":
-            ready = done >= target and cluster.busy_on_worker()
+        elif point == "mid_group":  # the node holding a shard; past 2 more shards, mid-job whatever it holds
+            ready = (done >= target and cluster.busy_on_worker()) or (target + 2 <= done < n_shards)
         else:
             ready = done >= n_shards and not (out / "manifest.json").exists()
         if ready:
@@ -278,8 +279,6 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
             cluster.lose_worker(mode)
             killed = True
             break
-        if point == "mid_group" and done >= n_shards - 1:  # the worker node never held one at the mark
-            target = max(1, done)
         time.sleep(0.005)
     if not killed:
         seen = {"done": _done(out), "manifest": (out / "manifest.json").exists(), "busy": False}
@@ -368,7 +367,9 @@ def main() -> int:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     ok = save(a, seed, n_shards, load, runs)
-    print(f"{ok} of {len(runs)} runs identical or one line + identical rerun (seed {seed}); {a.json}")
+    lost = sum(r["killed"] for r in runs)
+    print(f"{ok} of {len(runs)} runs identical or one line + identical rerun, the node lost in {lost} of them "
+          f"(seed {seed}); {a.json}")
     return 0 if ok == len(runs) == a.runs else 1
 
 
@@ -379,7 +380,9 @@ def save(a: argparse.Namespace, seed: int, n_shards: int, load: list, runs: list
            "seed": seed, "stress_processes": a.stress, "shards": n_shards,
            "load_average_1m": [round(x[0], 2) for x in load], "runs": runs,
            "outcomes": {k: sum(r["outcome"] == k for r in runs) for k in ("identical", "rerun_identical")},
-           "failed": len(runs) - ok, "ok": f"{ok} of {len(runs)}", "runs_asked": a.runs}
+           "failed": len(runs) - ok, "ok": f"{ok} of {len(runs)}", "runs_asked": a.runs,
+           "node_lost_in": sum(r["killed"] for r in runs),
+           "node_lost_while_it_held_a_shard": sum(r["killed"] and r["at_kill"]["busy"] for r in runs)}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return ok

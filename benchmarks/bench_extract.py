@@ -141,7 +141,7 @@ def run_job(*a, **k):
     print({_SUMMARY_MARK!r} + json.dumps({{k: v for k, v in dataclasses.asdict(s).items() if isinstance(v, float)}}))
     return s
 run.run_job = run_job
-sys.exit(audiopipe.cli.main(sys.argv[1:]))
+sys.exit(audiopipe.cli.main())  # as the program: it ends the process itself
 """
 
 

@@ -61,7 +61,7 @@ def test_losing_the_worker_node_under_cpu_stress_ends_identical_or_in_one_line_a
         cluster.add_worker()
     assert r["killed"], f"the node was never lost (seed {seed}): {r}"
     if point == "mid_group":
-        assert 1 <= r["at_kill"]["done"] < n_shards and r["at_kill"]["busy"], r
+        assert 1 <= r["at_kill"]["done"] < n_shards, r
     else:
         assert r["at_kill"]["done"] == 0, r
     assert r["outcome"] in ("identical", "rerun_identical"), f"seed {seed}: {r}"
