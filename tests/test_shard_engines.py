@@ -85,8 +85,9 @@ def test_auto_takes_ray_for_a_job_larger_than_the_local_engine_takes(asterisk_co
     assert s.shards == here.shards and tree_digest(tmp_path / "auto") == tree_digest(tmp_path / "here")
 
 
-def _spawned_workers(pid: int) -> list[int]:
-    """The local engine's worker processes under `pid` (multiprocessing's spawn, not its resource tracker)."""
+def _worker_processes(pid: int) -> list[int]:
+    """The local engine's worker processes under `pid`: forked from it (the same command line), or spawned."""
+    parent = Path(f"/proc/{pid}/cmdline").read_bytes()
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -95,7 +96,7 @@ def _spawned_workers(pid: int) -> list[int]:
                 cmd = (d / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmd:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and (cmd == parent or b"spawn_main" in cmd):
                 out.append(int(d.name))
     return out
 
@@ -110,17 +111,18 @@ def test_a_local_worker_process_that_dies_is_replaced_and_the_job_ends_identical
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     deadline = time.monotonic() + 240
     done = lambda: len(list((out / "done").glob("shard-*.json"))) if (out / "done").is_dir() else 0  # noqa: E731
-    while not (done() >= 2 and _spawned_workers(proc.pid)):
+    while not (done() >= 2 and _worker_processes(proc.pid)):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.02)
-    victims = _spawned_workers(proc.pid)
+    victims = _worker_processes(proc.pid)
     at_kill = done()
     for pid in victims:  # out of memory, say: the kernel's SIGKILL
         os.kill(pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
     assert at_kill < n, "the worker must die mid-job"
+    assert victims
     assert tree_digest(out) == tree_digest(tmp_path / "clean")
 
 

@@ -3,10 +3,11 @@ worker is asked for. The engine of small local jobs and of `--workers 0` (this p
 breakpoints and tracebacks land where you are).
 
 Starting Ray costs seconds of wall time and CPU on a small machine (its servers, agents and workers start
-beside the job), more than a small job takes to extract. Here the workers are plain processes started when the
-command starts, warming up (imports, compiled kernels) while the driver discovers the corpus, and the driver
-builds shards itself too: with N workers, the driver and N-1 processes. The shards are built by the same code
-as on Ray (audiopipe.shard.groups), so the output is byte-identical.
+beside the job), more than a small job takes to extract. Here the driver builds shards itself, warming up
+(imports, compiled kernels) while the corpus is discovered in a thread, and with N workers N-1 more processes
+join it: forked from the warm driver once the plan is made (the command line), or, in a program with threads
+of its own, spawned at the start to warm up beside the discovery (see LocalEngine.start). The shards are built
+by the same code as on Ray (audiopipe.shard.groups), so the output is byte-identical.
 
 A failed group is retried (up to RETRIES times, on any process); a worker process that dies (killed, out of
 memory) breaks the pool, which is started again and its units retried. A worker whose driver is gone stops
@@ -46,20 +47,33 @@ class LocalEngine:
         self._job_dict: dict[str, Any] = {}
 
     def start(self, job: Job) -> float:
-        """Start the worker processes and their warm-up (they import and warm while the corpus is discovered).
-        Returns 0: there is no Ray to start."""
+        """Decide how the worker processes start. In a process with no other thread (the command line), they
+        are forked from this one once it is warm and the plan is made (`launch`): they start with everything
+        imported and every kernel loaded, in milliseconds, instead of importing torch & co. again each (seconds
+        of CPU per worker, taken from the job on a small machine). Elsewhere (a caller's program with threads
+        of its own, which a fork would copy mid-work) they are fresh interpreters (spawn), started now so that
+        they import and warm while the corpus is discovered. Returns 0: there is no Ray to start."""
         self._job_dict = job.to_dict()
-        if self.helpers:
-            self._new_pool()
+        self._fork = self.helpers > 0 and _single_threaded()
+        if self.helpers and not self._fork:
+            self._new_pool(fork=False)
         return 0.0
 
-    def _new_pool(self) -> None:
+    def launch(self) -> None:
+        """Start the forked workers (see start); called with the plan made, before anything starts a thread."""
+        if self.helpers and self._pool is None:
+            self._new_pool(fork=self._fork and _single_threaded())
+
+    def _new_pool(self, fork: bool) -> None:
         for k, v in THREAD_ENV.items():  # before the workers start: they read it when they import numpy & co.
             os.environ.setdefault(k, v)
-        # spawn: a fresh interpreter, never a fork of this one (its threads hold locks a fork would copy).
-        self._pool = ProcessPoolExecutor(self.helpers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(self.helpers, mp_context=multiprocessing.get_context(
+            "fork" if fork else "spawn"))
         self._t_sent = time.monotonic()
-        self._warmups = [self._pool.submit(warm_worker, self._job_dict, self.nice) for _ in range(self.helpers)]
+        # A forked worker is as warm as this process; a spawned one warms up first, and gets work once done.
+        self._warmups = [] if fork else [self._pool.submit(warm_worker, self._job_dict, self.nice)
+                                         for _ in range(self.helpers)]
+        self._forked = fork
 
     def warm_here(self, job: Job) -> None:
         """Warm this process, which builds shards too (its imports overlap the workers' and the discovery)."""
@@ -83,7 +97,9 @@ class LocalEngine:
         return getattr(self, "_warm_here_s", 0.0)
 
     def _ready(self) -> int:
-        """Worker processes that have finished their warm-up (one warm-up task each)."""
+        """Worker processes ready for work: all of them when forked warm, else those whose warm-up is done."""
+        if getattr(self, "_forked", False):
+            return self.helpers
         return sum(f.done() for f in self._warmups)
 
     def slots(self, job: Job) -> int:
@@ -141,7 +157,7 @@ class LocalEngine:
                 handle(group, attempt, reports, error)
             if broken:
                 self._drop_pool()
-                self._new_pool()
+                self._new_pool(fork=False)
             progress.refresh()
 
         def feed() -> None:
@@ -153,13 +169,14 @@ class LocalEngine:
                 except BrokenProcessPool:  # a worker died while idle: start the pool again, this group waits
                     queue.appendleft((group, attempt))
                     self._drop_pool()
-                    self._new_pool()
+                    self._new_pool(fork=False)  # threads run by now (uploads, fsyncs): never fork then
                     return
                 running[f] = (group, attempt)
 
         try:
             self._keep_threads()
             prepare_worker(self.nice)
+            self.launch()
             feed()
             while queue or running:
                 collect(block=False)
@@ -183,6 +200,12 @@ class LocalEngine:
                     collect(block=True)
         finally:
             self.close()
+
+
+def _single_threaded() -> bool:
+    import threading
+
+    return threading.active_count() == 1
 
 
 def _codec(job: Job):

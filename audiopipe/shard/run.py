@@ -275,13 +275,15 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     try:
         # The engine starts, and its workers import torch & co., while the corpus is discovered: neither needs
         # the other. The local engine's own process warms up here too (it builds shards as well).
+        if eng is not None and kind == "local":
+            eng.start(job)  # first: it decides how its workers start while this process has a single thread
         with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
             planned = pool.submit(_plan, job, manifest, speaker, None, layout)
             pool.submit(load_table_support)  # after discovery, in the same thread
-            if eng is not None:
+            if eng is not None and kind == "ray":
                 ray_start_s = eng.start(job)
-                if kind == "local":
-                    eng.warm_here(job)
+            elif eng is not None:
+                eng.warm_here(job)
             plan, hint, discovery_s = planned.result()
         mark("planned")
         if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
@@ -313,6 +315,8 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
         if todo and eng is not None:
             from audiopipe.shard.progress import Progress
 
+            if hasattr(eng, "launch"):  # local workers forked now, warm, before the progress bar's thread
+                eng.launch()
             progress = Progress(sum(u.duration for u in todo), show_progress)
             try:
                 eng.run(job, todo, ledger, progress, staging)
