@@ -76,17 +76,19 @@ def _rank0_padding(shards: Path, steps: int) -> list[float]:
 
 
 def test_two_rank_resume_is_bit_exact_with_dropout(mel_shards, straight, tmp_path):
+    """A run that crashed after logging step 6 but before its checkpoint 6 was written, resumed in the same
+    folder: steps 4-6 are trained again exactly, and the log holds every step once (it used to get 4-6 twice)."""
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     (resumed / "ckpt-00000003.pt").write_bytes((straight / "ckpt-00000003.pt").read_bytes())
-    (resumed / "log.jsonl").write_text("".join((straight / "log.jsonl").read_text().splitlines(True)[:3]))
+    (resumed / "log.jsonl").write_text((straight / "log.jsonl").read_text())
     _run(mel_shards, resumed, "--ckpt-every", "3", "--resume")
     a = torch.load(straight / "ckpt-00000006.pt", weights_only=True)
     b = torch.load(resumed / "ckpt-00000006.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert len(b["rng"]) == 2 and not torch.equal(b["rng"][0]["torch"], b["rng"][1]["torch"])
     log, first = _log(resumed), _log(straight)
-    assert [r["step"] for r in log[3:]] == [4, 5, 6]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in log[3:]] == [r["loss"] for r in first[3:]]
     for rec in first:
         assert rec["world"] == 2 and rec["data_wait_share"] == pytest.approx(rec["data_wait"] / rec["step_time"])
@@ -233,3 +235,78 @@ def test_a_dropped_partial_accumulation_is_not_logged(mel_shards, tmp_path):
     trained = seen[:n - 1] + seen[n:]  # micro-batch n - 1 (0-based) of epoch 0 was dropped
     assert last["loss"] == pytest.approx(sum(trained) / 2 / steps, rel=1e-6)
     assert last["loss"] != pytest.approx(sum(seen) / 2 / steps, rel=1e-6)
+
+
+def _fixture_model(hidden: int = 32) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv1d(100, hidden, 3, padding=1), torch.nn.Dropout(0.3),
+                               torch.nn.Conv1d(hidden, 100, 1))
+
+
+def _mse(m, b):
+    x, mask = b["mel"], b["mel_mask"][:, None].float()
+    return (((m(x) - x) ** 2) * mask).sum() / mask.sum(), {}
+
+
+def test_init_from_our_checkpoint_and_a_mismatch(mel_shards, straight, tmp_path, capsys):
+    """--init-from a ckpt-*.pt (or its run folder) loads the weights and says what it loaded; with --lr 0 the
+    first step leaves them as they were. Another model size ends in one line naming the tensor and both shapes."""
+    ck = torch.load(straight / "ckpt-00000003.pt", weights_only=True)["model"]
+    for src in (straight / "ckpt-00000003.pt", straight):
+        cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path / src.name, "--max-steps", "1", "--lr", "0",
+                                                   "--weight-decay", "0", "--init-from", str(src)))
+        model = _fixture_model()
+        core.train(model, _mse, cfg, core.Dist(), features=["mel"])
+        latest = torch.load(straight / "ckpt-00000006.pt", weights_only=True)["model"]
+        expect = ck if src.suffix == ".pt" else latest
+        assert all(torch.equal(model.state_dict()[k], expect[k]) for k in expect)
+        said = capsys.readouterr().out
+        assert f"--init-from {src}: loaded 4 tensors" in said and "dropped (not in this model): none" in said
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path / "wrong", "--init-from",
+                                               str(straight / "ckpt-00000003.pt")))
+    with pytest.raises(SystemExit) as e:
+        core.train(_fixture_model(hidden=16), _mse, cfg, core.Dist(), features=["mel"])
+    assert str(e.value).startswith("train: error: --init-from tensor '0.weight' is [32, 100, 3] in the "
+                                   "checkpoint but [16, 100, 3] in this model")
+
+
+class _CountingHook:
+    """Counts the optimizer steps it saw; its count travels in the checkpoint."""
+
+    name = "counter"
+
+    def __init__(self):
+        self.count, self.started = 0, None
+
+    def on_start(self, model, resumed):
+        self.started = resumed
+
+    def after_step(self, step, model):
+        self.count += 1
+        assert step == self.count or self.started  # steps arrive in order, from 1 (or from the resumed step)
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_hooks_run_each_step_and_resume_with_their_state(mel_shards, tmp_path):
+    first = _CountingHook()
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--max-steps", "3", "--ckpt-every", "3"))
+    core.train(_fixture_model(), _mse, cfg, core.Dist(), features=["mel"], hooks=[first])
+    assert first.count == 3 and first.started is False
+    assert torch.load(tmp_path / "ckpt-00000003.pt", weights_only=True)["hooks"] == {"counter": {"count": 3}}
+    again = _CountingHook()
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--max-steps", "5", "--resume"))
+    core.train(_fixture_model(), _mse, cfg, core.Dist(), features=["mel"], hooks=[again],
+               lr_fn=lambda s: 0.5 ** s)
+    assert again.count == 5 and again.started is True
+    assert [r["lr"] for r in _log(tmp_path)][-2:] == [0.5 ** 3, 0.5 ** 4]  # the schedule given, per step
+
+
+@pytest.mark.parametrize("flag, value", [("--precision", "fp8"), ("--reader", "npy"), ("--on-corrupt", "ignore")])
+def test_a_choice_flag_refuses_a_bad_value(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        core.parse_args("t", argv=[flag, value])
+    assert e.value.code == 2 and f"invalid choice: '{value}'" in capsys.readouterr().err

@@ -21,7 +21,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -34,12 +34,14 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only  # noqa: E402
+from audiopipe.checkpoints.load import load_matching  # noqa: E402
 from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
 from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
 from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
 from audiopipe.storage.s3 import ObjectStoreError, is_s3  # noqa: E402
 from audiopipe.shard.manifest import read_manifest  # noqa: E402
-from audiopipe.storage.atomic import atomic_path  # noqa: E402
+from audiopipe.storage.atomic import atomic_path, write_text_atomic  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- config and command line
@@ -71,6 +73,7 @@ class RunConfig:
     log_every: int = 10
     ckpt_every: int = 500
     resume: bool = False
+    init_from: str = ""  # model weights to start from (an upstream checkpoint or one of ours); weights only
 
 
 FLAG_HELP = {
@@ -78,7 +81,7 @@ FLAG_HELP = {
     "max_items": "at most this many utterances per batch",
     "grad_accum": "micro-batches per optimizer step (each rank needs at least this many batches per epoch)",
     "lr": "peak learning rate",
-    "weight_decay": "AdamW weight decay",
+    "weight_decay": "weight decay of the trainer's optimizer",
     "warmup_steps": "linear warmup steps, then cosine decay",
     "min_lr_ratio": "final LR as a fraction of --lr",
     "clip": "gradient norm clipping (0 = off)",
@@ -92,20 +95,36 @@ FLAG_HELP = {
     "seed": "seed for model init, batch plan and per-rank randomness",
     "log_every": "log every N steps (rank 0 prints; log.jsonl in --out)",
     "ckpt_every": "checkpoint every N steps (model, optimizer, scaler, sampler, RNG of every rank)",
+    "init_from": "start from these model weights: an upstream checkpoint of this model (see the trainer's docs "
+                 "page for the files it reads) or one of ours (a ckpt-*.pt, or a run folder for its latest); "
+                 "weights only, so optimizer, step and data order start fresh. With --resume and a checkpoint "
+                 "in --out, the resume wins",
+}
+
+# Flags with a fixed set of values: argparse refuses anything else in one line, on every rank, before any work.
+CHOICES = {
+    "precision": ("auto", "fp32", "bf16", "fp16"),
+    "reader": ("mmap", "files"),
+    "on_corrupt": ("fail", "skip"),
 }
 
 
 def parse_args(description: str, defaults: dict[str, Any] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None,
-               argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+               argv: list[str] | None = None,
+               flag_help: dict[str, str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+    """flag_help: {field: help} where a trainer's meaning of a core flag is more precise than FLAG_HELP's."""
     p = argparse.ArgumentParser(description=description)
+    helps = {**FLAG_HELP, **(flag_help or {})}
     base = RunConfig(**(defaults or {}))
     p.add_argument("--shards", default=base.shards,
                    help=f"shard folder or s3://bucket/prefix (AWS_* environment; docs/loader.md), or several "
                         f"comma-separated to mix in one plan (see --weights) (default {base.shards})")
-    p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
+    p.add_argument("--config", default=base.config,
+                   help="model config: a name (tiny, default, ...) or a JSON file (default %(default)s)")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
-    p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
+    p.add_argument("--max-steps", type=int, default=base.max_steps,
+                   help=f"{helps.get('max_steps', 'optimizer steps to train')} (default %(default)s)")
     p.add_argument("--batch-frames", type=int, default=base.batch_frames,
                    help="padded frames per batch per rank (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
@@ -115,8 +134,8 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
         shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
-        p.add_argument(flag, type=typ, default=getattr(base, f.name),
-                       help=f"{FLAG_HELP.get(f.name, '')}{shown}".strip())
+        p.add_argument(flag, type=typ, default=getattr(base, f.name), choices=CHOICES.get(f.name),
+                       help=f"{helps.get(f.name, '')}{shown}".strip())
     if extra:
         extra(p)
     a = p.parse_args(argv)
@@ -252,7 +271,7 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler, loader: Loader, consumed: int, epoch: int, d: Dist,
-                    extra: dict[str, Any] | None = None) -> Path | None:
+                    extra: dict[str, Any] | None = None, hooks: Sequence["TrainHook"] = ()) -> Path | None:
     """Called on every rank (it gathers each rank's RNG state); rank 0 writes."""
     rng = [_rng_state()]
     if d.world > 1:  # each rank draws its own dropout masks and crops: keep every rank's stream
@@ -263,7 +282,7 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.opt
     raw = model.module if hasattr(model, "module") else model
     ckpt = {"step": step, "model": raw.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
             "sampler": loader.state_dict(consumed_batches=consumed), "epoch": epoch, "rng": rng,
-            "extra": extra or {}}
+            "extra": extra or {}, "hooks": {h.name: h.state_dict() for h in hooks}}
     path = out / f"ckpt-{step:08d}.pt"
     with atomic_path(path) as tmp:  # a crash or full disk while saving never leaves a half checkpoint as latest
         torch.save(ckpt, tmp)
@@ -273,6 +292,56 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.opt
 def latest_checkpoint(out: Path) -> Path | None:
     cks = sorted(out.glob("ckpt-*.pt"))
     return cks[-1] if cks else None
+
+
+def read_own_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights of one of our checkpoints (a ckpt-*.pt, or a run folder for its latest), or of a plain
+    state dict file. Read without unpickling code (audiopipe.checkpoints.files)."""
+    p = Path(path)
+    if p.is_dir():
+        ck = latest_checkpoint(p)
+        if ck is None:
+            raise CheckpointError(f"{p}: a folder without ckpt-*.pt; give a checkpoint file")
+        p = ck
+    state = read_weights(p)
+    if isinstance(state.get("model"), Mapping) and "step" in state:  # a ckpt-*.pt of trainers/core
+        return tensors_only(state["model"], f"{p} (model)")
+    return tensors_only(state, str(p))
+
+
+class TrainHook(Protocol):
+    """Work that runs beside the optimizer and is checkpointed with it, e.g. an EMA copy of the weights.
+
+    on_start runs once the weights are final (after --init-from or --resume), before the first step; after_step
+    after every optimizer step with the step count just reached; state_dict/load_state_dict go into and come out
+    of each checkpoint under the hook's name."""
+
+    name: str
+
+    def on_start(self, model: torch.nn.Module, resumed: bool) -> None: ...
+
+    def after_step(self, step: int, model: torch.nn.Module) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def init_weights_from(model: torch.nn.Module, path: str, read: Callable[[str], Mapping[str, torch.Tensor]],
+                      hints: Mapping[str, str] | None = None) -> str:
+    """Load `read(path)` into the model where names and shapes match; the one-line report of what happened."""
+    return load_matching(model, read(path), hints).summary()
+
+
+def _keep_log_until(path: Path, step: int) -> None:
+    """A resumed run logs again the steps after its checkpoint: drop the earlier run's lines for them, so the log
+    holds every step once."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(True)
+    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        write_text_atomic(path, "".join(kept))
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -285,7 +354,9 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
           loader_kw: dict[str, Any] | None = None,
           to_device: Callable[[dict[str, Any], torch.device], dict[str, Any]] | None = None,
           optimizer: torch.optim.Optimizer | None = None, on_log: Callable[[dict[str, Any]], None] | None = None,
-          log_name: str = "train") -> dict[str, Any]:
+          log_name: str = "train", init_weights: Callable[[str], Mapping[str, torch.Tensor]] | None = None,
+          init_hints: Mapping[str, str] | None = None, lr_fn: Callable[[int], float] | None = None,
+          hooks: Sequence[TrainHook] = (), on_loader: Callable[[Loader], None] | None = None) -> dict[str, Any]:
     """Train until cfg.max_steps optimizer steps; returns the last logged record.
 
     loader_kw: passed to make_loader (item_transform, batch_transform, subset, lengths, collate_features, ...).
@@ -294,11 +365,30 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     when a log line is due, so no step waits for the GPU.
     Randomness: every rank's global RNGs are reseeded at the start of each optimizer step from
     (seed, rank, step) (`step_seed`), so loss_fn may draw freely and --resume repeats the draws exactly.
+    init_weights(path) -> state dict: how this trainer reads --init-from (an upstream file converted to our names;
+    default: our own checkpoints, `read_own_weights`). It raises CheckpointError with a one-line reason; tensors
+    whose shape follows a flag name that flag in init_hints ({name prefix: hint}).
+    lr_fn(step) -> LR: the schedule (default `lr_at`: warmup + cosine); a param group's "lr_scale" multiplies it.
+    hooks: run beside the optimizer and are checkpointed with it (TrainHook).
+    on_loader(loader) runs once the loader is made, before any step: a schedule counted in epochs reads
+    len(loader) (batches per rank per epoch) there.
     """
     out = Path(cfg.out)
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
     model.to(d.device)
+    resume_from = latest_checkpoint(out) if cfg.resume else None
+    if cfg.init_from and resume_from is None:
+        try:
+            said = init_weights_from(model, cfg.init_from, init_weights or read_own_weights, init_hints)
+        except CheckpointError as e:
+            _fail(f"{log_name}: error: --init-from {e}", d)
+        if d.main:
+            print(f"[{log_name}] --init-from {cfg.init_from}: {said}", flush=True)
+    elif cfg.init_from and d.main:
+        print(f"[{log_name}] --resume continues {resume_from.name}; --init-from {cfg.init_from} is not read",
+              flush=True)
+    lr_of = lr_fn or (lambda s: lr_at(s, cfg))
     try:
         loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
     except (ShardError, ConfigMismatch, FileNotFoundError, ValueError, ObjectStoreError) as e:
@@ -306,17 +396,25 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         # a URL, an object store that stays down): the same on every rank, so every rank ends here and rank 0
         # says why in one line.
         _fail(f"{log_name}: error: {e}", d)
+    if on_loader is not None:
+        on_loader(loader)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
     step, epoch, resumed = 0, 0, False
-    if cfg.resume and (ck := latest_checkpoint(out)) is not None:
+    log_path = out / "log.jsonl"
+    if (ck := resume_from) is not None:
         state = torch.load(ck, map_location=d.device, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         loader.load_state_dict(state["sampler"])
         step, epoch, resumed = state["step"], state["epoch"], True
+        for h in hooks:
+            if h.name in state.get("hooks", {}):
+                h.load_state_dict(state["hooks"][h.name])
+        if d.main:
+            _keep_log_until(log_path, step)
         # Same world size: each rank continues its own stream. Another world size: fresh per-rank streams from
         # the restored step (the steps reseed anyway; this covers draws made between steps).
         rng = state["rng"]
@@ -327,10 +425,11 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         if d.main:
             print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
                   f"with the next unseen batch", flush=True)
+    for h in hooks:
+        h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
     move = to_device or default_to_device
     f0 = loader.collate.features[0]  # the feature whose frames and padding are logged
-    log_path = out / "log.jsonl"
     clock, window = _Clock(d.device), _Window()
     last: dict[str, Any] = {}
 
@@ -368,23 +467,26 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                 continue
             window.merge(pending)
             pending = _Window()
+            lr = lr_of(step)
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, cfg)
+                g["lr"] = lr * g.get("lr_scale", 1.0)
             scaler.unscale_(opt)
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip) if cfg.clip > 0 else None
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
             step += 1
+            for h in hooks:
+                h.after_step(step, model)
             clock.step_end()
             window.steps += 1
             if step % cfg.log_every == 0 or step == cfg.max_steps:
-                last = _log(window, clock, step, lr_at(step - 1, cfg), gnorm, d, log_path, log_name, epoch)
+                last = _log(window, clock, step, lr, gnorm, d, log_path, log_name, epoch)
                 if on_log:
                     on_log(last)
                 window = _Window()
             if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d)
+                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d, hooks=hooks)
                 if d.world > 1:
                     dist.barrier()
         # len(loader) promised a step; a loader that yields fewer batches than it announced must not spin forever.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,8 @@ from audiopipe.shard.job import ENGINES, Job, JobError
 from audiopipe.shard.ledger import Ledger
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
 from audiopipe.shard.output import LocalOutput, S3Output, open_output
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
+from audiopipe.shard.plan import (PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, order_record, plan_units,
+                                  unique_keys)
 from audiopipe.shard.worker import default_niceness, load_table_support
 
 PLAN_NAME = "plan.json"
@@ -62,6 +64,9 @@ class Summary:
     workers: int = 0
     # What the job decided for the user and says so (a --workers cap, the engine auto chose).
     notes: list[str] = field(default_factory=list)
+    # What discovery tells the user (printed to stderr once planned) and, when nothing usable was found, its hint.
+    discovery_notes: list[str] = field(default_factory=list)
+    hint: str = ""
     # Where the wall time went (`--timings FILE`): driver phases as seconds since the command started, and
     # one entry per shard task built now (worker pid, start and end on the same clock).
     timeline: dict[str, Any] = field(default_factory=dict)
@@ -108,21 +113,25 @@ def job_specs(job: Job) -> list[Any]:
     return specs
 
 
-def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None = None,
-              layout: str = "auto") -> dict[str, Any]:
-    return _plan(job, manifest, speaker, specs, layout)[0]
+def make_plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None = None, layout: str = "auto",
+              corpus_options: Any = None) -> dict[str, Any]:
+    return _plan(job, manifest, speaker, specs, layout, corpus_options)[0]
 
 
-def _plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None,
-          layout: str) -> tuple[dict[str, Any], str | None, float]:
-    """The plan, the discovery's hint for a corpus where it found nothing usable (if it gives one), and the
-    seconds the discovery itself took (the plan also waits for the feature code, to size the shards)."""
+def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout: str,
+          corpus_options: Any = None) -> tuple[dict[str, Any], float]:
+    """The plan (with discovery's notes, and its hint when nothing usable was found), and the seconds the
+    discovery itself took (the plan also waits for the feature code, to size the shards). manifest: one path or
+    several; corpus_options: audiopipe.corpus.options.CorpusOptions. A corpus where nothing at all is found is
+    a one-line JobError that says what the folder holds instead."""
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import RejectError, check_header
 
     t = time.monotonic()
-    disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout)
+    disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout, options=corpus_options)
     discovery_s = time.monotonic() - t
+    if disc.discovered == 0:  # nothing at all to write: say what the folder holds instead
+        raise JobError(f"nothing to shard in {job.corpus}: {disc.hint}")
     limits = DecodeLimits(**job.limits)
     utts: list[PlannedUtt] = []
     rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
@@ -136,7 +145,7 @@ def _plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None,
     utts, key_rejects = unique_keys(utts)  # every written sample gets a key no other sample shares
     rejects += key_rejects
     bps = bytes_per_second(specs if specs is not None else job_specs(job)) or 1.0
-    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
+    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps), seed=job.shard_seed)
     plan = {
         "job_identity": job.identity(),
         "job": job.record(),
@@ -144,9 +153,10 @@ def _plan(job: Job, manifest: str | None, speaker: str, specs: list[Any] | None,
         "discovered": len(utts) + len(rejects),
         "discovery_rejects": rejects,
         "units": [u.to_dict() for u in units],
+        "notes": disc.notes,
+        "hint": disc.hint,
     }
-    hint = getattr(disc, "hint", None) or None
-    return plan, (str(hint) if hint else None), discovery_s
+    return plan, discovery_s
 
 
 def _clean_temporaries(out: str | os.PathLike[str]) -> None:
@@ -209,7 +219,7 @@ def _first_engine(engine: str, workers: int, asked: int | None, ray_address: str
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
             manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
             layout: str = "auto", nice: int | None = None, staging: str | None = None,
-            break_lock: bool = False, engine: str = "auto") -> Summary:
+            break_lock: bool = False, engine: str = "auto", corpus_options: Any = None) -> Summary:
     """Extract `job` while holding the lock of its --out: a second job on the same folder or s3:// prefix fails
     at once.
 
@@ -220,6 +230,7 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     are uploaded (default: the system temp folder).
     break_lock: take over the lock of an s3:// prefix whose holder is known to be dead (a local folder's flock
     never needs it: the kernel drops it when its holder dies).
+    manifest: one manifest path or several; corpus_options: audiopipe.corpus.options.CorpusOptions.
     """
     if engine not in ENGINES:
         raise JobError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
@@ -233,14 +244,14 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         with out.lock("audiopipe shard", break_lock) as lock:
             return _run_job(job, out, workers=workers, ray_address=ray_address, manifest=manifest,
                             speaker=speaker, show_progress=show_progress, layout=layout, nice=nice,
-                            staging=staging, lock=lock, engine=engine)
+                            staging=staging, lock=lock, engine=engine, corpus_options=corpus_options)
     finally:
         out.close()
 
 
 def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_address: str | None,
-             manifest: str | None, speaker: str, show_progress: bool, layout: str, nice: int | None,
-             staging: str | None, lock: Any, engine: str) -> Summary:
+             manifest: Any, speaker: str, show_progress: bool, layout: str, nice: int | None,
+             staging: str | None, lock: Any, engine: str, corpus_options: Any = None) -> Summary:
     t0 = time.monotonic()
     wall0 = time.time()
     # "clock": the Unix time all the others count from, so that a caller can place them on its own clock (a
@@ -278,19 +289,21 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
         if eng is not None and kind == "local":
             eng.start(job)  # first: it decides how its workers start while this process has a single thread
         with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
-            planned = pool.submit(_plan, job, manifest, speaker, None, layout)
+            planned = pool.submit(_plan, job, manifest, speaker, None, layout, corpus_options)
             pool.submit(load_table_support)  # after discovery, in the same thread
             if eng is not None and kind == "ray":
                 ray_start_s = eng.start(job)
             elif eng is not None:
                 eng.warm_here(job)
-            plan, hint, discovery_s = planned.result()
+            plan, discovery_s = planned.result()
         mark("planned")
+        for note in plan["notes"]:
+            print(f"audiopipe: note: {note}", file=sys.stderr)
         if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
             raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                            f"use a new --out, or delete its {PLAN_NAME} to start over")
         if not plan["units"]:
-            _refuse_empty(out, plan, hint)
+            _refuse_empty(out, plan)
         if not old_plan:
             write_json_atomic(out.work / PLAN_NAME, plan)
             out.publish(PLAN_NAME)
@@ -354,12 +367,12 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out.work, rejects)
-    extra = _phones_extra(job)
+    extra = {"shard_order": order_record(job.shard_seed), **_phones_extra(job)}
     m = assemble_manifest(out.work, records, features, resampler_info(), job.record(), plan["discovered"],
                           len(plan["discovery_rejects"]), index_path, extra)
     if m["totals"]["written"] == 0:  # every utterance rejected while its shard was built
         out.publish(REJECTS_NAME)
-        raise JobError(_nothing_written(m["totals"]["discovered"], rejects, out, hint))
+        raise JobError(_nothing_written(m["totals"]["discovered"], rejects, out, plan["hint"]))
     if hasattr(lock, "check"):
         lock.check()  # an s3:// lock taken over by another job: stop before the manifest makes anything final
     out.publish(REJECTS_NAME, INDEX_NAME, MANIFEST_NAME)  # the manifest last: it declares the set complete
@@ -368,7 +381,8 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
                    ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s, engine=kind,
-                   workers=eng.slots(job) if eng is not None else 0, notes=notes, timeline=timeline)
+                   workers=eng.slots(job) if eng is not None else 0, notes=notes, timeline=timeline,
+                   discovery_notes=plan["notes"], hint=plan["hint"])
 
 
 def _maybe_switch_to_ray(eng, kind: str, engine: str, todo: list[WorkUnit], workers: int, ray_address: str | None,
@@ -401,17 +415,14 @@ def _nothing_written(discovered: int, rejects: list[dict[str, Any]], out: Any, h
     return msg + (f"; {hint}" if hint else "")
 
 
-def _refuse_empty(out: Any, plan: dict[str, Any], hint: str | None) -> None:
-    """A plan with no unit (nothing found, or every file rejected from its header) writes nothing: say it in one
-    line, with the rejects written so that they can be read."""
+def _refuse_empty(out: Any, plan: dict[str, Any]) -> None:
+    """A plan with no unit (every file rejected from its header; a corpus with nothing at all is refused by
+    _plan) writes nothing: say it in one line, with the rejects written so that they can be read."""
     rejects = plan["discovery_rejects"]
     if rejects:
         write_rejects(out.work, rejects)
         out.publish(REJECTS_NAME)
-    if not plan["discovered"]:
-        raise JobError(f"nothing written: no audio found in {plan['job'].get('corpus', 'the corpus')}"
-                       + (f"; {hint}" if hint else ""))
-    raise JobError(_nothing_written(plan["discovered"], rejects, out, hint))
+    raise JobError(_nothing_written(plan["discovered"], rejects, out, plan["hint"]))
 
 
 def _phones_extra(job: Job) -> dict[str, Any]:
@@ -424,10 +435,10 @@ def _phones_extra(job: Job) -> dict[str, Any]:
                                   "runs: cmudict + espeak-ng as ARPAbet",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     elif job.phones:
-        from audiopipe.features.phones import PHONES
+        from audiopipe.text.en_phones import PHONES
 
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
-        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
+        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.text.en_phones)",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     return extra
 
