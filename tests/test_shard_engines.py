@@ -215,7 +215,9 @@ def test_a_run_that_writes_nothing_exits_non_zero_in_one_line(synthetic_corpus, 
     (empty / "notes.md").write_text("no audio here\n")
     assert main(["shard", "--corpus", str(empty), "--out", str(tmp_path / "o2"), "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0] == f"audiopipe: error: nothing written: no audio found in {empty}", err
+    assert len(err) == 1 and err[0].startswith(f"audiopipe: error: nothing to shard in {empty}: no audio files "
+                                                f"under {empty}"), err
+    assert not (tmp_path / "o2" / "manifest.json").exists()
 
 
 def test_the_discovery_hint_is_said_when_discovery_gives_one(tmp_path, capsys, monkeypatch):
@@ -233,6 +235,8 @@ def test_the_discovery_hint_is_said_when_discovery_gives_one(tmp_path, capsys, m
     empty = tmp_path / "empty"
     empty.mkdir()
     sf.write(empty / "x.wav", np.zeros(160, np.float32), 16000)  # 10 ms: rejected as too short
-    assert main(["shard", "--corpus", str(empty), "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
+    # --features pcm: no transcripts wanted, so no note about their absence before the error line.
+    assert main(["shard", "--corpus", str(empty), "--out", str(tmp_path / "o"), "--workers", "0",
+                 "--features", "pcm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("; found 3 parquet files: use --manifest"), err
