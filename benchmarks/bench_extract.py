@@ -303,6 +303,34 @@ def whole_table(summary: dict, workers: list[int], engines: list[str]) -> str:
     return "\n".join(lines)
 
 
+def plot_whole(summary: dict, workers: list[int], engines: list[str], path: Path, machine: str) -> None:
+    """Bars: the whole run's ratio hand-written / audiopipe (median, whiskers min-max over rounds), one bar per
+    worker count, engine and tars on/off; the dashed line is 1 (as fast as the hand-written loop)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summary), figsize=(7 * len(summary), 4.4), squeeze=False)
+    for ax, (c, d) in zip(axes[0], summary.items()):
+        labels, med, lo, hi = [], [], [], []
+        for w in workers:
+            for eng in engines:
+                for tar in ("tar", "notar"):
+                    e = d[f"{eng}_w{w}_{tar}"]["whole_run_vs_handwritten"]
+                    labels.append(f"{w}w {eng}\ntars {'on' if tar == 'tar' else 'off'}")
+                    med.append(e["median"]), lo.append(e["median"] - e["min"]), hi.append(e["max"] - e["median"])
+        ax.bar(range(len(med)), med, yerr=[lo, hi], capsize=4, color="#4c72b0")
+        ax.axhline(1.0, ls="--", c="k", lw=1)
+        ax.set_xticks(range(len(med)), labels, fontsize=8)
+        ax.set_ylabel("hand-written wall / audiopipe wall (higher: audiopipe faster)")
+        ax.set_title(f"{c}: whole run, launch to exit (load {d['load_1m']['median']:.1f})", fontsize=10)
+    fig.suptitle(machine, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 # ------------------------------------------------------------------ where a worker's time goes
 
 PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + log)", "Arrow file", "tar file",
@@ -682,6 +710,9 @@ def main() -> int:
     workers = [int(w) for w in a.workers.split(",")]
     if a.replot:
         saved = json.loads(Path(a.json).read_text())
+        if "engines" in saved:  # a --whole-run result
+            plot_whole(saved["summary"], workers, saved["engines"], Path(a.plot), saved["machine"])
+            return 0
         plot(saved["summary"], workers, Path(a.plot), saved["machine"])
         return 0
     if a.discovery_files:  # moved to its own benchmark (issue 12 at 1M files)
@@ -737,6 +768,8 @@ def main() -> int:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(out, indent=1))
         print(whole_table(summary, workers, engines))
+        if a.plot != p.get_default("plot"):
+            plot_whole(summary, workers, engines, Path(a.plot), out["machine"])
         return 0
     rounds: list[dict] = []
     try:
