@@ -11,6 +11,9 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from audiopipe.corpus.options import CorpusOptions
+from audiopipe.corpus.records import unique_ids
+
 LAYOUTS = ("kaldi", "aishell3", "libritts", "vctk", "emilia")  # detection order
 CHOICES = ("auto", "files") + LAYOUTS
 
@@ -37,9 +40,6 @@ def discover_layout(name: str, root: str, speaker_rule: int | None, options: Any
     repeated one a `duplicate_id` reject, as for `--manifest` ids (layout ids come from the corpus's own index
     files). A layout's `discover(root, speaker_rule, options)` returns (utterances, rejects) or, with notes for
     the user, (utterances, rejects, notes)."""
-    from audiopipe.corpus.discover import unique_ids
-    from audiopipe.corpus.options import CorpusOptions
-
     got = _module(name).discover(root, speaker_rule, options if options is not None else CorpusOptions())
     utts, rejects, notes = got if len(got) == 3 else (*got, [])
     return unique_ids(utts, rejects, name), rejects, list(notes)
