@@ -3,6 +3,10 @@
 Each layout is a module with `NAME`, `detect(root) -> bool` and `discover(root, speaker_rule)` returning
 (utterances, rejects) like a walk would. `--layout auto` (the default) tries them in the order of `LAYOUTS` and
 falls back to walking the folder (`files`) when none matches.
+
+May import: `audiopipe.corpus` (the records they make, the header reads and the listed-file readers they share
+with manifests), `audiopipe.decode` (headers of audio files and tar members), `audiopipe.storage` (the guarded
+opening of index files).
 """
 
 from __future__ import annotations

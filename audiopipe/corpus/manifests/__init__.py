@@ -14,6 +14,10 @@
 Every reader but `plain` returns `Entry` rows (audiopipe.corpus.entries), which `resolve` turns into
 utterances and rejects with one header read per audio. Each reader also says which of its columns it did not
 use, so that discovery can name them once instead of dropping them silently.
+
+May import: `audiopipe.corpus` (the records, entries and listed-file readers shared with discovery and the
+layouts), `audiopipe.decode` (headers of audio cells and files), `audiopipe.storage` (the guarded opening of
+manifests).
 """
 
 from __future__ import annotations
