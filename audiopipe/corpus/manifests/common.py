@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from audiopipe.corpus.entries import Entry
 from audiopipe.corpus.layouts.common import rel
+from audiopipe.corpus.records import Reject
 
 
 @dataclass
@@ -16,7 +16,7 @@ class Read:
     """What one reader made of its manifests."""
 
     entries: list[Entry] = field(default_factory=list)
-    rejects: list[Any] = field(default_factory=list)  # Reject rows decided before any header is read
+    rejects: list[Reject] = field(default_factory=list)  # decided before any header is read
     notes: list[str] = field(default_factory=list)
     unused: set[str] = field(default_factory=set)  # columns read from the manifest and used for nothing
 
