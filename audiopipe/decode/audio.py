@@ -179,6 +179,7 @@ def _decode(f: sf.SoundFile, limit: int | None = None) -> tuple[np.ndarray, str 
     error = None
     two_d = f.channels > 1
     n = 0
+    short_at: int | None = None
     while limit is None or n < limit:
         want = _BLOCK if limit is None else min(_BLOCK, limit - n)
         try:
@@ -188,6 +189,15 @@ def _decode(f: sf.SoundFile, limit: int | None = None) -> tuple[np.ndarray, str 
             break
         if len(block) == 0:
             break
+        if short_at is not None:
+            # A read came back short and the next one still had frames: libsndfile's decoder (ALAC, for one)
+            # gave up on a damaged packet and went on after it, so what follows is not the stream's audio
+            # (soundfile.read in one call stops at that point too). Stop there; the caller compares the
+            # frames kept with the header's.
+            error = f"a damaged packet at frame {short_at}; the decoder skipped over it"
+            break
+        if len(block) < want:
+            short_at = n + len(block)
         blocks.append(block)
         n += len(block)
     if not blocks:

@@ -117,11 +117,12 @@ class Recording:
             self.pos = 0
         buf = np.empty((_BLOCK, self.f.channels), np.float32)
         while self.pos < start:
-            got = len(self.f.read(min(_BLOCK, start - self.pos), dtype="float32", always_2d=True,
-                                  out=buf[:min(_BLOCK, start - self.pos)]))
-            if got == 0:
-                break
+            want = min(_BLOCK, start - self.pos)
+            got = len(self.f.read(want, dtype="float32", always_2d=True, out=buf[:want]))
             self.pos += got
+            if got < want:  # the recording ends early, or the decoder gave up on a damaged packet here
+                raise RejectError("truncated", f"the decoder stopped at frame {self.pos}, before the segment "
+                                               f"starting at frame {start}")
 
 
 def _file_opener(path: str) -> Callable[[], tuple[sf.SoundFile, Any, int]]:
