@@ -388,7 +388,7 @@ def test_manifest_duplicates_and_errors(tmp_path):
 
 
 def test_utterance_round_trips_through_dict(synthetic_corpus):
-    from audiopipe.corpus.discover import Utterance
+    from audiopipe.corpus.records import Utterance
 
     u = discover(synthetic_corpus.root).utterances[0]
     assert Utterance(**json.loads(json.dumps(u.to_dict()))) == u
