@@ -15,7 +15,7 @@ import soundfile as sf
 from audiopipe.bench import loader_bench
 from audiopipe.bench.loaders import LOADERS, LoaderSpec, build, f5_sort_plan, random_plan
 from audiopipe.sampler.plan import BatchBudget
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 BUDGET = 1500
 

@@ -92,7 +92,7 @@ def test_lengths_are_fingerprinted_for_a_state_only(monkeypatch):
 def test_make_loader_first_batch_is_built_before_the_copy_kernel_loads(tmp_path):
     """In a fresh process: the kernel load begins only once the first batch is collated (it held the GIL while
     the first batch was planned and read, 2-3x its time), and the batches are the same bytes either way."""
-    from test_reader import write_shards
+    from reader_helpers import write_shards
 
     w = write_shards(tmp_path / "s", (6, 5), seed=3, tars=False)
     script = textwrap.dedent(f"""

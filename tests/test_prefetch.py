@@ -13,7 +13,7 @@ import torch
 
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.prefetch import PrefetchError, PrefetchIterator
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 ROWS = (40, 35, 50, 25)
 BUDGET = 1500
@@ -130,7 +130,7 @@ def test_an_error_in_the_thread_reaches_the_consumer():
 
 
 def test_a_corrupt_shard_surfaces_through_prefetch(shards, tmp_path):
-    from test_reader import copy_shards
+    from reader_helpers import copy_shards
 
     w = copy_shards(shards, tmp_path / "s")
     loader = make_loader(w.root, ["mel"], max_frames=BUDGET, seed=0, prefetch=2)
