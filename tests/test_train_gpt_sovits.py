@@ -363,7 +363,7 @@ def test_init_from_refusals_name_the_fix(token_dir, upstream_ckpt, tmp_path):
     arpabet = tmp_path / "arpabet_tokens"
     shutil.copytree(tokens, arpabet)
     m = json.loads((arpabet / "manifest.json").read_text())
-    from audiopipe.features.phones import PHONES
+    from audiopipe.text.en_phones import PHONES
 
     m["phones"] = {"vocab": list(PHONES)}  # the phones of a `--language en` sharding: audiopipe's ARPAbet ids
     (arpabet / "manifest.json").write_text(json.dumps(m))

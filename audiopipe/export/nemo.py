@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,18 +126,3 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(summary):
         print(line)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m audiopipe.export.nemo")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except (OSError, ValueError, RuntimeError) as e:
-        print(f"audiopipe: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -122,7 +122,7 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
         elif job.phones and job.language != "en":
             phone_ids = _gpt_sovits_phone_ids(job.language)
         elif job.phones:
-            from audiopipe.features.phones import G2PError, g2p, phones_to_ids
+            from audiopipe.text.en_phones import G2PError, g2p, phones_to_ids
 
             def phone_ids(text: str, line_language: str | None = None) -> np.ndarray:
                 try:
@@ -137,7 +137,7 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
 def _gpt_sovits_phone_ids(language: str, segments: bool = False) -> Callable[[str, str | None], Any]:
     """Phone ids in GPT-SoVITS's symbol table for zh/auto jobs (English lines too, so one table per job); with
     segments=True, (ids, the line's segments) for the BERT features."""
-    from audiopipe.features.phones import G2PError
+    from audiopipe.text.en_phones import G2PError
     from audiopipe.text.frontend import gpt_sovits_segments
     from audiopipe.text.symbols import symbols_to_ids
 
@@ -241,7 +241,7 @@ def textgrid_for(u: Any) -> Path | None:
 
 def aligned_phones(tg: Path, frames: int, frame_rate: float, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
     from audiopipe.corpus.textgrid import TextGridError, read_phone_durations
-    from audiopipe.features.phones import phones_to_ids
+    from audiopipe.text.en_phones import phones_to_ids
 
     try:
         labels, durs = read_phone_durations(tg, total_frames=frames, frame_rate=frame_rate, start=start_s, end=end_s)
@@ -313,7 +313,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     codec_inputs: list[np.ndarray] = []
-    recordings = RecordingCache(unit.utterances)  # Kaldi segments: each recording decoded once per shard
+    recordings = RecordingCache(unit.utterances)  # segments (Kaldi, NeMo, lhotse): read by seeking in their recording
     for u in unit.utterances:
         try:
             wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar

