@@ -87,7 +87,8 @@ def test_scaling_ceiling_runs_every_file_in_every_process(tmp_path):
     got = json.loads(out.read_text())
     (rnd,) = got["rounds"]
     assert got["files"] == 3 and got["procs"] == 2
-    assert rnd["scaling"] == rnd["t1_s"] / rnd["t2_s"] and got["scaling_median"] == rnd["scaling"]
+    one, *two = rnd["processes"]  # each phase's wall time holds the stage time its processes measured inside
+    assert rnd["t1_s"] >= one["floor_s"] > 0 and rnd["t2_s"] >= max(p["floor_s"] for p in two) > 0
     procs = rnd["processes"]
     assert [p["files"] for p in procs] == [3, 3, 3]  # 1 alone, then 2 at once: each ran every file
     assert len({p["pid"] for p in procs}) == 3  # three processes of their own

@@ -8,7 +8,7 @@ import pytest
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 
 @pytest.fixture(scope="module")
