@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.abc
+import importlib.util
 import json
 import math
 import os
@@ -50,7 +51,8 @@ PARTS = ("cuda_tests", "trainers", "f5_feeds", "features", "calibrate")
 # Seconds each part may take on one H100, and the least it needs to be worth starting.
 CAPS = {"cuda_tests": 60, "trainers": 185, "f5_feeds": 60, "features": 35, "calibrate": 90}
 FLOORS = {"cuda_tests": 25, "trainers": 60, "f5_feeds": 25, "features": 15, "calibrate": 30}
-QUICK_CAPS = {"cuda_tests": 60, "trainers": 100, "f5_feeds": 40, "features": 40, "calibrate": 50}
+# --quick on a CPU: the caps are only a safety net (a loaded 2-core machine runs it 3x slower than an idle one).
+QUICK_CAPS = {"cuda_tests": 180, "trainers": 300, "f5_feeds": 120, "features": 120, "calibrate": 150}
 QUICK_FLOORS = {"cuda_tests": 10, "trainers": 20, "f5_feeds": 8, "features": 8, "calibrate": 10}
 
 # Each trainer: its script, the bundle folder it reads, its share of the trainers part (s), and --quick flags
@@ -63,6 +65,10 @@ TRAINERS = {
     "ns2": ("train_ns2", "shards/ns2", 45, ["--batch-frames", "500"]),
 }
 STEPS = {"full": (10, 60), "quick": (1, 2)}
+# Each epoch reads a trainer's small corpus this many times (--weights over the folder and a second name for it),
+# so that an epoch holds tens of batches as on a real corpus instead of one to four: otherwise nearly every step
+# would be a pass's first, whose batch no prefetch can build ahead.
+COPIES = {"f5tts": 8, "eres2net": 20, "campplus": 20, "gpt_sovits": 6, "ns2": 4}
 MAX_OUT_FILES = 8  # a device call brings back at most 8 files
 
 
@@ -100,9 +106,8 @@ def device_info(device: str) -> dict[str, Any]:
         info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
                     capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
                     cudnn=torch.backends.cudnn.version())
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        info["nvidia_smi"] = r.stdout.strip() if r.returncode == 0 else None
+        info["nvidia_smi"] = _run_quietly(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                                           "--format=csv,noheader"])
     else:
         info["name"] = platform.processor() or platform.machine()
     try:
@@ -117,9 +122,17 @@ def device_info(device: str) -> dict[str, Any]:
         info["transformers"] = transformers.__version__
     except Exception:  # noqa: BLE001
         info["transformers"] = None
-    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    info["commit"] = r.stdout.strip() if r.returncode == 0 else None
+    info["commit"] = _run_quietly(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
     return info
+
+
+def _run_quietly(cmd: list[str]) -> str | None:
+    """A command's output, or None where it is missing or fails (a bare GPU image may lack git)."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 def install_wheels(bundle: Path, site: Path) -> dict[str, Any]:
@@ -204,6 +217,16 @@ def _window_stats(records: list[dict], warm: int) -> dict[str, Any]:
             "loss_first_last": [timed[0]["loss"], timed[-1]["loss"]], "epochs": timed[-1]["epoch"] + 1}
 
 
+def repeated(a: argparse.Namespace, folder: Path, copies: int) -> list[str]:
+    """--shards and --weights that read `folder` `copies` times an epoch: the folder and a link to it as two
+    corpora (a corpus is listed once per name), each weighted copies / 2."""
+    alias = a.work / "again" / f"{folder.name}_again"
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    if not alias.is_symlink():
+        alias.symlink_to(folder, target_is_directory=True)
+    return ["--shards", f"{folder},{alias}", "--weights", f"{copies / 2:g},{copies / 2:g}"]
+
+
 def part_trainer(a: argparse.Namespace) -> dict[str, Any]:
     """One trainer, its own main(), run twice in this process: prefetch on (2 batches) and off."""
     import torch
@@ -218,7 +241,8 @@ def part_trainer(a: argparse.Namespace) -> dict[str, Any]:
     for prefetch in (2, 0):
         out = scratch / "gpu_proof_runs" / f"{a.trainer}-prefetch{prefetch}"
         shutil.rmtree(out, ignore_errors=True)
-        argv = ["--shards", str(a.bundle / folder), "--config", "tiny" if a.quick else "default", "--out", str(out),
+        argv = [*repeated(a, a.bundle / folder, 2 if a.quick else COPIES[a.trainer]),
+                "--config", "tiny" if a.quick else "default", "--out", str(out),
                 "--max-steps", str(warm + timed), "--log-every", str(warm), "--ckpt-every", str(10 ** 9),
                 "--prefetch", str(prefetch), "--seed", "0", *(quick_flags if a.quick else [])]
         if cuda:
@@ -292,8 +316,9 @@ def part_f5_feeds(a: argparse.Namespace) -> dict[str, Any]:
     model = f5.F5TTS(replace(f5.CONFIGS["tiny" if a.quick else "default"], text_num_embeds=tok.size)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=7.5e-5, weight_decay=0.01)
     precision, autocast = core.autocast_for("auto", dev)
-    cfg = core.RunConfig(shards=str(shards), out=str(a.work / "f5_feeds"), batch_frames=frames, max_items=max_items,
-                         prefetch=2, seed=0)
+    flags = repeated(a, shards, 2 if a.quick else COPIES["f5tts"])
+    cfg = core.RunConfig(shards=flags[1], weights=flags[3], out=str(a.work / "f5_feeds"), batch_frames=frames,
+                         max_items=max_items, prefetch=2, seed=0)
     d = core.Dist(device=dev)
     kw = {"batch_transform": f5.AddTextIds(tok)}
 
@@ -435,7 +460,7 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
     import calibrate_batches as cb
 
     results: dict[str, Any] = {}
-    for model, share in (("f5tts", 0.75), ("eres2net", 1.0)):  # F5 gets 3/4 of the time, ERes2Net the rest
+    for model, share in (("f5tts", 0.8), ("eres2net", 1.0)):  # F5 gets 4/5 of the time, ERes2Net the rest
         try:
             results[model] = cb.calibrate(model=model, device=a.device, quick=a.quick,
                                           out=a.out / f"bucket_budget_{model}.json", compare=model == "f5tts",
@@ -474,11 +499,14 @@ def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | N
         # A new session: on a timeout the whole group (DataLoader workers, a grandchild) goes with it.
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=a.env, cwd=ROOT,
                                 start_new_session=True)
+        with open(a.work / "process_groups", "a") as f:  # every group started: all are ended on a timeout
+            f.write(f"{proc.pid}\n")
         try:
             rc = proc.wait(timeout=cap)
             status = "ok" if rc == 0 else "failed"
+            _forget_group(a.work, proc.pid)  # ended: its number may be reused, never signal it again
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            kill_groups(a.work, since=proc.pid)
             proc.wait()
             rc, status = None, "timeout"
     seconds = round(time.perf_counter() - t0, 1)
@@ -493,6 +521,29 @@ def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | N
     if res["status"] != "ok":
         res["output_tail"] = tail(output, 40)
     return res
+
+
+def _forget_group(work: Path, pid: int) -> None:
+    path = work / "process_groups"
+    if path.exists():
+        path.write_text("".join(f"{x}\n" for x in path.read_text().split() if int(x) != pid))
+
+
+def kill_groups(work: Path, since: int | None = None) -> None:
+    """End the process groups parts started that are still running: the group `since` and every group started
+    after it (a trainer a part runs, their DataLoader workers), or all of them; never the groups of the parts
+    that started it."""
+    path = work / "process_groups"
+    pids = [int(x) for x in path.read_text().split()] if path.exists() else []
+    if since is not None and since not in pids:
+        pids.append(since)
+    keep = pids[: pids.index(since)] if since is not None else []
+    for pid in pids[len(keep):]:
+        try:
+            os.killpg(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+    path.write_text("".join(f"{x}\n" for x in keep))
 
 
 def child_main(a: argparse.Namespace) -> int:
@@ -555,6 +606,60 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def tables(doc: dict[str, Any]) -> str:
+    """Markdown for the pages each figure lands on (docs/gpu-proof.md says where), every one naming its machine."""
+    dv = doc["device"]
+    machine = (f"{dv.get('name')}, {dv.get('memory_gib', '?')} GiB, torch {dv['torch']}, CUDA {dv['cuda']}"
+               + (" (CPU rehearsal, --quick: not a GPU figure)" if doc.get("quick") else ""))
+    parts, out = doc["parts"], [f"Machine: {machine}; commit {dv.get('commit')}.", ""]
+    tr = parts.get("trainers", {}).get("trainers", {})
+    if tr:
+        out += ["### docs/trainers/<trainer>.md: the default config on this GPU (bf16, 10 warm-up + 60 timed steps)", "",
+                "| trainer | machine | step | data wait, prefetch on | data wait, prefetch off | padding | frames/s "
+                "| peak memory |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in tr.items():
+            on, off = r.get("prefetch_2", {}), r.get("prefetch_0", {})
+            if not on.get("timed_steps"):
+                out.append(f"| {name} | {dv.get('name')} | {r.get('status')} | | | | | |")
+                continue
+            out.append(f"| {name} | {dv.get('name')} | {on['step_ms']:.1f} ms | {100 * on['data_wait_share']:.3f} % "
+                       f"| {100 * off['data_wait_share']:.3f} % | {100 * on['padding_share']:.1f} % "
+                       f"| {on['frames_per_s']:,.0f} | {on.get('peak_gib', 'n/a')} GiB |")
+        out.append("")
+    f5 = parts.get("f5_feeds", {})
+    if "on_device" in f5:
+        out += [f"### docs/trainers/f5tts.md: F5-TTS {f5['model']} fed three ways ({f5['batch_frames']} frames, "
+                f"{f5['precision']})", "", "| feed | machine | step | data wait | frames/s | vs batch on the device |",
+                "|---|---|---|---|---|---|"]
+        base = f5["on_device"]["step_ms"]
+        for k in ("on_device", "audiopipe", "f5_own_rule"):
+            if k in f5:
+                r = f5[k]
+                out.append(f"| {r['feed']} | {dv.get('name')} | {r['step_ms']:.1f} ms | "
+                           f"{100 * r['data_wait_share']:.3f} % | {r['frames_per_s']:,.0f} | {r['step_ms'] / base:.3f}x |")
+        out.append("")
+    feat = parts.get("features", {})
+    if "bench" in feat:
+        import bench_gpu_features as bgf
+
+        out += ["### docs/extraction.md: features on this GPU (bench_gpu_features)", "",
+                bgf.table(feat["bench"]["results"]), ""]
+    cal = parts.get("calibrate", {})
+    for model, r in cal.items():
+        if isinstance(r, dict) and "budget" in r:
+            out += [f"### docs/sampler.md: {r['model']}, per-bucket budget ({r['unit']}, margin {r['margin']})", "",
+                    "| longest item up to | max items | max padded frames |", "|---|---|---|"]
+            out += [f"| {b['max_len']} | {b['max_items']} | {b['max_frames']:,} |" for b in r["budget"]]
+            c = r.get("compare")
+            if c and c.get("gain"):
+                g, p = c["global"], c["per_bucket"]
+                out += ["", f"Frames/s on {dv.get('name')}: per-bucket {p['frames_per_s']:,.0f} (peak {p['peak_gib']} GiB) "
+                            f"against one global budget of {c['global_max_frames']:,} frames {g['frames_per_s']:,.0f} "
+                            f"(peak {g['peak_gib']} GiB): {c['gain']:.2f}x."]
+            out.append("")
+    return "\n".join(out)
+
+
 class Report:
     """gpu_proof.json and gpu_proof.log in --out, rewritten after every part: a run cut short keeps what it had."""
 
@@ -576,20 +681,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle", help="what `make gpu-bundle` made")
-    ap.add_argument("--out", type=Path, required=True, help="results: gpu_proof.json, gpu_proof.log, budgets")
+    ap.add_argument("--out", type=Path, help="results: gpu_proof.json, gpu_proof.log, budgets (required to run)")
     ap.add_argument("--work", type=Path, default=None, help="scratch (default: a folder in the system temp dir)")
     ap.add_argument("--device", default=None, help="cuda (default where torch sees one) or cpu")
     ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of all parts together (default 345; 170 with --quick)")
+                    help="wall-clock budget of all parts together (default 345; 600 with --quick)")
     ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part "
                                                   "(rehearses the GPU image on a machine that has them)")
+    ap.add_argument("--tables", type=Path, metavar="GPU_PROOF_JSON",
+                    help="print the markdown tables of a finished run for the docs (docs/gpu-proof.md) and stop")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--trainer", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
     ap.add_argument("--deadline", default="0", help=argparse.SUPPRESS)
     ap.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.tables is not None:
+        print(tables(json.loads(a.tables.read_text())))
+        return 0
+    if a.out is None:
+        ap.error("--out is required: the folder for gpu_proof.json, gpu_proof.log and the budgets")
     a.bundle, a.out = a.bundle.resolve(), a.out.resolve()
     if a.work is None:
         import tempfile
@@ -615,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     started = time.time()
-    budget = a.budget_s if a.budget_s is not None else (170.0 if a.quick else 345.0)
+    budget = a.budget_s if a.budget_s is not None else (600.0 if a.quick else 345.0)
     caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
     wheels = install_wheels(a.bundle, a.work / "site")
     paths = [wheels["site"]] if wheels.get("site") else []
@@ -647,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             report.say(line)
         if res["status"] != "ok":
             report.say("  " + (res.get("error") or tail(res.get("output_tail", ""), 3)).replace("\n", "\n  ")[:1500])
+    kill_groups(a.work)  # nothing a part started outlives the run
     doc["total_s"] = round(time.time() - started, 1)
     statuses = {p: r["status"] for p, r in doc["parts"].items()}
     report.say(f"gpu_proof: {sum(s == 'ok' for s in statuses.values())}/{len(statuses)} parts ok in "
