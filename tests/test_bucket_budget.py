@@ -145,3 +145,34 @@ def test_state_carries_the_buckets_and_resumes_exactly(budget_file):
 def test_quadratic_is_refused_with_a_bucket_budget():
     with pytest.raises(ValueError, match="leave quadratic at 0"):
         BucketBatchSampler(np.array([10, 20]), BucketBudget.from_dict(SYNTHETIC), quadratic=1e-3)
+
+
+def test_make_loader_and_the_trainers_flag_plan_with_a_bucket_budget(tmp_path, budget_file):
+    """make_loader takes the budget where max_frames goes; core's --bucket-budget reads the file into it, and a
+    bad file ends a trainer in one line."""
+    import core
+    from test_reader import write_shards
+
+    shards = write_shards(tmp_path / "shards", (30, 25), seed=5, mel_frames=(20, 700), tars=False)
+    from audiopipe.reader.loader import make_loader
+
+    loader = make_loader(shards.root, ["mel"], max_frames=BucketBudget.read(budget_file), seed=1)
+    seen = []
+    for batch in loader:
+        n, m = batch["mel"].shape[0], int(batch["mel_lengths"].max())
+        assert n <= limit(np.array([m]))[0]
+        seen += batch["index"]
+    lengths = np.array([r["arrays"]["mel"].shape[1] for r in shards.rows])
+    assert sorted(seen) == np.flatnonzero(lengths <= 800).tolist()
+    assert loader.sampler.budget.max_frames == 9000  # what shared memory is sized by: the largest bucket
+
+    cfg, _ = core.parse_args("t", argv=["--shards", str(shards.root), "--bucket-budget", str(budget_file),
+                                        "--out", str(tmp_path / "run")])
+    made = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path / "run")
+    assert isinstance(made.sampler.budget, BucketBudget) and made.sampler.budget.buckets[0].max_items == 80
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    cfg, _ = core.parse_args("t", argv=["--shards", str(shards.root), "--bucket-budget", str(tmp_path / "bad.json"),
+                                        "--out", str(tmp_path / "run2"), "--max-steps", "1"])
+    with pytest.raises(SystemExit, match=r"test: error: bucket budget .*bad.json: not a bucket budget"):
+        core.train(__import__("torch").nn.Linear(1, 1), lambda m, b: None, cfg, core.Dist(), features=["mel"],
+                   log_name="test")
