@@ -536,7 +536,10 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
                        quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
                        num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
                        pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
-                       on_corrupt=cfg.on_corrupt, prefetch=cfg.prefetch, device=d.device, **loader_kw)
+                       on_corrupt=cfg.on_corrupt, prefetch=cfg.prefetch,
+                       # --prefetch 0 is off: given a device, make_loader would still build one batch ahead in a
+                       # thread; without, the batch is built when the step asks and moved by the loop.
+                       device=d.device if cfg.prefetch else None, **loader_kw)
 
 
 def _fail(message: str, d: Dist) -> None:
