@@ -477,7 +477,7 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
 
 CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "cuda_tests": part_cuda_tests, "trainers": part_trainers, "trainer": part_trainer, "f5_feeds": part_f5_feeds,
-    "features": part_features, "calibrate": part_calibrate}
+    "features": part_features, "calibrate": part_calibrate, "info": lambda a: device_info(a.device)}
 
 
 # ----------------------------------------------------------------------------- running parts as processes
@@ -609,7 +609,7 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
 def tables(doc: dict[str, Any]) -> str:
     """Markdown for the pages each figure lands on (docs/gpu-proof.md says where), every one naming its machine."""
     dv = doc["device"]
-    machine = (f"{dv.get('name')}, {dv.get('memory_gib', '?')} GiB, torch {dv['torch']}, CUDA {dv['cuda']}"
+    machine = (f"{dv.get('name')}, {dv.get('memory_gib', '?')} GiB, torch {dv.get('torch')}, CUDA {dv.get('cuda')}"
                + (" (CPU rehearsal, --quick: not a GPU figure)" if doc.get("quick") else ""))
     parts, out = doc["parts"], [f"Machine: {machine}; commit {dv.get('commit')}.", ""]
     tr = parts.get("trainers", {}).get("trainers", {})
@@ -734,13 +734,21 @@ def main(argv: list[str] | None = None) -> int:
     a.env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT), str(ROOT / "trainers"),
                                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
              "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/1", "quick": a.quick, "device": device_info(a.device),
+    # Read in a child: this process never creates a CUDA context, which would hold GPU memory all run long.
+    # A failure here is written down, not fatal: each part then records its own failure.
+    info = run_child(a, "info", 120)
+    if info["status"] == "ok":
+        info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit")}
+    else:
+        info = {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
+    doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/1", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
                            "without": a.without, "budget_s": budget, "command": " ".join(sys.argv), "parts": {}}
     report = Report(a.out, doc)
     dv = doc["device"]
-    report.say(f"gpu_proof: {dv['name']} ({a.device}), torch {dv['torch']}, CUDA {dv['cuda']}, python {dv['python']}, "
-               f"torchaudio {dv['torchaudio']}, transformers {dv['transformers']}, commit {dv['commit']}")
+    report.say(f"gpu_proof: {dv.get('name')} ({a.device}), torch {dv.get('torch')}, CUDA {dv.get('cuda')}, "
+               f"python {dv.get('python')}, torchaudio {dv.get('torchaudio')}, transformers {dv.get('transformers')}, "
+               f"commit {dv.get('commit')}" + (f"; device not read: {dv['error']}" if dv.get("error") else ""))
     if wheels.get("installed") or wheels.get("error"):
         report.say(f"wheels: {', '.join(wheels.get('installed', [])) or 'FAILED ' + wheels.get('error', '')[:300]}")
     for i, part in enumerate(p for p in PARTS if p in parts):

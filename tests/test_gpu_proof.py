@@ -171,6 +171,20 @@ def test_a_failing_part_does_not_stop_the_others(bundle, tmp_path):
     assert "part features: failed" in (out / "gpu_proof.log").read_text()
 
 
+def test_a_device_that_cannot_be_read_is_written_down_and_the_parts_still_run(bundle, tmp_path):
+    """The device is read in a child (the parent holds no CUDA context); when that child fails, the run says
+    why in the JSON and the log and goes on to the parts, each of which records its own outcome."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(bundle), "--out", str(out), "--work",
+                        str(tmp_path / "work"), "--device", "cpu", "--quick", "--parts", "features",
+                        "--without", "torch"], capture_output=True, text=True, env=env(), timeout=120)
+    assert r.returncode == 1, r.stdout[-3000:]
+    doc = json.loads((out / "gpu_proof.json").read_text())
+    assert "No module named 'torch'" in doc["device"]["error"]
+    assert doc["parts"]["features"]["status"] == "failed"
+    assert "device not read" in (out / "gpu_proof.log").read_text()
+
+
 def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
     sys.path.insert(0, str(PROOF.parent))
     import gpu_proof
