@@ -1,4 +1,4 @@
-"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, tokens.
+"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, export-checkpoint, tokens.
 
 Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-zero exit, never a traceback
 (set AUDIOPIPE_DEBUG=1 to see one).
@@ -35,6 +35,18 @@ checks every object against the checksum uploaded with it, one HEAD each, and re
 """
 
 
+def _shard_seed(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed or 'none', got {text!r}") from None
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"the seed must be in 0..2**64-1, got {value}")
+    return value
+
+
 def _size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
     if not m:
@@ -53,6 +65,12 @@ def _presets_help() -> str:
 PLUGGED = {
     "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
     "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
+    "export-checkpoint": ("audiopipe.checkpoints.cli", "write a trained run as the checkpoint files its upstream "
+                                                       "project loads (F5-TTS, ...)"),
+    "export-hf": ("audiopipe.export.hf", "export shards as a Hugging Face datasets folder (load_from_disk, no copy)"),
+    "export-lhotse": ("audiopipe.export.lhotse", "export shards as a lhotse CutSet in Shar (audio, supervisions, "
+                                                 "features)"),
+    "export-nemo": ("audiopipe.export.nemo", "export shards as a NeMo JSON-lines manifest with its audio"),
     "tokens": ("audiopipe.tokens.cli", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
 }
 
@@ -128,6 +146,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=_size, default=0,
                    help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
                         "are up to 64 shards of at least 16MB)")
+    s.add_argument("--shard-seed", type=_shard_seed, default=0,
+                   help="utterances go into shards in a pseudo-random order drawn from this seed (default 0), so "
+                        "every shard is a random sample of the corpus (what readers that take a few shards at a "
+                        "time need); 'none' fills shards in id order")
     s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
     s.add_argument("--max-duration", type=float, default=30.0, help="reject longer clips, seconds (default 30)")
     s.add_argument("--max-channels", type=int, default=2, help="reject files with more channels (default 2)")
@@ -142,6 +164,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--codec-random-init", action="store_true",
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
     s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
+    s.add_argument("--bert-checkpoint", default=None, metavar="DIR",
+                   help="GPT-SoVITS stage 1, Chinese: per-phone BERT features (column `bert`, float16 [1024, phones]) "
+                        "from this local chinese-roberta-wwm-ext-large folder (save_pretrained layout); needs "
+                        "phones with --language zh or auto. See docs/trainers/gpt_sovits.md")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--timings", default=None, metavar="FILE",
                    help="write where the wall time went as JSON: the driver's phases and, for every shard built, "
@@ -209,6 +235,16 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     if a.language != "en" and preset.codec:
         raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
                        "(MFA TextGrids), so it takes --language en only")
+    bert = None
+    if a.bert_checkpoint:
+        if not preset.phones or a.language == "en":
+            raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
+                           "phones (gpt_sovits) and --language zh or auto")
+        if not Path(a.bert_checkpoint).is_dir():
+            raise JobError(f"BERT checkpoint folder not found: {a.bert_checkpoint}")
+        from audiopipe.shard.job import BertSettings
+
+        bert = BertSettings(checkpoint=str(Path(a.bert_checkpoint).resolve()))
     codec = None
     if preset.codec:
         if not a.codec_checkpoint and not a.codec_random_init:
@@ -246,7 +282,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum, keep_columns=keep)
+              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed, bert=bert)
     summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
                       staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)

@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.speech_cache is not None:
         sets["read"] = load_material("read", a.reference_read, a.speech_cache)
 
+    load_before = os.getloadavg()
     # Warm-up: numba compiles, parselmouth/pyworld/librosa load.
     first = next(iter(sets.values()))["clips"][0]
     for n in names:
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     info = {"machine": machine(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python benchmarks/bench_f0.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "rounds": a.rounds, "load_before": os.getloadavg(),
+            "rounds": a.rounds, "load_before": load_before,
             "note": "shared 2-core CPU VM, no GPU; other engineers were using the CPU at the same time"}
     results: dict = {}
     for m, d in sets.items():

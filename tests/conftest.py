@@ -73,3 +73,14 @@ def speech_pool(tmp_path_factory: pytest.TempPathFactory):
     from corpora_en import speech_pool as build
 
     return build(str(tmp_path_factory.mktemp("speech_pool")))
+
+
+@pytest.fixture(scope="session")
+def f5_shards(espeak_corpus: BuiltCorpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The espeak corpus sharded with the f5tts preset's vocos mel (read-only: the F5 trainer and checkpoint tests
+    share it)."""
+    from shard_helpers import shard
+
+    out = tmp_path_factory.mktemp("f5_shards")
+    shard(espeak_corpus.root, out, [("vocos_mel", {})])
+    return out

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 trainers/train_ns2.py --shards ./shards --config tiny --out runs/ns2 --max-steps 20
 
 Reads `codes` (EnCodec 24 kHz, 16 x 1024, 75 Hz), `f0` (interpolated, > 0, same frames) and `phones` (ids in
-audiopipe.features.phones.PHONES) of the `ns2` preset. Follows Amphion's recipe (models/tts/naturalspeech2):
+audiopipe.text.en_phones.PHONES) of the `ns2` preset. Follows Amphion's recipe (models/tts/naturalspeech2):
   - a random prefix of each utterance (10-50 % of its frames) is the speech prompt, the rest the target
     (PromptSplit, the loader's batch_transform);
   - prompt encoder: a Transformer over the prompt latent; 32 learned query tokens attend to it (query_attn);
@@ -48,7 +48,7 @@ from torch import nn
 from core import (  # first: core finds audiopipe
     corpus_offsets, count_parameters, load_model_config, parse_args, setup_dist, shard_dirs, train,
 )
-from audiopipe.features.phones import PHONES
+from audiopipe.text.en_phones import PHONES
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 from mas import mas_durations

@@ -20,7 +20,6 @@ from audiopipe.corpus.transcripts import (
     METADATA_NAME,
     MetadataIndex,
     ManifestRow,
-    TranscriptError,
     find_sidecar,
     id_problem,
     read_manifest,
@@ -28,6 +27,7 @@ from audiopipe.corpus.transcripts import (
 )
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
+from audiopipe.storage import guard
 
 # Extensions of each libsndfile major format. RAW is left out on purpose: headerless files cannot be read
 # without being told their layout.
@@ -150,11 +150,18 @@ def _walk(root: str, exts: frozenset[str]) -> tuple[list[_Candidate], list[Rejec
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = set(filenames)
         rel_dir = _rel(folder, root)  # once per folder: path arithmetic per file costs as much as its header
+        bad_dir = guard.name_problem(rel_dir)
         for name in sorted(filenames):
             if name.startswith(".") or "." not in name or name.rsplit(".", 1)[1].lower() not in exts:
                 continue
             path = os.path.join(folder, name)
             source = name if rel_dir == "." else f"{rel_dir}/{name}"
+            # A name that is not UTF-8 cannot become an id, an Arrow string or a JSON record: refuse it here,
+            # printable, rather than fail the job when the shards are written.
+            bad_name = bad_dir or guard.name_problem(name)
+            if bad_name:
+                unlisted.append(Reject(guard.shown(path), guard.shown(source), "bad_encoding", bad_name))
+                continue
             found.append(_Candidate(path, source, source.rsplit(".", 1)[0], names))
     return found, unlisted
 
@@ -164,12 +171,18 @@ def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Rej
     rejects: list[Reject] = []
     real_root = os.path.realpath(root)
     for row in read_manifest(manifest):
+        if row.problem is not None and row.path == os.path.abspath(manifest):  # the line names no audio
+            rejects.append(Reject(row.path, row.written_path, *row.problem))
+            continue
         inside = row.path.startswith(root + os.sep)
         source = _rel(row.path, root) if inside else row.written_path.replace(os.sep, "/")
         if not inside:  # the root or the listed path may go through a symlink: compare real paths too
             real = os.path.realpath(row.path)
             if real.startswith(real_root + os.sep):
                 inside, source = True, _rel(real, real_root)
+        if row.problem is not None:
+            rejects.append(Reject(row.path, source, *row.problem))
+            continue
         uid = row.id
         problem = id_problem(uid) if uid is not None else None
         if problem:
@@ -220,8 +233,9 @@ _BLOCK = 256
 _WAV_EXTS = ("wav", "wave")
 
 
-def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
-    """(info or RejectError, own transcript, TranscriptError): everything per file that touches storage."""
+def _read_one(c: _Candidate) -> tuple[Any, str | None, guard.Refused | None]:
+    """(info or RejectError, own transcript, why the sidecar was refused): everything per file that touches
+    storage."""
     # A plain PCM WAV is read directly (5x less Python than a SoundFile open); anything else by libsndfile.
     info = read_wav_header(c.path) if c.source.rsplit(".", 1)[-1].lower() in _WAV_EXTS else None
     if info is None:
@@ -233,7 +247,7 @@ def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
         return info, None, None
     try:
         return info, _own_transcript(c), None
-    except TranscriptError as e:
+    except guard.Refused as e:  # a sidecar that is a pipe, too large, or not UTF-8: this file only
         return info, None, e
 
 
@@ -393,7 +407,7 @@ def _discover_files(root: str, manifests: list[str] | None, rule: int | None, ex
             rejects.append(Reject(c.path, c.source, "empty", "the header declares no audio frames"))
             continue
         if text_error is not None:  # an unreadable sidecar concerns one file only
-            rejects.append(Reject(c.path, c.source, "bad_transcript", str(text_error)))
+            rejects.append(Reject(c.path, c.source, text_error.reason, text_error.detail))
             continue
         if text is None:
             # A malformed metadata.csv is not caught: it concerns every file it lists, so discovery stops
@@ -425,7 +439,7 @@ def _folders_with_metadata(root: str, cands: list[_Candidate]) -> bool:
         while d not in folders and len(d) > len(root):
             folders.add(d)
             d = os.path.dirname(d)
-    return any(os.path.isfile(os.path.join(d, METADATA_NAME)) for d in folders)
+    return any(os.path.exists(os.path.join(d, METADATA_NAME)) for d in folders)
 
 
 def _own_transcript(c: _Candidate) -> str | None:
@@ -433,5 +447,5 @@ def _own_transcript(c: _Candidate) -> str | None:
     if c.row is not None and c.row.text is not None:
         return c.row.text
     sidecar = find_sidecar(c.path, c.names_in_dir)
-    # An empty sidecar counts as absent, like an empty manifest cell.
+    # An empty sidecar counts as absent, like an empty manifest cell (and so does one deleted since the listing).
     return (read_text_file(sidecar) or None) if sidecar is not None else None

@@ -8,14 +8,15 @@ table cell whose header the reader has already read), the row's id, text, speake
 
 - no start/end, or a stretch from 0 to the audio's end (within 10 ms: manifests round durations): the
   utterance is the audio;
-- a stretch inside it: a segment (`extra` gets `recording`, `start_frame`, `end_frame`), decoded once per
-  recording and shard by audiopipe.decode.segments, like a Kaldi `segments` line;
+- a stretch inside it: a segment (`extra` gets `recording`, `start_frame`, `end_frame`), read on its own by
+  seeking in the recording (audiopipe.decode.segments), like a Kaldi `segments` line;
 - a stretch that is empty, negative or runs past the audio's end: `bad_segment`. A segment is never paired
   with the whole recording.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -111,8 +112,12 @@ def resolve(entries: Iterable[Entry], threads: int = 16) -> tuple[list[Utterance
     utts: list[Utterance] = []
     rejects: list[Reject] = []
     for e in entries:
+        if e.problem is None and e.id is not None and not isinstance(e.id, str):
+            e.problem = ("bad_value", f"id is {type(e.id).__name__}, not a string")
         if e.problem is not None:
-            rejects.append(Reject(e.path, e.source, e.problem[0], f"{e.where}: {e.problem[1]}"))
+            said = e.where in e.problem[1].split(": ", 1)[0]  # a detail that already names the line
+            detail = e.problem[1] if said else f"{e.where}: {e.problem[1]}"
+            rejects.append(Reject(e.path, e.source, e.problem[0], detail))
             continue
         if e.info is not None:
             info = e.info
@@ -136,17 +141,29 @@ def cut(e: Entry, info: Any) -> Utterance | Reject:
         return utterance(e.id or default_id(e.source), e.path, e.source, info, e.speaker, e.text, e.extra)
     start = 0.0 if e.start is None else float(e.start)
     end = total / sr if e.end is None else float(e.end)
+    problem = segment_problem(start, end, total, sr)
+    if problem:
+        return Reject(e.path, e.source, "bad_segment", f"{e.where}: {problem}")
     first, last = round(start * sr), min(round(end * sr), total)
-    if not (start >= 0 and end > start and end <= total / sr + SEGMENT_SLACK_S and last > first):
-        return Reject(e.path, e.source, "bad_segment",
-                      f"{e.where}: segment {start:.3f}-{end:.3f} s is empty or outside the audio "
-                      f"(0-{total / sr:.3f} s)")
     if first == 0 and total - last <= SEGMENT_SLACK_S * sr:  # the whole audio, its end rounded in the manifest
         return utterance(e.id or default_id(e.source), e.path, e.source, info, e.speaker, e.text, e.extra)
     uid = e.id or segment_id(default_id(e.source), first, last, sr)
     extra = {**e.extra, "recording": e.extra.get("recording", default_id(e.source)), "start_frame": first,
              "end_frame": last}
     return utterance(uid, e.path, e.source, info, e.speaker, e.text, extra, frames=last - first)
+
+
+def segment_problem(start: float, end: float, total: int, sr: int) -> str | None:
+    """Why [start, end) seconds cannot be cut from audio of `total` frames at `sr` Hz, or None. NaN and infinite
+    times are refused before any arithmetic on them (round(inf) raises)."""
+    length = total / sr
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return f"segment {start}-{end} s is not a finite stretch of the audio (0-{length:.3f} s)"
+    # The bounds first: a start of 1e308 s is finite, and round(1e308 * sr) would overflow.
+    if start >= 0 and end > start and end <= length + SEGMENT_SLACK_S \
+            and min(round(end * sr), total) > round(start * sr):
+        return None
+    return f"segment {start:.3f}-{end:.3f} s is empty or outside the audio (0-{length:.3f} s)"
 
 
 def resolve_path(written: str, base: str) -> str:

@@ -26,6 +26,9 @@ CORPUS_FOLDER = re.compile(r"^(libri(tts|speech|light)([-_]?r)?|vctk([-_].*)?|lj
 # Extra keys that say where the audio lies, not what it is: never named as metadata to keep.
 INTERNAL_EXTRA = frozenset(("recording", "start_frame", "end_frame", "tar_member", "member_offset", "member_size",
                             "cell_format", "cell_column", "cell_field", "cell_row", "cell_group"))
+# Of those, the keys that decide which bytes are decoded: a manifest or JSON field with one of these names is
+# refused, so that a row cannot point the decoder at a byte range of its own choosing.
+LOCATION_EXTRA = INTERNAL_EXTRA - {"recording"}
 USED_EXTRA = frozenset(("language", "textgrid"))
 _HINT_SCAN_ENTRIES = 20_000
 

@@ -11,18 +11,30 @@ shard's last utterance in it; an Arrow file is memory-mapped. The checks are tho
 from __future__ import annotations
 
 import io
-import os
-import stat
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-from audiopipe.decode.audio import DecodeLimits, Header, RejectError, check_header, decode_checked
+from audiopipe.decode import declared
+from audiopipe.decode.audio import DecodeLimits, Header, RejectError, decode_open, measure_frames
+from audiopipe.storage import guard
 
 # A cell larger than this is refused rather than decoded from memory (a 2 GiB binary value is not a clip).
 MAX_CELL_BYTES = 1 << 30
+
+
+class AudioBytes(io.BytesIO):
+    """Audio bytes in memory for libsndfile. A damaged header can make libsndfile seek before the start; BytesIO
+    raises there, inside soundfile's C callback, which prints a traceback and goes on: clamp instead, as a file
+    does (audiopipe.decode.members.MemberView does the same for tar members)."""
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return super().seek(pos, whence)
+        except ValueError:
+            return super().seek(0)
 
 
 def is_cell(u: Any) -> bool:
@@ -30,37 +42,35 @@ def is_cell(u: Any) -> bool:
 
 
 def cell_info(data: bytes | memoryview) -> Header:
-    """The header of audio bytes, or RejectError (empty, unreadable)."""
+    """The header of audio bytes, or RejectError (empty, unreadable). A stream whose header gives no length is
+    measured by decoding it, as audiopipe.decode.audio.read_info does."""
     size = len(data)
     if size == 0:
         raise RejectError("empty", "the audio cell holds 0 bytes")
     if size > MAX_CELL_BYTES:
-        raise RejectError("unreadable", f"the audio cell holds {size} bytes, more than {MAX_CELL_BYTES}")
+        raise RejectError("too_large", f"the audio cell holds {size} bytes, more than {MAX_CELL_BYTES}")
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
-            return Header(f.samplerate, f.frames, f.channels, f.format, f.subtype)
+        with sf.SoundFile(AudioBytes(data)) as f:
+            frames = measure_frames(f) if declared.unknown(f.frames) else f.frames
+            return Header(f.samplerate, frames, f.channels, f.format, f.subtype)
     except (RuntimeError, OSError, ValueError, TypeError) as e:
         raise RejectError("unreadable", f"libsndfile cannot read the cell's header ({size} bytes): {e}") from None
 
 
 def decode_cell(data: bytes | memoryview, limits: DecodeLimits | None = None) -> tuple[np.ndarray, int]:
-    """Decode audio bytes to (float32 mono, rate) with load_audio's checks."""
+    """Decode audio bytes to (float32 mono, rate) with load_audio's checks (the length its header declares
+    included)."""
     limits = limits or DecodeLimits()
-    info = cell_info(data)
-    check_header(info, limits)
-    with sf.SoundFile(io.BytesIO(data)) as f:
-        return decode_checked(f, int(info.frames), limits, what="embedded audio")
+    cell_info(data)  # the refusals of bytes that are not audio
+    with sf.SoundFile(AudioBytes(data)) as f:
+        return decode_open(f, AudioBytes(data), len(data), limits, what="embedded audio")
 
 
 def _regular(path: str) -> None:
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise RejectError("missing", f"no such file: {path}") from None
-    except OSError as e:
-        raise RejectError("unreadable", f"cannot stat the file: {e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise RejectError("unreadable", "not a regular file (a named pipe, socket or device)")
+        guard.regular(path)
+    except guard.Refused as e:
+        raise RejectError(e.reason, e.detail) from None
 
 
 def open_arrow(path: str) -> Any:
@@ -124,10 +134,13 @@ class CellCache:
             self._groups.pop(key, None)
         return column
 
-    def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
+    def bytes_of(self, u: Any) -> Any:
+        """The audio bytes of a cell utterance, or RejectError."""
         try:
             column = self._column(u)
-            data = _cell_bytes(column, int(u.extra["cell_row"]), u.extra.get("cell_field"))
+            return _cell_bytes(column, int(u.extra["cell_row"]), u.extra.get("cell_field"))
         except (OSError, ValueError, IndexError, KeyError) as e:  # the table changed or went bad since discovery
             raise RejectError("unreadable", f"cannot read row {u.extra['cell_row']} of {u.path}: {e}") from None
-        return decode_cell(data, limits)
+
+    def load(self, u: Any, limits: DecodeLimits) -> tuple[np.ndarray, int]:
+        return decode_cell(self.bytes_of(u), limits)

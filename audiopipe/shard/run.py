@@ -23,7 +23,8 @@ from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
 from audiopipe.shard.output import LocalOutput, S3Output, open_output
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
+from audiopipe.shard.plan import (PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, order_record, plan_units,
+                                  unique_keys)
 
 PLAN_NAME = "plan.json"
 
@@ -100,7 +101,7 @@ def make_plan(job: Job, manifest: Any, speaker: str, specs: list[Any], layout: s
     utts, key_rejects = unique_keys(utts)  # every written sample gets a key no other sample shares
     rejects += key_rejects
     bps = bytes_per_second(specs) or 1.0
-    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
+    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps), seed=job.shard_seed)
     return {
         "job_identity": job.identity(),
         "job": job.record(),
@@ -350,7 +351,7 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out.work, rejects)
-    extra = {}
+    extra: dict[str, Any] = {"shard_order": order_record(job.shard_seed)}
     if job.phones and job.language != "en":
         from audiopipe.text.symbols import gpt_sovits_symbols
 
@@ -359,10 +360,10 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                                   "runs: cmudict + espeak-ng as ARPAbet",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     elif job.phones:
-        from audiopipe.features.phones import PHONES
+        from audiopipe.text.en_phones import PHONES
 
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
-        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
+        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.text.en_phones)",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     m = assemble_manifest(out.work, records, features, resampler_info(), job.record(), plan["discovered"],
                           len(plan["discovery_rejects"]), index_path, extra)

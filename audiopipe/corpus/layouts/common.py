@@ -52,32 +52,3 @@ def speaker_from_folders(source: str, rule: int | None, default: str) -> str:
         return default
     folders = PurePosixPath(source).parts[:-1]
     return folders[rule] if rule < len(folders) else ""
-
-
-MAX_TEXT_BYTES = 1 << 20  # a transcript or speaker table larger than this is not one
-
-
-def small_text(path: str, limit: int = MAX_TEXT_BYTES) -> str | None:
-    """The UTF-8 text of a small regular file (BOM tolerated), None when there is no such file; ValueError when
-    it is not a regular file, larger than `limit`, or not UTF-8 (the caller turns it into a reject or an error)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO named like a transcript must not hang
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot open ({e.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"{path}: larger than {limit} bytes")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e})") from None

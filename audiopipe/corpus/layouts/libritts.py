@@ -22,7 +22,8 @@ from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import ordered_map
-from audiopipe.corpus.layouts.common import header, rel, small_text, speaker_from_folders, utterance
+from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "libritts"
 EXPECTS = "LibriTTS split folders (train-clean-100, dev-clean, ...) holding <speaker>/<chapter>/ folders"
@@ -54,7 +55,7 @@ def detect(root: str) -> bool:
 def _speakers_table(root: str) -> dict[str, dict[str, str]]:
     """SPEAKERS.txt (in the root or above a split root) -> {speaker: {"gender", "subset"}}."""
     for folder in (root, os.path.dirname(root.rstrip(os.sep))):
-        text = small_text(os.path.join(folder, "SPEAKERS.txt"), 4 << 20)
+        text = guard.read_text_or_none(os.path.join(folder, "SPEAKERS.txt"), "table", "SPEAKERS.txt")
         if text is None:
             continue
         out = {}
@@ -75,7 +76,7 @@ def _chapter_tables(folder: str, names: list[str]) -> tuple[dict[str, tuple[str,
     for n in names:
         if n.startswith(".") or not n.endswith((".trans.tsv", ".book.tsv")):
             continue
-        text = small_text(os.path.join(folder, n), 64 << 20) or ""
+        text = guard.read_text_or_none(os.path.join(folder, n), "table", "LibriTTS table") or ""
         for line in text.splitlines():
             fields = line.split("\t")
             if n.endswith(".trans.tsv") and len(fields) >= 3:
@@ -88,6 +89,10 @@ def _chapter_tables(folder: str, names: list[str]) -> tuple[dict[str, tuple[str,
     return trans, snr
 
 
+def _sidecar(path: str) -> str | None:
+    return guard.read_text_or_none(path, "transcript", "sidecar transcript", reason="bad_transcript")
+
+
 def _read(item: tuple[str, str, set[str]]) -> tuple[Any, Reject | None, str | None, str | None]:
     """(header, reject, normalized text, original text) of one wav from its sidecars."""
     path, source, names = item
@@ -97,11 +102,11 @@ def _read(item: tuple[str, str, set[str]]) -> tuple[Any, Reject | None, str | No
     stem = os.path.basename(path)[:-4]
     folder = os.path.dirname(path)
     try:
-        norm = small_text(os.path.join(folder, stem + ".normalized.txt")) if f"{stem}.normalized.txt" in names \
+        norm = _sidecar(os.path.join(folder, stem + ".normalized.txt")) if f"{stem}.normalized.txt" in names \
             else None
-        orig = small_text(os.path.join(folder, stem + ".original.txt")) if f"{stem}.original.txt" in names else None
-    except ValueError as e:
-        return None, Reject(path, source, "bad_transcript", str(e)), None, None
+        orig = _sidecar(os.path.join(folder, stem + ".original.txt")) if f"{stem}.original.txt" in names else None
+    except guard.Refused as e:  # a sidecar that is a pipe, too large or not UTF-8: this file only
+        return None, Reject(path, source, e.reason, e.detail), None, None
     return info, None, norm, orig
 
 

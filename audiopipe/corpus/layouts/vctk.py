@@ -21,7 +21,8 @@ from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import ordered_map
-from audiopipe.corpus.layouts.common import header, rel, small_text, speaker_from_folders, utterance
+from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "vctk"
 EXPECTS = "txt/ beside wav48_silence_trimmed/ (VCTK 0.92) or wav48/ (VCTK 0.80)"
@@ -38,7 +39,7 @@ def detect(root: str) -> bool:
 
 
 def _speaker_info(root: str) -> dict[str, dict[str, Any]]:
-    text = small_text(os.path.join(root, "speaker-info.txt"))
+    text = guard.read_text_or_none(os.path.join(root, "speaker-info.txt"), "table", "speaker-info.txt")
     out: dict[str, dict[str, Any]] = {}
     for line in (text or "").splitlines()[1:]:
         f = line.split()
@@ -60,9 +61,9 @@ def _read(item: tuple[str, str, str]) -> tuple[Any, Reject | None, str | None]:
     if bad is not None:
         return None, bad, None
     try:
-        return info, None, small_text(txt)
-    except ValueError as e:
-        return None, Reject(path, source, "bad_transcript", str(e)), None
+        return info, None, guard.read_text_or_none(txt, "transcript", "transcript", reason="bad_transcript")
+    except guard.Refused as e:  # a transcript that is a pipe, too large or not UTF-8: this file only
+        return None, Reject(path, source, e.reason, e.detail), None
 
 
 def discover(root: str, speaker_rule: int | None, options: Any = None):

@@ -19,20 +19,24 @@ use, so that discovery can name them once instead of dropping them silently.
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import math
 import os
-import stat
+import re
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from audiopipe.corpus.entries import Entry
+from audiopipe.storage import guard
 
 KINDS = ("plain", "lhotse", "lhotse_shar", "nemo", "commonvoice", "hf")
-MAX_INDEX_LINE = 64 << 20  # a manifest line longer than this is not a manifest line
 # Extra keys every reader may fill and the shard builder reads (language: per-line phones; textgrid: durations).
 from audiopipe.corpus.hints import USED_EXTRA  # noqa: E402
 # Types of lhotse manifest items, from their JSON fields (lhotse itself decides when it parses them).
 _CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut", "DataCut")
+_LHOTSE_NAME = re.compile(r"(^|[_.-])(recordings|supervisions|cuts)([_.-]|$)")  # lhotse's file names
 
 
 @dataclass
@@ -47,49 +51,76 @@ class Read:
 
 def regular_file(path: str, what: str = "manifest") -> str:
     """`path` made absolute, if it is a regular file (not a FIFO, device or folder), else FileNotFoundError /
-    ValueError with one line."""
+    ValueError with one line (the check is audiopipe.storage.guard's)."""
     path = os.path.abspath(path)
     try:
-        st = os.stat(path)
-    except OSError:
-        raise FileNotFoundError(f"{what} not found: {path}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{what} is not a regular file: {path}")
+        guard.regular(path, what)
+    except guard.Refused as e:
+        if e.reason == "missing":
+            raise FileNotFoundError(f"{what} not found: {guard.shown(path)}") from None
+        raise ValueError(f"{what} is not a regular file: {guard.shown(path)}") from None
     return path
 
 
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile over an open file that closes that file too (GzipFile leaves a file it was given open)."""
+
+    def __init__(self, raw: Any):
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
+def open_binary(path: str):
+    """A manifest's bytes, gunzipped when its name ends in .gz (opened by guard.open_regular: a file that became
+    a pipe since regular_file looked at it does not block)."""
+    raw = guard.open_regular(path, "manifest")
+    return _Gunzip(raw) if path.endswith(".gz") else raw
+
+
 def open_text(path: str):
-    """A text manifest for reading, gunzipped when its name ends in .gz."""
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+    """A text manifest for reading (UTF-8, a BOM dropped), gunzipped when its name ends in .gz."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
-def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, object) of a JSON-lines file (gzipped or not); a bad line stops with `file:line`."""
+def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any] | guard.Refused]]:
+    """(line, object) of a JSON-lines file (gzipped or not). A line that is not UTF-8 (or too long) comes as a
+    guard.Refused in place of its object, for the caller to reject what it names; a line that is not a JSON
+    object stops with `file:line`, as a malformed index does."""
     from audiopipe.corpus.transcripts import TranscriptError
 
+    shown = guard.shown(path)
     try:
-        with open_text(path) as f:
-            for n, line in enumerate(iter(lambda: f.readline(MAX_INDEX_LINE + 1), ""), 1):
-                if len(line) > MAX_INDEX_LINE:
-                    raise TranscriptError(f"{path}:{n}: a line longer than {MAX_INDEX_LINE} characters")
+        with open_binary(path) as f:
+            for n, line in guard.lines(f, shown, "jsonl line"):
+                if isinstance(line, guard.Refused):
+                    yield n, line
+                    continue
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise TranscriptError(f"{path}:{n}: not a JSON object per line ({e.msg})") from None
+                    raise TranscriptError(f"{shown}:{n}: not a JSON object per line ({e.msg})") from None
+                except RecursionError:
+                    raise TranscriptError(f"{shown}:{n}: JSON nested too deeply") from None
                 if not isinstance(rec, dict):
-                    raise TranscriptError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+                    raise TranscriptError(f"{shown}:{n}: expected a JSON object, got {type(rec).__name__}")
                 yield n, rec
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
-        raise TranscriptError(f"{path}: not UTF-8 JSON lines ({e})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise TranscriptError(f"{shown}: not a gzip file, or cut short ({e})") from None
 
 
 def _first_object(path: str) -> dict[str, Any] | None:
+    """The first readable object of a JSON-lines file, which tells its kind (None: no line can be read)."""
     for _, rec in json_objects(path):
-        return rec
+        if isinstance(rec, dict):
+            return rec
     return None
 
 
@@ -134,12 +165,15 @@ def kind_of(path: str) -> str:
         first = _first_object(path)
         if first is not None and "audio_filepath" in first:
             return "nemo"
-        if first is not None and _lhotse_item(first):
-            return "lhotse"
+        if first is not None and _lhotse_item(first) or first is None and _LHOTSE_NAME.search(name):
+            return "lhotse"  # (no line readable: lhotse's own reader says why, rather than another reader)
         return "plain"
     if stem.endswith(".tsv"):
-        with open_text(path) as f:
-            head = f.readline(1 << 16).rstrip("\r\n").split("\t")
+        with open_binary(path) as f:
+            first = next(guard.lines(f, guard.shown(path)), (1, ""))[1]
+        if isinstance(first, guard.Refused):
+            raise first
+        head = first.split("\t")
         if "path" in head and "sentence" in head:
             return "commonvoice"
     return "plain"
@@ -200,11 +234,35 @@ def pick_column(columns: list[str], given: str | None, usual: tuple[str, ...], f
     return next((c for c in usual if c in columns), None)
 
 
-def text_of(value: Any) -> str:
-    """A transcript or speaker cell as a single-spaced string ("" for null)."""
+def text_of(value: Any, name: str = "text") -> str:
+    """A transcript, speaker or id cell as a single-spaced string ("" for null); a number is its decimal text.
+    A list, an object, true/false or bytes is a guard.Refused("bad_value") naming the field: never stored as
+    its Python repr."""
     if value is None:
         return ""
-    return " ".join(str(value).split())
+    if isinstance(value, str):
+        lone = next((c for c in value if "\ud800" <= c <= "\udfff"), None) if not value.isascii() else None
+        if lone is not None:  # JSON may escape one ("\ud800"); no text holds it, and Arrow cannot store it
+            raise guard.Refused("bad_value", f"{name} holds the lone surrogate U+{ord(lone):04X}, which is not text")
+        return " ".join(value.split())
+    if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value):
+        return str(value)
+    raise guard.Refused("bad_value", f"{name} is {kind_of_value(value)}, not a string")
+
+
+def kind_of_value(value: Any) -> str:
+    """What a JSON / table value is, in words, for messages (never its contents)."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} fields"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{len(value)} bytes"
+    return f"a {type(value).__name__}"
 
 
 def plain_value(value: Any) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 
 from audiopipe.corpus.entries import Entry, ordered_map, resolve_path
 from audiopipe.corpus.manifests import USED_EXTRA, Read, pick_column, plain_value, regular_file, source_of, text_of
+from audiopipe.storage import guard
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text", "raw_text")
 SPEAKER_COLUMNS = ("speaker", "speaker_id", "client_id", "spk_id")
@@ -204,14 +205,18 @@ def _read_file(t: _Table, root: str, options: Any) -> _FileRead:
             row = first + i
             where = f"{os.path.basename(t.path)}#{row if group is None else f'{group}:{row}'}"
             extra = {c: v[i] for c, v in kept.items() if v[i] is not None and plain_value(v[i])}
-            uid = text_of(ids[i]) or None
-            if uid is not None and t.prefix:
-                uid = t.prefix + uid
+            e = Entry(t.path, f"{file_source}#{row if group is None else f'{group}:{row}'}", where, None, extra=extra)
+            try:  # a text column of lists, a speaker of structs: this row is refused, never its Python repr
+                uid = text_of(ids[i], "id") or None
+                e.id = t.prefix + uid if uid is not None and t.prefix else uid
+                e.text, e.speaker = text_of(texts[i], "text"), text_of(speakers[i], "speaker")
+            except guard.Refused as err:
+                e.problem = (err.reason, err.detail)
             written = paths[i]
             blob = blobs[i] if blobs is not None and present[i] else None
-            e = Entry(t.path, f"{file_source}#{row if group is None else f'{group}:{row}'}", where, uid,
-                      text_of(texts[i]), text_of(speakers[i]), extra=extra)
-            if blob is not None and blob.is_valid:
+            if e.problem is not None:
+                pass  # refused above: its audio is not looked at
+            elif blob is not None and blob.is_valid:
                 buf = blob.as_buffer()
                 try:
                     e.info = _header(memoryview(buf) if buf is not None else b"")

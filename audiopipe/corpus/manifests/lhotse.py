@@ -3,8 +3,8 @@
 - **Recordings + supervisions** (what `lhotse prepare <corpus>` writes: `<corpus>_recordings_<part>.jsonl.gz`
   and `<corpus>_supervisions_<part>.jsonl.gz`): one utterance per supervision, the stretch
   [start, start + duration) of its recording, with its text, speaker, language and custom fields. Supervisions
-  covering a whole recording give the whole file; shorter ones are cut from the recording, which is decoded
-  once for all of them (audiopipe.decode.segments). Recordings without supervisions are left out (a note says
+  covering a whole recording give the whole file; shorter ones are read from the recording by seeking in it
+  (audiopipe.decode.segments). Recordings without supervisions are left out (a note says
   how many); recordings alone (no supervisions given) are whole-file utterances without text.
 - **A CutSet** (`cuts.jsonl.gz`): one utterance per cut, [cut.start, cut.end) of its recording, text the
   cut's supervisions' texts in time order, speaker theirs when they agree.
@@ -21,11 +21,11 @@ add the other channels' speech); a MixedCut or PaddingCut; a supervision whose r
 from __future__ import annotations
 
 import os
-import tarfile
 from typing import Any
 
 from audiopipe.corpus.entries import Entry, resolve_path
 from audiopipe.corpus.manifests import USED_EXTRA, Read, plain_value, regular_file, source_of, text_of
+from audiopipe.corpus.tarmembers import Member, list_members
 
 
 def _load(path: str) -> Any:
@@ -35,6 +35,22 @@ def _load(path: str) -> Any:
         return load_manifest_lazy_or_eager(path)
     except Exception as e:  # lhotse raises many kinds for a malformed manifest
         raise ValueError(f"{path}: lhotse cannot read it as a manifest ({type(e).__name__}: {e})") from None
+
+
+def _items(manifest: Any, path: str) -> Any:
+    """The items of a (lazily read) lhotse manifest; an item lhotse cannot parse stops with one line naming the
+    manifest, as a malformed index does (lhotse parses a lazy manifest while it is iterated)."""
+    it = iter(manifest)
+    n = 0
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as e:  # lhotse raises many kinds for a malformed item
+            raise ValueError(f"{path}: lhotse cannot read item {n + 1} ({type(e).__name__}: {e})") from None
+        n += 1
+        yield item
 
 
 def _metadata(sups: list[Any], extra: dict[str, Any], keep: set[str], unused: set[str]) -> None:
@@ -115,12 +131,12 @@ def read(paths: list[str], root: str, options: Any) -> Read:
             out.notes.append(f"{name} is an empty lhotse manifest")
         elif isinstance(m, RecordingSet):
             recording_files.append(p)
-            for r in m:
+            for r in _items(m, p):
                 recordings.setdefault(r.id, (r, name))
         elif isinstance(m, SupervisionSet):
-            supervisions.extend((s, name) for s in m)
+            supervisions.extend((s, name) for s in _items(m, p))
         elif isinstance(m, CutSet):
-            for c in m:
+            for c in _items(m, p):
                 out.entries.append(_cut_entry(c, name, root, cwd, keep, out))
         else:
             raise ValueError(f"{p}: a lhotse {type(m).__name__} holds no audio; give recordings + supervisions "
@@ -153,19 +169,23 @@ def read(paths: list[str], root: str, options: Any) -> Read:
         if problem is None and _one_channel_of_many(rec, sup.channel):
             problem = _channel_problem(rec, sup.channel, f"supervision {sup.id}")
         extra: dict[str, Any] = {}
-        _metadata([sup], extra, keep, out.unused)
+        try:
+            _metadata([sup], extra, keep, out.unused)
+            text, speaker, start, end = (text_of(sup.text), text_of(sup.speaker, "speaker"), *_span(sup))
+        except (TypeError, ValueError) as e:  # a text that is a list, a start that is not a number
+            text, speaker, start, end = "", "", None, None
+            problem = problem or (getattr(e, "reason", "bad_value"), str(e))
         out.entries.append(Entry(path or rec.id, source_of(path, root, path) if path else f"{name}#{sup.id}",
-                                 where, sup.id, text_of(sup.text), text_of(sup.speaker), float(sup.start),
-                                 float(sup.start) + float(sup.duration), extra, problem=problem))
+                                 where, sup.id, text, speaker, start, end, extra, problem=problem))
     if len(used) < len(recordings):
         out.notes.append(f"{len(recordings) - len(used)} lhotse recordings have no supervision and are left out")
     return out
 
 
 def _cut_texts(cut: Any, keep: set[str], out: Read) -> tuple[str, str, dict[str, Any]]:
-    sups = sorted(cut.supervisions, key=lambda s: (s.start, s.id))
+    sups = sorted(cut.supervisions, key=lambda s: (float(s.start), str(s.id)))
     text = " ".join(t for t in (text_of(s.text) for s in sups) if t)
-    speakers = {text_of(s.speaker) for s in sups if s.speaker}
+    speakers = {text_of(s.speaker, "speaker") for s in sups if s.speaker}
     extra: dict[str, Any] = {}
     _metadata(sups, extra, keep, out.unused)
     for k, v in (cut.custom or {}).items():
@@ -189,9 +209,27 @@ def _cut_entry(cut: Any, name: str, root: str, cwd: str, keep: set[str], out: Re
     path, problem = _audio(cut.recording, where, cwd)
     if problem is None and _one_channel_of_many(cut.recording, cut.channel):
         problem = _channel_problem(cut.recording, cut.channel, f"cut {cut.id}")
-    text, speaker, extra = _cut_texts(cut, keep, out)
+    try:
+        text, speaker, extra = _cut_texts(cut, keep, out)
+        start, end = _span(cut)
+    except (TypeError, ValueError) as e:
+        text, speaker, extra, start, end = "", "", {}, None, None
+        problem = problem or (getattr(e, "reason", "bad_value"), str(e))
     return Entry(path or name, source_of(path, root, path) if path else f"{name}#{cut.id}", where, cut.id, text,
-                 speaker, float(cut.start), float(cut.start) + float(cut.duration), extra, problem=problem)
+                 speaker, start, end, extra, problem=problem)
+
+
+def _span(item: Any) -> tuple[float, float]:
+    """[start, start + duration) of a supervision or cut, in seconds; ValueError when they are not numbers (a
+    nan or inf is left to the cut, which refuses it as `bad_segment`)."""
+    if isinstance(item.start, bool) or isinstance(item.duration, bool):
+        raise ValueError("start and duration must be seconds")
+    try:
+        start, duration = float(item.start), float(item.duration)
+    except (TypeError, ValueError):
+        raise ValueError(f"start and duration must be seconds, got {item.start!r:.40} and {item.duration!r:.40}") \
+            from None
+    return start, start + duration
 
 
 # ---------------------------------------------------------------------------------------------------- Shar
@@ -206,17 +244,17 @@ def _shar_parts(folder: str) -> list[tuple[str, str]]:
     return parts
 
 
-def _tar_members(tar: str) -> dict[str, tarfile.TarInfo]:
-    """{cut id: audio member} of an uncompressed Shar tar (`<cut id>.<format>` beside `<cut id>.json`)."""
-    members: dict[str, tarfile.TarInfo] = {}
-    with tarfile.open(tar, "r:") as tf:  # "r:": uncompressed only, the members must be byte ranges
-        for m in tf:
-            if not m.isfile():
-                continue
-            key, dot, ext = m.name.rpartition(".")
-            if dot and ext not in ("json", "nometa"):
-                members[key] = m
-    return members
+def _tar_members(tar: str) -> tuple[dict[str, Member], dict[str, tuple[str, str]], str | None]:
+    """({cut id: audio member}, {cut id: (reason, detail) of its refused member}, damage) of an uncompressed Shar
+    tar (`<cut id>.<format>` beside `<cut id>.json`), listed by audiopipe.corpus.tarmembers."""
+    listing = list_members(tar, "Shar recording tar")
+    members: dict[str, Member] = {}
+    for m in listing.members:
+        key, dot, ext = m.name.rpartition(".")
+        if dot and ext not in ("json", "nometa"):
+            members.setdefault(key, m)
+    refused = {name.rpartition(".")[0]: (reason, detail) for name, reason, detail in listing.refused}
+    return members, refused, listing.damage
 
 
 def read_shar(paths: list[str], root: str, options: Any) -> Read:
@@ -238,19 +276,24 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
             name = os.path.basename(cuts_path)
             tar_source = source_of(tar, root, tar)
             try:
-                members = _tar_members(regular_file(tar, "Shar recording tar"))
-            except (OSError, ValueError, tarfile.TarError) as e:
-                members, broken = {}, f"{os.path.basename(tar)} cannot be read as an uncompressed tar ({e})"
+                members, refused, damage = _tar_members(regular_file(tar, "Shar recording tar"))
+            except (OSError, ValueError) as e:
+                members, refused, damage = {}, {}, None
+                broken = f"{os.path.basename(tar)} cannot be read as an uncompressed tar ({e})"
             else:
                 broken = None
             cuts = _load(cuts_path)
-            for cut in cuts if cuts is not None else ():
+            for cut in _items(cuts, cuts_path) if cuts is not None else ():
                 where = f"{name}: cut {cut.id}"
                 m = members.get(cut.id)
                 if broken:
                     problem = ("unreadable", broken)
                 elif not isinstance(cut, DataCut):
                     problem = ("lhotse_cut", f"a {type(cut).__name__} mixes or pads several recordings")
+                elif m is None and cut.id in refused:
+                    problem = refused[cut.id]
+                elif m is None and damage:  # its member would have come after the damage
+                    problem = ("truncated", f"{os.path.basename(tar)}: {damage}")
                 elif m is None or m.name.endswith(".nodata"):
                     problem = ("lhotse_no_audio", f"{os.path.basename(tar)} holds no audio for it")
                 else:
@@ -259,7 +302,7 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
                     out.entries.append(Entry(tar, f"{tar_source}#{cut.id}", where, cut.id, problem=problem))
                     continue
                 text, speaker, extra = _cut_texts(cut, keep, out)
-                extra.update(tar_member=m.name, member_offset=m.offset_data, member_size=m.size)
+                extra.update(tar_member=m.name, member_offset=m.offset, member_size=m.size)
                 out.entries.append(Entry(tar, f"{tar_source}#{m.name}", where, cut.id, text, speaker,
                                          extra=extra))
     return out
