@@ -213,6 +213,11 @@ def test_prefetch_reaches_the_loader(mel_shards, tmp_path):
     assert core.parse_args("t", argv=[])[0].prefetch == 2
     with pytest.raises(SystemExit):
         core.parse_args("t", argv=["--prefetch", "-1"])
+    # --prefetch 0 is off: no background thread (make_loader given a device would still build one batch ahead).
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--prefetch", "0"))
+    loader = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    assert (loader.prefetch, loader.device) == (0, None)
+    assert type(iter(loader)).__name__ != "PrefetchIterator"
 
 
 def test_a_dropped_partial_accumulation_is_not_logged(mel_shards, tmp_path):
