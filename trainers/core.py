@@ -4,9 +4,10 @@ exact checkpoints, and the one number this project exists for, the share of each
 A trainer file defines a config, a model and `loss_fn(model, batch) -> (loss, {name: number})`, then calls
 `train(...)`. Run under torchrun; a plain `python trainers/train_x.py` is a world of one.
 
-Imports: trainers/ is a folder of scripts, not a package. `torchrun trainers/train_x.py` puts trainers/ first on
-sys.path, so a trainer imports its siblings by name (`import core`, `from core import train`) and imports `core`
-before anything from audiopipe; this file is the one place that puts the repository root on sys.path.
+Imports: trainers/ is a folder of scripts, not a package. `torchrun trainers/train_x.py` (or `python ...`) puts
+trainers/ first on sys.path, so a trainer imports its siblings by name (`import core`, `from core import train`);
+audiopipe comes from the installed package (`pip install -e .`, as the README's set-up does). No file here edits
+sys.path, so the imports may stand in any order an import sorter gives them.
 """
 
 from __future__ import annotations
@@ -27,21 +28,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# The one sanctioned sys.path edit of trainers/: a checkout run without `pip install -e .` (as the README shows,
-# `torchrun trainers/train_ns2.py`) has only trainers/ on the path, so audiopipe would not import. With the root
-# first, a checkout's trainer always runs against that same checkout's library, installed or not.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only  # noqa: E402
-from audiopipe.checkpoints.load import load_matching  # noqa: E402
-from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
-from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
-from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
-from audiopipe.storage.s3 import ObjectStoreError, is_s3  # noqa: E402
-from audiopipe.shard.manifest import read_manifest  # noqa: E402
-from audiopipe.storage.atomic import atomic_path, write_text_atomic  # noqa: E402
+from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only
+from audiopipe.checkpoints.load import load_matching
+from audiopipe.reader.errors import ConfigMismatch, ShardError
+from audiopipe.reader.loader import Loader, make_loader
+from audiopipe.sampler.corpus_weights import check_weights
+from audiopipe.storage.s3 import ObjectStoreError, is_s3
+from audiopipe.shard.manifest import read_manifest
+from audiopipe.storage.atomic import atomic_path, write_text_atomic
 
 
 # ----------------------------------------------------------------------------- config and command line

@@ -26,11 +26,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-import core  # first: core puts the repo root on sys.path for audiopipe
 from audiopipe.features.fbank import kaldi_fbank_torch, mean_normalize
 from audiopipe.features.pcm import INT16_SCALE
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
+
+import core
 
 SAMPLE_RATE = 16000
 NUM_MEL_BINS = 80

@@ -44,12 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train  # first: core finds audiopipe
-from scaled_adam import ScaledAdam, upstream_lr
-from audiopipe.checkpoints.files import CheckpointError, read_weights
 from audiopipe.checkpoints import gpt_sovits as ckpt_io
+from audiopipe.checkpoints.files import CheckpointError, read_weights
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.tokens import token_spec
+
+from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train
+from scaled_adam import ScaledAdam, upstream_lr
 
 BERT_DIM = 1024  # chinese-roberta-wwm-ext-large's hidden size: the input of bert_proj in every GPT-SoVITS model
 

@@ -45,14 +45,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import (  # first: core finds audiopipe
-    corpus_offsets, count_parameters, load_model_config, parse_args, setup_dist, shard_dirs, train,
-)
-from audiopipe.text.en_phones import PHONES
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
-from mas import mas_durations
+from audiopipe.text.en_phones import PHONES
 
+from core import (
+    corpus_offsets,
+    count_parameters,
+    load_model_config,
+    parse_args,
+    setup_dist,
+    shard_dirs,
+    train,
+)
+from mas import mas_durations
 
 # ----------------------------------------------------------------------------- config
 
