@@ -22,6 +22,8 @@ from typing import Callable
 
 import soundfile as sf
 
+from audiopipe.errors import AudiopipeError
+
 ASTERISK_SOUNDS = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
 ASTERISK_TRANSCRIPTS = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz")
 
@@ -45,7 +47,7 @@ ESPEAK_SENTENCES = (
 )
 
 
-class MissingSource(RuntimeError):
+class MissingSource(AudiopipeError, RuntimeError):
     pass
 
 

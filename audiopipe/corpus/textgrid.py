@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from audiopipe.storage import guard
+from audiopipe.errors import AudiopipeError
 
 SILENCE = "sil"  # MFA leaves silence intervals unlabelled ("")
 
@@ -35,7 +36,7 @@ class TextGrid:
     tiers: dict[str, list[Interval]]
 
 
-class TextGridError(ValueError):
+class TextGridError(AudiopipeError, ValueError):
     """A file that is not a readable Praat text TextGrid."""
 
 

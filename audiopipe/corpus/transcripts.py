@@ -13,12 +13,14 @@ from pathlib import Path
 
 from audiopipe.storage import guard
 
+from audiopipe.errors import AudiopipeError
+
 METADATA_NAME = "metadata.csv"
 # Sidecar names tried beside `x.wav`, in order. LibriTTS ships x.normalized.txt and x.original.txt.
 SIDECAR_SUFFIXES = (".normalized.txt", ".txt", ".lab", ".original.txt")
 
 
-class TranscriptError(ValueError):
+class TranscriptError(AudiopipeError, ValueError):
     """A transcript source that cannot be parsed; the message names the file and line."""
 
 

@@ -18,6 +18,7 @@ import soxr
 
 from audiopipe.decode import declared
 from audiopipe.storage import guard
+from audiopipe.errors import AudiopipeError
 
 RESAMPLE_QUALITY = "HQ"
 
@@ -42,7 +43,7 @@ class DecodeLimits:
         return asdict(self)
 
 
-class RejectError(Exception):
+class RejectError(AudiopipeError):
     """An input that must not be written. `reason` is a short stable code, `detail` a sentence with numbers."""
 
     def __init__(self, reason: str, detail: str) -> None:

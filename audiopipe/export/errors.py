@@ -2,8 +2,10 @@
 
 A ValueError, so the command line prints it as one `audiopipe: error: ...` line and exits 2."""
 
+from audiopipe.errors import AudiopipeError
 
-class ExportError(ValueError):
+
+class ExportError(AudiopipeError, ValueError):
     """A shard folder that cannot be exported, or an output that would be overwritten."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audiopipe.errors import AudiopipeError
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.codec import checkpoint_identity
 from audiopipe.text.symbols import PUNCTUATION
@@ -34,7 +35,7 @@ NAME = "bert"
 KIND = "bert_phones"  # frames are phones: bert_frames == phones_frames in every row
 
 
-class BertFeatureError(ValueError):
+class BertFeatureError(AudiopipeError, ValueError):
     """A BERT folder that cannot be used, or a text whose characters do not map one to one to tokens."""
 
 

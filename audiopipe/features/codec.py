@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from audiopipe.errors import AudiopipeError
 from audiopipe.features.base import FeatureSpec
 
 SAMPLE_RATE = 24000
@@ -62,7 +63,7 @@ DEFAULT_MAX_BATCH_SAMPLES = 120 * SAMPLE_RATE
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
-class CodecCheckpointError(ValueError):
+class CodecCheckpointError(AudiopipeError, ValueError):
     """A codec checkpoint path that is missing, incomplete or not the EnCodec 24 kHz model."""
 
 

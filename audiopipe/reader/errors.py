@@ -1,7 +1,9 @@
 """Errors a reader raises; each names the shard so a user knows which file to rebuild."""
 
+from audiopipe.errors import AudiopipeError
 
-class ShardError(RuntimeError):
+
+class ShardError(AudiopipeError, RuntimeError):
     pass
 
 
@@ -17,5 +19,5 @@ class CorruptIndexError(CorruptShardError):
     with another's features). One line naming the file; rebuild the shard set (or its index)."""
 
 
-class ConfigMismatch(ValueError):
+class ConfigMismatch(AudiopipeError, ValueError):
     pass

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from audiopipe.errors import AudiopipeError
+
 MAGIC = b"ARROW1"
 TRAILER = 10  # int32 footer length + "ARROW1"
 _CONTINUATION = 0xFFFFFFFF
 _RECORD_BATCH = 3  # MessageHeader union tag
 
 
-class LayoutError(ValueError):
+class LayoutError(AudiopipeError, ValueError):
     """The bytes are not an Arrow IPC file this reader understands (truncated, corrupted, compressed)."""
 
 

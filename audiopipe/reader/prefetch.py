@@ -37,6 +37,8 @@ from typing import Any, Iterator
 
 import torch
 
+from audiopipe.errors import AudiopipeError
+
 _POLL_S = 0.05  # how often a blocked put/get looks at the stop flag / the thread's liveness
 
 
@@ -47,7 +49,7 @@ class Progress:
         self.consumed = 0
 
 
-class PrefetchError(RuntimeError):
+class PrefetchError(AudiopipeError, RuntimeError):
     """A batch could not be built in the prefetch thread; the cause is chained (`__cause__`)."""
 
 

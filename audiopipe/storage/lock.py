@@ -22,6 +22,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from audiopipe.errors import AudiopipeError
+
 LOCK_NAME = ".audiopipe.lock"
 
 
@@ -43,7 +45,7 @@ def _drop_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_drop_in_forked_child)
 
 
-class LockHeld(RuntimeError):
+class LockHeld(AudiopipeError, RuntimeError):
     """The folder is locked by a running job; the message names it."""
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 
+from audiopipe.errors import AudiopipeError
+
 # Two or more letters before ':/' so that a Windows drive letter ("C:/") is never mistaken for a scheme; one slash
 # is enough because a URL that went through pathlib has already lost its second slash.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/")
 
 
-class UnsupportedURL(ValueError):
+class UnsupportedURL(AudiopipeError, ValueError):
     """A `scheme://` argument where only a local (or mounted) path is supported."""
 
 

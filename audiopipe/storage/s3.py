@@ -19,12 +19,13 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from audiopipe.errors import AudiopipeError
 from audiopipe.storage.paths import UnsupportedURL, url_scheme
 
 SCHEME = "s3"
 
 
-class ObjectStoreError(OSError):
+class ObjectStoreError(AudiopipeError, OSError):
     """An object-store operation that failed after the client's retries (or a missing bucket/object)."""
 
 

@@ -18,6 +18,8 @@ import subprocess
 import unicodedata
 from functools import lru_cache
 
+from audiopipe.errors import AudiopipeError
+
 PAD, UNK, BOS, EOS, SIL, SP = "<pad>", "<unk>", "<bos>", "<eos>", "sil", "sp"
 SPN = "spn"  # MFA's "spoken noise" label for words it could not align
 WORD_BOUNDARY = "|"
@@ -46,7 +48,7 @@ _TOKEN = re.compile(
 )
 
 
-class G2PError(ValueError):
+class G2PError(AudiopipeError, ValueError):
     """A word that neither the CMU dictionary nor espeak-ng could turn into ARPAbet."""
 
 

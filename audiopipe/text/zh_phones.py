@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from audiopipe.errors import AudiopipeError
 from audiopipe.text import tone_sandhi
 from audiopipe.text.segment import cut_tagged
 from audiopipe.text.symbols import FINALS, INITIALS, PUNCTUATION
@@ -36,7 +37,7 @@ _SENTENCE_END = re.compile("(?<=[{}])\\s*".format("".join(re.escape(p) for p in 
 _LATIN = re.compile("[a-zA-Z]+")
 
 
-class ZhG2PError(ValueError):
+class ZhG2PError(AudiopipeError, ValueError):
     """A syllable the symbol table cannot spell (not standard Mandarin pinyin)."""
 
 
