@@ -143,9 +143,9 @@ def test_name2semantic_import_joins_reports_and_loads(ast_shards, tmp_path, caps
         np.testing.assert_array_equal(got[utt]["semantic"], want[utt])
         np.testing.assert_array_equal(got[utt]["phones"], parent[g]["phones"])
 
-    # --require-all turns the same unmatched names into a failing exit code; --force replaces the folder.
-    assert cli("--shards", ast_shards, "--out", out, "--name2semantic", tsv, "--require-all", "--force") == 1
-    with pytest.raises(ValueError, match="not empty; pass --force"):
+    # --require-all turns the same unmatched names into a failing exit code; --overwrite replaces the folder.
+    assert cli("--shards", ast_shards, "--out", out, "--name2semantic", tsv, "--require-all", "--overwrite") == 1
+    with pytest.raises(ValueError, match="not empty; pass --overwrite"):
         cli("--shards", ast_shards, "--out", out, "--name2semantic", tsv)
 
 
@@ -164,7 +164,7 @@ def test_name2semantic_refusals(ast_shards, tmp_path):
     (tmp_path / "o3").mkdir()
     (tmp_path / "o3" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"holds files a token folder does not \(notes.txt\)"):
-        cli("--shards", ast_shards, "--out", tmp_path / "o3", "--name2semantic", tsv, "--force")
+        cli("--shards", ast_shards, "--out", tmp_path / "o3", "--name2semantic", tsv, "--overwrite")
     with pytest.raises(SystemExit):  # argparse: one source, not two
         cli("--shards", ast_shards, "--out", tmp_path / "o3", "--name2semantic", tsv, "--kmeans", "8")
 

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit-vectors", type=int, default=200_000, help="kmeans: at most this many vectors to fit on")
     p.add_argument("--steps", type=int, default=200, help="kmeans: mini-batch steps (default 200)")
     p.add_argument("--batch-size", type=int, default=4096, help="kmeans: vectors per mini-batch (default 4096)")
-    p.add_argument("--force", action="store_true", help="replace an existing token folder at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing token folder at --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         from audiopipe.tokens.semantic import import_name2semantic
 
         summary = import_name2semantic(args.shards, args.name2semantic, args.out, codebook_size=args.codebook_size,
-                                       token_rate=args.token_rate, force=args.force)
+                                       token_rate=args.token_rate, force=args.overwrite)
         for line in summary.lines():
             print(line)
         return 1 if args.require_all and not summary.complete else 0
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--kmeans needs at least 2 clusters, got {args.kmeans}")
     summary = kmeans_tokens(args.shards, args.out, k=args.kmeans, feature=args.feature, stack=args.stack,
                             seed=args.seed, fit_vectors=args.fit_vectors, steps=args.steps,
-                            batch_size=args.batch_size, codebook=args.codebook, force=args.force)
+                            batch_size=args.batch_size, codebook=args.codebook, force=args.overwrite)
     for line in summary:
         print(line)
     return 0

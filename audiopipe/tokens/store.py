@@ -33,7 +33,7 @@ from audiopipe.shard.writer import ArrayColumn, write_arrow
 
 TOKEN_COLUMN = "semantic"
 REPORT_NAME = "report.json"
-# Everything a token folder may hold: --force clears these and refuses to touch anything else.
+# Everything a token folder may hold: --overwrite clears these and refuses to touch anything else.
 _OURS = ("arrow", MANIFEST_NAME, "index.arrow", "rejects.jsonl", REPORT_NAME, "kmeans.npz")
 _COPIED = ("id", "speaker", "text", "source", "duration")
 
@@ -58,11 +58,11 @@ def prepare_out(parent: Path, out: Path, force: bool) -> None:
         raise ValueError("--out must be a new folder, not the --shards folder (tokens are a sidecar shard set)")
     if out.exists() and any(out.iterdir()):
         if not force:
-            raise ValueError(f"{out} is not empty; pass --force to replace the tokens there, or choose another --out")
+            raise ValueError(f"{out} is not empty; pass --overwrite to replace the tokens there, or choose another --out")
         foreign = sorted(p.name for p in out.iterdir() if p.name not in _OURS and ".tmp" not in p.name)
         if foreign:
             raise ValueError(f"{out} holds files a token folder does not ({', '.join(foreign[:3])}); refusing to "
-                             f"clear it even with --force")
+                             f"clear it even with --overwrite")
         for name in _OURS:
             target = out / name
             if target.is_dir():
