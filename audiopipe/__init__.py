@@ -2,6 +2,77 @@
 
 The flow, one sub-package per stage:
     corpus -> decode -> features -> shard (writer) -> index -> reader -> sampler -> collate -> (trainers/)
+
+`import audiopipe as ap` offers what a user calls (docs/api.md):
+
+    ap.shard(corpus, out, preset=...)       the `audiopipe shard` job; returns its summary
+    ap.verify(shards) / ap.inspect(shards)  check every checksum and row / a summary dict of a shard folder
+    ap.make_loader(shards, features, max_frames=...)   the training loader (ap.Reading: how it reads)
+    ap.export_hf / ap.export_lhotse / ap.export_nemo / ap.export_f5   shards out to other tools' formats
+    ap.BucketBatchSampler, ap.PadCollator   the loader's sampler and collate, to compose your own
+    ap.AudiopipeError                       the base of every error audiopipe raises on purpose
+
+Each name is imported on first use, so `import audiopipe` stays cheap (no torch, Arrow or Ray until a name that
+needs them is touched).
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
 __version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_EXPORTS = {
+    "shard": ("audiopipe.shard.api", "shard"),
+    "verify": ("audiopipe.shard.verify", "verify"),
+    "inspect": ("audiopipe.shard.inspect", "summarize"),
+    "make_loader": ("audiopipe.reader.loader", "make_loader"),
+    "Loader": ("audiopipe.reader.loader", "Loader"),
+    "Reading": ("audiopipe.reader.reading", "Reading"),
+    "BucketBatchSampler": ("audiopipe.sampler.bucket", "BucketBatchSampler"),
+    "PadCollator": ("audiopipe.collate.pad", "PadCollator"),
+    "export_hf": ("audiopipe.export.hf", "export_hf"),
+    "export_lhotse": ("audiopipe.export.lhotse", "export_lhotse"),
+    "export_nemo": ("audiopipe.export.nemo", "export_nemo"),
+    "export_f5": ("audiopipe.export.f5", "export_f5"),
+    "AudiopipeError": ("audiopipe.errors", "AudiopipeError"),
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module 'audiopipe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[0]), where[1])
+    if name != "shard":  # cached as a plain attribute (shard: see _Package)
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """`ap.shard` is the function although `audiopipe.shard` is also a sub-package: importing a sub-module binds
+    the sub-package as an attribute of its parent, which would otherwise replace the function the first time any
+    `audiopipe.shard.*` module is imported. The sub-package stays in sys.modules (every import statement finds
+    it there)."""
+
+    @property
+    def shard(self) -> Any:
+        return __getattr__("shard")
+
+    @shard.setter
+    def shard(self, value: Any) -> None:  # the import system binding the sub-package: keep the function
+        if not isinstance(value, types.ModuleType):
+            raise AttributeError("audiopipe.shard is the shard() function and cannot be replaced")
+
+
+sys.modules[__name__].__class__ = _Package

@@ -38,6 +38,7 @@ SUBST = {
     "README.md": [('"s3://bucket/emilia"', '"{shards2}"'), ('"./libritts"', '"{shards}"'),
                   (', cache_dir="/scratch/shards", max_cache_bytes=200 << 30)', ")"), ("range(10)", "range(2)")],
     "docs/corpus.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
+    "docs/api.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
     # nccl and .cuda() need a GPU: the same loop on gloo and the CPU
     "docs/loader.md": [('"nccl"', '"gloo"'), (".cuda(non_blocking=True)", ".to('cpu', non_blocking=True)"), ('"/data/libritts"', '"{shards}"'), ('"/data/emilia"', '"{shards2}"')],
 }

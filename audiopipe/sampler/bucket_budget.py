@@ -30,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from audiopipe.errors import AudiopipeError
+
 FORMAT = "audiopipe.bucket_budget/1"
 
 
-class BucketBudgetError(ValueError):
+class BucketBudgetError(AudiopipeError, ValueError):
     """A budget file that cannot be used; the message names the file and what is wrong."""
 
 
