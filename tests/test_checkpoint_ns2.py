@@ -175,14 +175,28 @@ def test_phone_table_is_amphions_and_remaps_shard_ids():
     lut = amphion_phone_map(PHONES)
     words = ["HH", "AH0", "L", "OW1", ",", "|", "W", "ER1", "L", "D", "."]
     ids = [PHONES.index(w) for w in words]
-    batch = {"phones": torch.tensor([ids, ids[:4] + [0] * 7], dtype=torch.int16),
-             "phones_mask": torch.tensor([[True] * 11, [True] * 4 + [False] * 7]),
-             "phones_lengths": torch.tensor([11, 4])}
-    out = PhoneRemap(lut)(batch)
+
+    def batch(**more):
+        return {"phones": torch.tensor([ids, ids[:4] + [0] * 7], dtype=torch.int16),
+                "phones_mask": torch.tensor([[True] * 11, [True] * 4 + [False] * 7]),
+                "phones_lengths": torch.tensor([11, 4]), **more}
+
+    out = PhoneRemap(lut)(batch())
     expect = ["HH", "AH0", "L", "OW1", "sp", "W", "ER1", "L", "D", "sp"]  # "|" dropped, punctuation read as sp
     assert [AMPHION_PHONES[i] for i in out["phones"][0].tolist()] == expect
     assert out["phones_lengths"].tolist() == [10, 4] and out["phones_mask"].sum(1).tolist() == [10, 4]
     assert out["phones"][1, 4:].eq(0).all()
+    # MFA durations ride along (collate pads them to the widest row that has any: 0 wide when none has).
+    out = PhoneRemap(lut)(batch(durations=torch.zeros(2, 0, dtype=torch.int32),
+                                durations_lengths=torch.tensor([0, 0])))
+    assert out["durations"].shape == (2, 10) and out["durations_lengths"].tolist() == [0, 0]
+    dur = torch.tensor([[3, 2, 2, 4, 1, 0, 2, 3, 2, 2, 1], [2, 2, 3, 1] + [0] * 7])
+    out = PhoneRemap(lut)(batch(durations=dur.clone(), durations_lengths=torch.tensor([11, 4])))
+    assert out["durations"][0].tolist() == [3, 2, 2, 4, 1, 2, 3, 2, 2, 1]
+    assert out["durations_lengths"].tolist() == [10, 4]
+    dur[0, 5] = 2  # frames on the word boundary: they would be lost
+    with pytest.raises(ValueError, match="holds 2 frames of its MFA alignment"):
+        PhoneRemap(lut)(batch(durations=dur, durations_lengths=torch.tensor([11, 4])))
     with pytest.raises(CheckpointError, match="no entry in Amphion's phone table"):
         amphion_phone_map(list(PHONES) + ["ʃ"])
 

@@ -160,7 +160,8 @@ class PhoneRemap:
         new = self.lut[ids]
         keep = mask & (new >= 0)
         d_lens = batch.get("durations_lengths")
-        if d_lens is not None:
+        if d_lens is not None:  # collate pads durations to the longest row that has them (0 wide when none has)
+            batch["durations"] = F.pad(batch["durations"], (0, ids.shape[1] - batch["durations"].shape[1]))
             lost = (batch["durations"].long() * (mask & ~keep)).sum(1) * (d_lens > 0)
             if lost.any():
                 i = int(lost.nonzero()[0])
