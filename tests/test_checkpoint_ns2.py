@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_export_folder_and_config(tmp_path):
         assert all(torch.equal(state[k], v) for k, v in model.state_dict().items() if k in state)
 
 
-def test_mismatches_end_in_one_line_that_names_the_flag():
+def test_mismatches_end_in_one_line_that_names_the_flag(tmp_path):
     state = make_init_reader(None, 4)(str(FIXTURE / "amphion_checkpoint"))
     model = NaturalSpeech2(fixture_config(vocab_size=120))
     with pytest.raises(ShapeMismatch) as e:
@@ -145,6 +146,11 @@ def test_mismatches_end_in_one_line_that_names_the_flag():
     model = NaturalSpeech2(fixture_config(codebook_size=32))
     with pytest.raises(ShapeMismatch, match="codec_layers / codebook_size"):
         load_matching(model, state, INIT_HINTS)
+    # Amphion's file under another name would load nothing and select none of Amphion's modes: refused.
+    renamed = tmp_path / "ns2_amphion.bin"
+    shutil.copy(FIXTURE / "amphion_checkpoint" / "pytorch_model.bin", renamed)
+    with pytest.raises(CheckpointError, match="holds Amphion's NS2 tensors: give its folder, or name the file"):
+        make_init_reader(None, 4)(str(renamed))
     # The shards' codec must be the checkpoint's: other codebooks are refused, naming the fix.
     other = {"quantizer.embed": state["quantizer.embed"] + 0.5}
     with pytest.raises(CheckpointError, match="codebooks differ.*shard with the codec"):

@@ -34,6 +34,7 @@ from train_ns2 import (
     MODEL_KEYS,
     NaturalSpeech2,
     PromptSplit,
+    codec_quantizer,
     main,
     split_at,
     usable_subset,
@@ -395,6 +396,9 @@ def test_encodec_decodes_the_models_latent(codec_folder, ns2_shards):
     assert torch.equal(model.latent(codes), latent_theirs)
     torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
     assert ours.shape[-1] == codes.shape[-1] * 320 and ours.abs().max() > 0
+    # Shards made with --codec-random-init record the seed: the trainer rebuilds the same quantizer from it.
+    seeded = codec_quantizer("random-init:0", "")
+    assert all(torch.equal(seeded[k], v) for k, v in from_codec(quantizer_state(checkpoint=codec_folder)).items())
 
 
 # ----------------------------------------------------------------------------- torchrun on real shards

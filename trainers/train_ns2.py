@@ -54,7 +54,9 @@ from core import (  # first: core finds audiopipe
     setup_dist, shard_dirs, train,
 )
 from audiopipe.checkpoints.files import CheckpointError
-from audiopipe.checkpoints.ns2 import amphion_phone_map, from_codec, looks_upstream, read_upstream
+from audiopipe.checkpoints.ns2 import (
+    amphion_phone_map, from_codec, is_upstream_state, looks_upstream, read_upstream,
+)
 from audiopipe.features.phones import PHONES
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
@@ -902,7 +904,14 @@ def make_init_reader(codec: dict[str, torch.Tensor] | None, n_codebooks: int):
     the shards' codec's when that is known."""
 
     def read(path: str) -> dict[str, torch.Tensor]:
-        state = read_upstream(path) if looks_upstream(path) else read_own_weights(path)
+        if looks_upstream(path):
+            state = read_upstream(path)
+        else:
+            state = read_own_weights(path)
+            if is_upstream_state(state):  # Amphion's tensors under another file name: its modes were not chosen
+                raise CheckpointError(f"{path} holds Amphion's NS2 tensors: give its folder, or name the file "
+                                      f"pytorch_model.bin or model.safetensors, so Amphion's prompt rule, phone "
+                                      f"table and forward are selected with it")
         if codec is not None and "quantizer.embed" in state:
             theirs, ours = state["quantizer.embed"], codec["quantizer.embed"]
             if theirs.shape[1:] == ours.shape[1:] and len(theirs) >= n_codebooks:
