@@ -7,7 +7,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU wheel of torch must go in first: any looser torch requirement resolved by pip pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en
+DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-core-sounds-ru-wav \
+           asterisk-prompt-it-menardi-wav asterisk-prompt-es-co alsa-utils
 
 .PHONY: demo test sysdeps venv upstream bench clean-demo
 

@@ -1,4 +1,4 @@
-"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, tokens.
+"""The `audiopipe` command line: shard, verify, inspect, bench-loader, export-f5, export-checkpoint, tokens.
 
 Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-zero exit, never a traceback
 (set AUDIOPIPE_DEBUG=1 to see one).
@@ -22,12 +22,29 @@ examples:
   audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
   audiopipe shard --corpus ./aishell3 --preset f5tts,gpt_sovits --language zh   # Mandarin: GPT-SoVITS phones
   audiopipe shard --corpus ./data/train --layout kaldi --preset eres2net        # wav.scp + segments
+  audiopipe shard --corpus ./VCTK-Corpus-0.92 --vctk-mic mic2                   # txt/ + wav48_silence_trimmed/
+  audiopipe shard --manifest data/libritts_recordings_dev-clean.jsonl.gz \
+                  --manifest data/libritts_supervisions_dev-clean.jsonl.gz       # lhotse prepare's output
+  audiopipe shard --manifest ./hf_dataset --text-column sentence                # Hugging Face save_to_disk
+  audiopipe shard --manifest cv-corpus-17.0/en/validated.tsv --require-text     # Common Voice
   audiopipe shard --corpus ./wavs --out s3://bucket/shards/v1   # upload to S3 (AWS_* env, AWS_ENDPOINT_URL)
 
 Rerunning the same command after a crash resumes: finished shards are kept, the rest are rebuilt, and the
 result is byte-identical to an uninterrupted run. On a finished output it is a fast no-op (on s3:// it
 checks every object against the checksum uploaded with it, one HEAD each, and rebuilds any that disagree).
 """
+
+
+def _shard_seed(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed or 'none', got {text!r}") from None
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"the seed must be in 0..2**64-1, got {value}")
+    return value
 
 
 def _size(text: str) -> int:
@@ -48,6 +65,12 @@ def _presets_help() -> str:
 PLUGGED = {
     "bench-loader": ("audiopipe.bench.loader_bench", "time the mmap loader against honest baselines"),
     "export-f5": ("audiopipe.export.f5", "export shards to F5-TTS's own mel.arrow layout"),
+    "export-checkpoint": ("audiopipe.checkpoints.cli", "write a trained run as the checkpoint files its upstream "
+                                                       "project loads (F5-TTS, ...)"),
+    "export-hf": ("audiopipe.export.hf", "export shards as a Hugging Face datasets folder (load_from_disk, no copy)"),
+    "export-lhotse": ("audiopipe.export.lhotse", "export shards as a lhotse CutSet in Shar (audio, supervisions, "
+                                                 "features)"),
+    "export-nemo": ("audiopipe.export.nemo", "export shards as a NeMo JSON-lines manifest with its audio"),
     "tokens": ("audiopipe.tokens.cli", "add semantic tokens (a GPT-SoVITS tsv, or k-means units) as a shard set"),
 }
 
@@ -64,7 +87,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                    "checksummed Arrow IPC shards (mmap, zero-copy) and WebDataset tars.\n\n"
                                    "presets:\n" + _presets_help(),
                        epilog=EPILOG_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--corpus", required=True, help="folder of audio (searched recursively)")
+    s.add_argument("--corpus", default=None,
+                   help="folder of audio (searched recursively), or the folder ids and sources are relative to "
+                        "with --manifest (default there: the first manifest's folder)")
     s.add_argument("--out", default="./shards",
                    help="output folder, or s3://bucket/prefix for any S3-compatible store: credentials, region "
                         "and endpoint from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_REGION, "
@@ -80,11 +105,32 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--features", default=None,
                    help="comma-separated feature kinds instead of a preset's (vocos_mel, slaney_mel, f0, "
                         "energy, kaldi_fbank, pcm)")
-    s.add_argument("--manifest", default=None, help="JSONL/CSV listing path[,id,text,speaker]; only these files")
+    s.add_argument("--manifest", action="append", default=None, metavar="PATH",
+                   help="use only what a manifest lists (repeat for several): audiopipe JSONL/CSV/TSV "
+                        "(path[,id,text,speaker]), lhotse recordings + supervisions or cuts (.jsonl[.gz]) or a "
+                        "Shar folder, NeMo JSONL (audio_filepath, offset, duration, text), a Common Voice TSV, "
+                        "Hugging Face parquet/Arrow files or a save_to_disk folder; see docs/corpus.md")
     s.add_argument("--speaker", default="auto", help="auto (first folder), dir:N, or none (default auto)")
-    s.add_argument("--layout", default="auto", choices=("auto", "files", "kaldi", "aishell3", "emilia"),
-                   help="corpus layout: auto detects a Kaldi data dir (wav.scp), AISHELL-3 (content.txt) or "
-                        "Emilia (JSONL beside MP3 folders), else walks the folder (files); see docs/corpus.md")
+    s.add_argument("--layout", default="auto",
+                   choices=("auto", "files", "kaldi", "aishell3", "libritts", "vctk", "emilia"),
+                   help="corpus layout: auto detects a Kaldi/ESPnet data dir (wav.scp), AISHELL-3 (content.txt), "
+                        "LibriTTS(-R) (split folders), VCTK (txt/ + wav48*/) or Emilia (JSONL beside MP3 "
+                        "folders), else walks the folder (files); see docs/corpus.md")
+    s.add_argument("--vctk-mic", default="mic1", choices=("mic1", "mic2"),
+                   help="VCTK 0.92: which microphone's recordings to take (default mic1)")
+    s.add_argument("--text-column", default=None,
+                   help="table manifests (Hugging Face, CSV/TSV/JSONL, NeMo, Common Voice): the transcript column "
+                        "(default: text, sentence, transcription, ... whichever exists)")
+    s.add_argument("--speaker-column", default=None,
+                   help="table manifests: the speaker column (default: speaker, speaker_id, client_id)")
+    s.add_argument("--audio-column", default=None,
+                   help="Hugging Face manifests: the audio column (default: the one typed Audio)")
+    s.add_argument("--id-column", default=None, help="table manifests: a column of unique utterance ids")
+    s.add_argument("--keep-columns", default=None, metavar="A,B",
+                   help="metadata to write as text columns beside id/speaker/text (e.g. gender,original_text,snr,"
+                        "language); discovery names what is available and not kept")
+    s.add_argument("--require-text", action="store_true",
+                   help="refuse (no_text) every utterance without a transcript")
     s.add_argument("--language", default="en", choices=("en", "zh", "auto"),
                    help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
                         "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
@@ -100,6 +146,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=_size, default=0,
                    help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
                         "are up to 64 shards of at least 16MB)")
+    s.add_argument("--shard-seed", type=_shard_seed, default=0,
+                   help="utterances go into shards in a pseudo-random order drawn from this seed (default 0), so "
+                        "every shard is a random sample of the corpus (what readers that take a few shards at a "
+                        "time need); 'none' fills shards in id order")
     s.add_argument("--min-duration", type=float, default=0.3, help="reject shorter clips, seconds (default 0.3)")
     s.add_argument("--max-duration", type=float, default=30.0, help="reject longer clips, seconds (default 30)")
     s.add_argument("--max-channels", type=int, default=2, help="reject files with more channels (default 2)")
@@ -114,6 +164,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--codec-random-init", action="store_true",
                    help="random EnCodec weights, for tests and demos only (recorded in the manifest)")
     s.add_argument("--codec-batch-size", type=int, default=8, help="utterances per codec batch on a GPU (default 8; CPU actors encode one at a time)")
+    s.add_argument("--bert-checkpoint", default=None, metavar="DIR",
+                   help="GPT-SoVITS stage 1, Chinese: per-phone BERT features (column `bert`, float16 [1024, phones]) "
+                        "from this local chinese-roberta-wwm-ext-large folder (save_pretrained layout); needs "
+                        "phones with --language zh or auto. See docs/trainers/gpt_sovits.md")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--timings", default=None, metavar="FILE",
                    help="write where the wall time went as JSON: the driver's phases and, for every shard built, "
@@ -151,11 +205,16 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     from audiopipe.presets import resolve
     from audiopipe.shard.job import CodecSettings, Job, JobError
 
-    corpus = Path(a.corpus)
+    manifests = [str(Path(m).resolve()) for m in a.manifest or []]
+    for m in manifests:
+        if not Path(m).exists():
+            raise JobError(f"manifest not found: {m}")
+    if a.corpus is None and not manifests:
+        raise JobError("give --corpus FOLDER (a folder of audio), or --manifest PATH (a manifest that lists it)")
+    first = Path(manifests[0]) if manifests else None
+    corpus = Path(a.corpus) if a.corpus is not None else (first if first.is_dir() else first.parent)
     if not corpus.is_dir():
         raise JobError(f"corpus folder not found: {corpus}")
-    if a.manifest and not Path(a.manifest).is_file():
-        raise JobError(f"manifest not found: {a.manifest}")
     if a.workers is not None and a.workers < 1:
         raise JobError("--workers must be at least 1")
     if a.nice is not None and not -20 <= a.nice <= 19:
@@ -176,6 +235,16 @@ def _cmd_shard(a: argparse.Namespace) -> int:
     if a.language != "en" and preset.codec:
         raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
                        "(MFA TextGrids), so it takes --language en only")
+    bert = None
+    if a.bert_checkpoint:
+        if not preset.phones or a.language == "en":
+            raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
+                           "phones (gpt_sovits) and --language zh or auto")
+        if not Path(a.bert_checkpoint).is_dir():
+            raise JobError(f"BERT checkpoint folder not found: {a.bert_checkpoint}")
+        from audiopipe.shard.job import BertSettings
+
+        bert = BertSettings(checkpoint=str(Path(a.bert_checkpoint).resolve()))
     codec = None
     if preset.codec:
         if not a.codec_checkpoint and not a.codec_random_init:
@@ -186,8 +255,17 @@ def _cmd_shard(a: argparse.Namespace) -> int:
         codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
                               random_init=a.codec_random_init and not a.codec_checkpoint,
                               batch_size=a.codec_batch_size)
+    keep = [c.strip() for c in (a.keep_columns or "").split(",") if c.strip()]
+    _check_keep_columns(keep, features, preset)
+    from audiopipe.corpus.options import CorpusOptions
     from audiopipe.decode.audio import DecodeLimits
     from audiopipe.shard.run import run_job
+
+    corpus_options = CorpusOptions(text_column=a.text_column, speaker_column=a.speaker_column,
+                                   audio_column=a.audio_column, id_column=a.id_column, vctk_mic=a.vctk_mic,
+                                   keep_columns=tuple(keep), require_text=a.require_text,
+                                   text_for=f"--preset {a.preset}" if preset.transcripts and not a.features
+                                   else None)
 
     limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
                           max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
@@ -204,10 +282,10 @@ def _cmd_shard(a: argparse.Namespace) -> int:
               features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
               align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
               write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum)
-    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=a.manifest,
+              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed, bert=bert)
+    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
                       speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
-                      staging=a.staging, break_lock=a.break_lock)
+                      staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)
     for line in summary.lines():
         print(line)
     if a.timings:
@@ -215,6 +293,31 @@ def _cmd_shard(a: argparse.Namespace) -> int:
 
         Path(a.timings).write_text(json.dumps(summary.timeline, indent=1) + "\n")
     return 0
+
+
+_KEEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_keep_columns(keep: list[str], features: list[tuple[str, dict]], preset) -> None:
+    """--keep-columns names that cannot clash with a column the shards already have (their features, the length
+    index's `<feature>_frames`, trimming and phones)."""
+    from audiopipe.shard.job import JobError
+
+    if not keep:
+        return
+    from audiopipe.shard.build import make_feature
+
+    taken = {"id", "speaker", "text", "source", "duration", "trim_start", "trim_end", "phones", "durations",
+             "codes", "shard", "row"}
+    taken |= {s.name for kind, params in features for s in make_feature(kind, params).specs}
+    for name in keep:
+        if not _KEEP_NAME.fullmatch(name) or name.endswith("_frames"):
+            raise JobError(f"--keep-columns: {name!r} is not a column name (letters, digits and _, not ending "
+                           f"in _frames)")
+        if name in taken:
+            raise JobError(f"--keep-columns: {name!r} is already a column of these shards")
+    if len(set(keep)) != len(keep):
+        raise JobError("--keep-columns names a column twice")
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:

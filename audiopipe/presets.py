@@ -18,12 +18,14 @@ class Preset:
     phones: bool = False  # offline G2P of the transcript into ARPAbet ids
     codec: bool = False  # EnCodec tokens (needs --codec-checkpoint or --codec-random-init)
     align_to: str | None = None  # crop/pad same-hop features to this column's length (NS2: "codes")
+    transcripts: bool = False  # a text-to-speech model: it trains on the transcript of every utterance
 
 
 PRESETS: dict[str, Preset] = {
     "f5tts": Preset(
         "F5-TTS: vocos log-mel 100 bins @24 kHz hop 256, transcript.",
         features=(("vocos_mel", {}),),
+        transcripts=True,
     ),
     "bigvgan": Preset(
         "BigVGAN/HiFi-GAN: slaney log-mel 80 bins @22.05 kHz hop 256.",
@@ -39,6 +41,7 @@ PRESETS: dict[str, Preset] = {
         phones=True,
         codec=True,
         align_to="codes",
+        transcripts=True,
     ),
     "eres2net": Preset(
         "3D-Speaker ERes2Net: int16 PCM @16 kHz for random crops, Kaldi fbank 80 (dither 0).",
@@ -52,6 +55,7 @@ PRESETS: dict[str, Preset] = {
         "GPT-SoVITS stage 1: ARPAbet phones and int16 PCM @16 kHz (semantic tokens are added by `audiopipe tokens`).",
         features=(("pcm", {"sample_rate": 16000}),),
         phones=True,
+        transcripts=True,
     ),
 }
 
@@ -65,6 +69,7 @@ def resolve(names: list[str]) -> Preset:
     trim = None
     phones = codec = False
     align_to = None
+    transcripts = False
     for n in names:
         p = PRESETS[n]
         for f in p.features:
@@ -74,4 +79,5 @@ def resolve(names: list[str]) -> Preset:
         phones |= p.phones
         codec |= p.codec
         align_to = align_to or p.align_to
-    return Preset("+".join(names), tuple(feats), trim, phones, codec, align_to)
+        transcripts |= p.transcripts
+    return Preset("+".join(names), tuple(feats), trim, phones, codec, align_to, transcripts)

@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import build_f0_reference as ref_builder  # noqa: E402
+import f0_speech  # noqa: E402
 from audiopipe.features.f0 import F0, interpolate_unvoiced  # noqa: E402
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
@@ -124,7 +125,7 @@ def sensitivity(z, bounds, tracks: dict, splits: list[str], names: list[str]) ->
             ok = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1.0) - 1.0) <= agree)
             mask = ran & (ok | (~pv & ~cv))
             ref = np.where(ok, np.sqrt(praat * np.nan_to_num(crepe)), 0.0)
-            for split in ("in", "out"):
+            for split in sorted(set(splits), key=splits.index):
                 sel = [i for i, s in enumerate(splits) if s == split]
                 rr = np.concatenate([ref[bounds[i] : bounds[i + 1]] for i in sel])
                 mm = np.concatenate([mask[bounds[i] : bounds[i + 1]] for i in sel])
@@ -134,6 +135,61 @@ def sensitivity(z, bounds, tracks: dict, splits: list[str], names: list[str]) ->
                                     np.concatenate([tracks[n][i][1] for i in sel]),
                                     np.concatenate([interpolate_unvoiced(*tracks[n][i], 50.0) for i in sel]), rr, mm)
                 out.append(row)
+    return out
+
+
+def score_sel(track: list, refs: list, masks: list, sel: list[int]) -> dict:
+    return scores(np.concatenate([track[i][0] for i in sel]), np.concatenate([track[i][1] for i in sel]),
+                  np.concatenate([interpolate_unvoiced(*track[i], 50.0) for i in sel]),
+                  np.concatenate([refs[i] for i in sel]), np.concatenate([masks[i] for i in sel]))
+
+
+METRICS = ("GPE", "VDE", "FFE", "GPE_all")
+
+
+def by_source(tracks: dict, refs: list, masks: list, splits: list[str], sources: list[str], names: list[str]) -> dict:
+    """Per source: every tracker's scores on that source alone; and leave-one-source-out: each split's scores with
+    one of its sources dropped."""
+    per, loso = {}, {}
+    groups = sorted(set(zip(sources, splits)), key=list(zip(sources, splits)).index)
+    for src, split in groups:
+        key = src if sum(g[0] == src for g in groups) == 1 else f"{src} ({split})"
+        sel = [i for i, g in enumerate(zip(sources, splits)) if g == (src, split)]
+        per[key] = {"split": split, "clips": len(sel), **{n: score_sel(tracks[n], refs, masks, sel) for n in names}}
+        rest = [i for i, g in enumerate(zip(sources, splits)) if g[1] == split and g[0] != src]
+        if rest:
+            loso[key] = {"split": split, **{n: score_sel(tracks[n], refs, masks, rest) for n in names}}
+    return {"per_source": per, "leave_one_source_out": loso}
+
+
+def goal(res: dict, material: str, split: str) -> dict:
+    """yin <= Praat 75-600 on every measure: on the split, on each leave-one-source-out subset, on each source alone
+    (the worst source is reported), and under each reference rule of the sensitivity grid."""
+    if "yin" not in res["trackers"] or "praat 75-600" not in res["trackers"]:
+        return {}
+    t = res["trackers"]
+    margin = {m: t["yin"][split][m] - t["praat 75-600"][split][m] for m in METRICS}
+    out = {"split": split, "yin_minus_praat75": margin, "holds": all(v <= 0 for v in margin.values()),
+           "x_rt_cpu_median": t["yin"]["x_rt_cpu_median"]}
+    srcs = {k: v for k, v in res["sources"]["per_source"].items() if v["split"] == split}
+    worst = {}
+    for m in METRICS:
+        k = max(srcs, key=lambda k: srcs[k]["yin"][m] - srcs[k]["praat 75-600"][m])
+        worst[m] = {"source": k, "yin": srcs[k]["yin"][m], "praat 75-600": srcs[k]["praat 75-600"][m]}
+    out["worst_source"] = worst
+    out["sources_where_yin_is_worse"] = {
+        k: [m for m in METRICS if v["yin"][m] > v["praat 75-600"][m]] for k, v in srcs.items()
+        if any(v["yin"][m] > v["praat 75-600"][m] for m in METRICS)}
+    loso = {k: v for k, v in res["sources"]["leave_one_source_out"].items() if v["split"] == split}
+    out["loso_fails"] = {k: [m for m in METRICS if v["yin"][m] > v["praat 75-600"][m]] for k, v in loso.items()
+                         if any(v["yin"][m] > v["praat 75-600"][m] for m in METRICS)}
+    out["loso_holds"] = not out["loso_fails"]
+    if "sensitivity" in res:
+        rows = [r for r in res["sensitivity"] if r["split"] == split]
+        fails = [f"{r['crepe_voiced']}/{r['agree']:.0%}:" + ",".join(m for m in METRICS
+                 if r["yin"][m] > r["praat 75-600"][m]) for r in rows
+                 if any(r["yin"][m] > r["praat 75-600"][m] for m in METRICS)]
+        out["rules_checked"], out["rule_fails"] = len(rows), fails
     return out
 
 
@@ -151,10 +207,46 @@ def machine() -> str:
     return f"{cpu or platform.processor()}, 1 thread, {os.cpu_count()} cores; numba {numba.__version__}"
 
 
+def load_material(material: str, reference: Path, source_arg: Path) -> dict:
+    """Clips of one material set with their reference frames; exits if the audio is not what the reference saw."""
+    z = np.load(reference, allow_pickle=False)
+    bounds = np.concatenate([[0], np.cumsum(z["frames"])])
+    if material == "prompts":
+        items = [(c.source, c.ident, c.split, c.source, lambda c=c: ref_builder.load(c, source_arg))
+                 for c in ref_builder.clips()]
+    else:
+        items = [(c.source.name, c.name, c.split, c.source.name, lambda c=c: f0_speech.load(c, source_arg))
+                 for c in ref_builder.read_clips()]
+    if len(items) != len(z["frames"]):
+        sys.exit(f"bench_f0: {reference} lists {len(z['frames'])} clips, the {material} set has {len(items)} (rebuild)")
+    out = {"clips": [], "refs": [], "masks": [], "splits": [], "sources": [], "z": z, "bounds": bounds}
+    for i, (source, ident, split, group, loader) in enumerate(items):
+        if z["source"][i] != source or z["ident"][i] != ident:
+            sys.exit(f"bench_f0: {reference} does not list the builder's clips (rebuild it)")
+        x = loader()
+        if ref_builder.audio_digest(x) != z["digest"][i]:
+            sys.exit(f"bench_f0: {ident} decodes differently from when the reference was built (rebuild it)")
+        out["clips"].append(x)
+        out["refs"].append(z["ref"][bounds[i] : bounds[i + 1]].astype(np.float64))
+        out["masks"].append(z["mask"][bounds[i] : bounds[i + 1]].astype(bool))
+        out["splits"].append(split)
+        out["sources"].append(group)
+    out["audio_s"] = sum(len(x) for x in out["clips"]) / SR
+    return out
+
+
+SPLITS = {"prompts": ("in", "out"), "read": ("dev", "test")}
+SPLIT_NAMES = {"in": "held-in", "out": "held-out", "dev": "dev (tuned on)", "test": "test (never tuned on)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pocketsphinx", type=Path, required=True, help="pocketsphinx-5.1.1.tar.gz (sdist)")
+    p.add_argument("--pocketsphinx", type=Path, default=None,
+                   help="pocketsphinx-5.1.1.tar.gz (sdist): scores the first material set (prompts)")
+    p.add_argument("--speech-cache", type=Path, default=None,
+                   help="folder of the PyPI archives of the real read speech set (benchmarks/f0_speech.py fetch)")
     p.add_argument("--reference", type=Path, default=HERE.parent / "tests/data/f0_reference.npz")
+    p.add_argument("--reference-read", type=Path, default=HERE.parent / "tests/data/f0_reference_read.npz")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (every tracker once per round)")
     p.add_argument("--trackers", default=",".join(TRACKERS), help="comma-separated subset of: " + ", ".join(TRACKERS))
     p.add_argument("--json", type=Path, default=None)
@@ -167,78 +259,60 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
         p.error(f"unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+    if a.pocketsphinx is None and a.speech_cache is None:
+        p.error("give --pocketsphinx (the prompts set) and/or --speech-cache (the real read speech set)")
+    sets = {}
+    if a.pocketsphinx is not None:
+        sets["prompts"] = load_material("prompts", a.reference, a.pocketsphinx)
+    if a.speech_cache is not None:
+        sets["read"] = load_material("read", a.reference_read, a.speech_cache)
 
-    z = np.load(a.reference, allow_pickle=False)
-    bounds = np.concatenate([[0], np.cumsum(z["frames"])])
-    clips, refs, masks, splits = [], [], [], []
-    for i, c in enumerate(ref_builder.clips()):
-        if z["source"][i] != c.source or z["ident"][i] != c.ident:
-            sys.exit(f"bench_f0: {a.reference} does not list the builder's clips (rebuild it)")
-        x = ref_builder.load(c, a.pocketsphinx)
-        if ref_builder.audio_digest(x) != z["digest"][i]:
-            sys.exit(f"bench_f0: {c.name} decodes differently from when the reference was built (rebuild it)")
-        clips.append(x)
-        refs.append(z["ref"][bounds[i] : bounds[i + 1]].astype(np.float64))
-        masks.append(z["mask"][bounds[i] : bounds[i + 1]].astype(bool))
-        splits.append(c.split)
-    audio_s = sum(len(x) for x in clips) / SR
-
+    load_before = os.getloadavg()
     # Warm-up: numba compiles, parselmouth/pyworld/librosa load.
+    first = next(iter(sets.values()))["clips"][0]
     for n in names:
-        TRACKERS[n](clips[0][: SR // 2])
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    wall: dict[str, list[float]] = {n: [] for n in names}
-    tracks: dict[str, list] = {}
+        TRACKERS[n](first[: SR // 2])
+    cpu = {(m, n): [] for m in sets for n in names}
+    wall = {(m, n): [] for m in sets for n in names}
+    tracks: dict = {}
     for r in range(a.rounds):
-        for n in names:
-            c0, w0 = time.process_time(), time.perf_counter()
-            out = [TRACKERS[n](x) for x in clips]
-            cpu[n].append(time.process_time() - c0)
-            wall[n].append(time.perf_counter() - w0)
-            tracks[n] = out
-        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {audio_s / cpu[n][-1]:.0f}x" for n in names), flush=True)
-
-    results = {}
-    for n in names:
-        res = {"x_rt_cpu_median": audio_s / float(np.median(cpu[n])),
-               "x_rt_cpu_rounds": [audio_s / c for c in cpu[n]],
-               "x_rt_wall_median": audio_s / float(np.median(wall[n]))}
-        for split in ("in", "out", "all"):
-            sel = [i for i, s in enumerate(splits) if split in ("all", s)]
-            res[split] = scores(np.concatenate([tracks[n][i][0] for i in sel]),
-                                np.concatenate([tracks[n][i][1] for i in sel]),
-                                np.concatenate([interpolate_unvoiced(*tracks[n][i], 50.0) for i in sel]),
-                                np.concatenate([refs[i] for i in sel]), np.concatenate([masks[i] for i in sel]))
-        res["lag"] = best_lag(tracks[n], refs, masks)
-        results[n] = res
-    if a.sensitivity:
-        results["sensitivity"] = sensitivity(z, bounds, tracks, splits, names)
-    if "yin" in names and "praat 75-600" in names:
-        ratios = [p / y for y, p in zip(cpu["yin"], cpu["praat 75-600"])]
-        results["yin_over_praat75_speed"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+        for m, d in sets.items():
+            for n in names:
+                c0, w0 = time.process_time(), time.perf_counter()
+                out = [TRACKERS[n](x) for x in d["clips"]]
+                cpu[m, n].append(time.process_time() - c0)
+                wall[m, n].append(time.perf_counter() - w0)
+                tracks[m, n] = out
+            print(f"round {r + 1}/{a.rounds} {m}: " + ", ".join(f"{n} {d['audio_s'] / cpu[m, n][-1]:.0f}x"
+                                                                 for n in names), flush=True)
 
     info = {"machine": machine(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python benchmarks/bench_f0.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "audio_s": audio_s, "clips": len(clips), "rounds": a.rounds,
+            "rounds": a.rounds, "load_before": load_before,
             "note": "shared 2-core CPU VM, no GPU; other engineers were using the CPU at the same time"}
-    print(f"\n{len(clips)} clips, {audio_s:.0f} s; {info['machine']}; {a.rounds} rounds\n")
-    print("| tracker | split | x RT per core (CPU) | GPE % | VDE % | FFE % | GPE_all % | best lag |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for n in names:
-        for split in ("in", "out", "all"):
-            s = results[n][split]
-            print(f"| {n} | {split} ({s['frames']} frames) | {results[n]['x_rt_cpu_median']:,.0f} | {s['GPE']:.2f} | "
-                  f"{s['VDE']:.2f} | {s['FFE']:.2f} | {s['GPE_all']:.2f} | {results[n]['lag']['best']} |")
-    if "yin_over_praat75_speed" in results:
-        q = results["yin_over_praat75_speed"]
-        print(f"\nyin / Praat 75-600 speed: {q['median']:.2f}x (rounds {q['min']:.2f}-{q['max']:.2f})")
-    if a.sensitivity:
-        print("\n| CREPE voiced at | agreement | split | frames | " + " | ".join(f"{n} FFE / GPE_all %" for n in names)
-              + " |")
-        print("|---:|---:|---|---:|" + "---:|" * len(names))
-        for row in results["sensitivity"]:
-            print(f"| {row['crepe_voiced']} | {row['agree']:.0%} | {row['split']} | {row['frames']} | "
-                  + " | ".join(f"{row[n]['FFE']:.2f} / {row[n]['GPE_all']:.2f}" for n in names) + " |")
+    results: dict = {}
+    for m, d in sets.items():
+        tr = {n: tracks[m, n] for n in names}
+        res: dict = {"audio_s": d["audio_s"], "clips": len(d["clips"]), "trackers": {}}
+        for n in names:
+            t = {"x_rt_cpu_median": d["audio_s"] / float(np.median(cpu[m, n])),
+                 "x_rt_cpu_rounds": [d["audio_s"] / c for c in cpu[m, n]],
+                 "x_rt_wall_median": d["audio_s"] / float(np.median(wall[m, n]))}
+            for split in (*SPLITS[m], "all"):
+                sel = [i for i, s in enumerate(d["splits"]) if split in ("all", s)]
+                t[split] = score_sel(tr[n], d["refs"], d["masks"], sel)
+            t["lag"] = best_lag(tr[n], d["refs"], d["masks"])
+            res["trackers"][n] = t
+        res["sources"] = by_source(tr, d["refs"], d["masks"], d["splits"], d["sources"], names)
+        if a.sensitivity:
+            res["sensitivity"] = sensitivity(d["z"], d["bounds"], tr, d["splits"], names)
+        if "yin" in names and "praat 75-600" in names:
+            ratios = [p_ / y for y, p_ in zip(cpu[m, "yin"], cpu[m, "praat 75-600"])]
+            res["yin_over_praat75_speed"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+            res["goal"] = {split: goal(res, m, split) for split in SPLITS[m]}
+        results[m] = res
+    info["load_after"] = os.getloadavg()
+    report(results, names, info)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"info": info, "results": results}, indent=2) + "\n")
@@ -247,27 +321,74 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def report(results: dict, names: list[str], info: dict) -> None:
+    print(f"\n{info['machine']}; {info['rounds']} rounds; load {info['load_before'][0]:.1f} before, "
+          f"{info['load_after'][0]:.1f} after")
+    for m, res in results.items():
+        print(f"\n## {m}: {res['clips']} clips, {res['audio_s']:.0f} s\n")
+        print("| tracker | split (frames) | x RT per core (CPU) | GPE % | VDE % | FFE % | GPE_all % | best lag |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for n in names:
+            t = res["trackers"][n]
+            for split in (*SPLITS[m], "all"):
+                s = t[split]
+                print(f"| {n} | {SPLIT_NAMES.get(split, split)} ({s['frames']}) | {t['x_rt_cpu_median']:,.0f} | "
+                      f"{s['GPE']:.2f} | {s['VDE']:.2f} | {s['FFE']:.2f} | {s['GPE_all']:.2f} | {t['lag']['best']} |")
+        if "yin_over_praat75_speed" in res:
+            q = res["yin_over_praat75_speed"]
+            print(f"\nyin / Praat 75-600 speed: {q['median']:.2f}x (rounds {q['min']:.2f}-{q['max']:.2f})")
+        if "yin" in names and "praat 75-600" in names:
+            print("\n| source | split | clips | frames | yin GPE / VDE / FFE / GPE_all % | Praat 75-600 GPE / VDE / FFE / "
+                  "GPE_all % |")
+            print("|---|---|---:|---:|---|---|")
+            for k, v in res["sources"]["per_source"].items():
+                y, q = v["yin"], v["praat 75-600"]
+                print(f"| {k} | {v['split']} | {v['clips']} | {y['frames']} | "
+                      + " / ".join(f"{y[x]:.2f}" for x in METRICS) + " | "
+                      + " / ".join(f"{q[x]:.2f}" for x in METRICS) + " |")
+            for split, g in res.get("goal", {}).items():
+                w = ", ".join(f"{x} {v['source']} ({v['yin']:.2f} vs {v['praat 75-600']:.2f})"
+                              for x, v in g["worst_source"].items())
+                print(f"\n{m} {split}: yin - Praat 75-600 = " + ", ".join(f"{x} {v:+.2f}" for x, v in
+                                                                          g["yin_minus_praat75"].items())
+                      + f"; holds: {g['holds']}; leave-one-source-out holds: {g['loso_holds']} {g['loso_fails']}"
+                      + f"\n  worst source per measure (yin vs Praat): {w}"
+                      + f"\n  sources where yin is worse on some measure: {g['sources_where_yin_is_worse']}"
+                      + (f"\n  reference rules: {g['rules_checked']} checked, fails {g['rule_fails']}"
+                         if "rules_checked" in g else ""))
+        if "sensitivity" in res:
+            print("\n| CREPE voiced at | agreement | split | frames | " + " | ".join(f"{n} FFE / GPE_all %"
+                                                                               for n in names) + " |")
+            print("|---:|---:|---|---:|" + "---:|" * len(names))
+            for row in res["sensitivity"]:
+                print(f"| {row['crepe_voiced']} | {row['agree']:.0%} | {row['split']} | {row['frames']} | "
+                      + " | ".join(f"{row[n]['FFE']:.2f} / {row[n]['GPE_all']:.2f}" for n in names) + " |")
+
+
 def plot(results: dict, names: list[str], info: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
-    for ax, metric in zip(axes, ("FFE", "GPE_all")):
-        for n in names:
-            x = results[n]["x_rt_cpu_median"]
-            for split, marker in (("in", "o"), ("out", "s")):
-                y = results[n][split][metric]
-                ax.scatter(x, y, marker=marker, color="C0" if n == "yin" else "C1" if n.startswith("praat") else "C2")
-                ax.annotate(f"{n} ({split})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xscale("log")
-        ax.set_xlabel("x real time per core (CPU time, 1 thread)")
-        ax.set_ylabel(f"{metric} % vs consensus reference")
-        ax.axvline(500, color="grey", lw=0.5, ls="--")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"F0 error against speed; circles held-in, squares held-out\n{info['machine']}; {info['note']}",
-                 fontsize=8)
+    fig, axes = plt.subplots(len(results), 2, figsize=(10, 4 * len(results)), squeeze=False)
+    for row, (m, res) in zip(axes, results.items()):
+        for ax, metric in zip(row, ("FFE", "GPE_all")):
+            for n in names:
+                x = res["trackers"][n]["x_rt_cpu_median"]
+                for split, marker in zip(SPLITS[m], ("o", "s")):
+                    y = res["trackers"][n][split][metric]
+                    ax.scatter(x, y, marker=marker, color="C0" if n == "yin" else "C1" if n.startswith("praat")
+                               else "C2")
+                    ax.annotate(f"{n} ({split})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.set_xscale("log")
+            ax.set_xlabel("x real time per core (CPU time, 1 thread)")
+            ax.set_ylabel(f"{metric} % vs consensus reference")
+            ax.set_title(f"{m} set ({res['clips']} clips, {res['audio_s']:.0f} s): circles {SPLITS[m][0]}, "
+                         f"squares {SPLITS[m][1]}", fontsize=8)
+            ax.axvline(500, color="grey", lw=0.5, ls="--")
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"F0 error against speed\n{info['machine']}; {info['note']}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

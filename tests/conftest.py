@@ -27,6 +27,18 @@ from corpora import (  # noqa: E402
 ASTERISK_FILES = 40
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): on a shared
+    2-core machine two spinning OpenMP threads can be many times slower than one."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> BuiltCorpus:
     """9 harmonic tones (3 speakers x 3 F0s, 16/22.05/24 kHz, LJSpeech folders) + 3 chirps (sidecar .txt)."""
@@ -53,3 +65,22 @@ def espeak_corpus(tmp_path_factory: pytest.TempPathFactory) -> BuiltCorpus:
     """4 espeak-ng speakers x 6 sentences at 22.05 kHz, <speaker>/<utt>.wav + .txt; skipped without espeak-ng."""
     root = tmp_path_factory.mktemp("espeak")
     return BuiltCorpus(root, make_espeak_corpus(root, speakers=4, per_speaker=6))
+
+
+@pytest.fixture(scope="session")
+def speech_pool(tmp_path_factory: pytest.TempPathFactory):
+    """Real speech at 24 kHz for the English layout and manifest corpora (tests/corpora_en.py): [voice][clip]."""
+    from corpora_en import speech_pool as build
+
+    return build(str(tmp_path_factory.mktemp("speech_pool")))
+
+
+@pytest.fixture(scope="session")
+def f5_shards(espeak_corpus: BuiltCorpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The espeak corpus sharded with the f5tts preset's vocos mel (read-only: the F5 trainer and checkpoint tests
+    share it)."""
+    from shard_helpers import shard
+
+    out = tmp_path_factory.mktemp("f5_shards")
+    shard(espeak_corpus.root, out, [("vocos_mel", {})])
+    return out

@@ -35,7 +35,7 @@ from audiopipe.checkpoints.ns2 import (
     upstream_config,
     write_upstream,
 )
-from audiopipe.features.phones import PHONES
+from audiopipe.text.en_phones import PHONES
 from train_ns2 import AMPHION_FORWARD, INIT_HINTS, NS2Config, NaturalSpeech2, PhoneRemap, make_init_reader
 from upstream_oracle import run_upstream
 

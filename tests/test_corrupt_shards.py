@@ -20,6 +20,8 @@ from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
 from test_reader import ROWS_PER_SHARD, _global_of, _mapped_ranges, copy_shards, run_torchrun, write_shards
 
+pytest_plugins = ["s3server"]
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -276,3 +278,129 @@ def test_the_webdataset_reader_does_not_scan_the_arrow_shards(tmp_path):
     loader = make_wds_loader(w.root, ["mel"], max_frames=600, seed=0)
     seen = [i for batch in loader for i in batch["index"]]
     assert sorted(seen) == list(range(7))
+
+
+# ---- the length index and the buffer lengths are checked, not trusted ----------------------------------------
+
+
+def _rewrite_index(root: Path, change, fix_checksum: bool) -> None:
+    """index.arrow with its `row` column changed by `change(rows)`; the manifest's checksums made to match when
+    fix_checksum (so only the row-by-row check can tell), else left as they were."""
+    from audiopipe.shard.checksum import file_checksum
+
+    path = root / "index.arrow"
+    t = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()  # in memory: the file is rewritten
+    rows = t.column("row").to_numpy().copy()
+    t = t.set_column(t.column_names.index("row"), "row", pa.array(change(rows), pa.int32()))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    if fix_checksum:
+        m = json.loads((root / "manifest.json").read_text())
+        m["index"] = {"path": "index.arrow", "sha256": file_checksum(path, "sha256"),
+                      "xxh3_128": file_checksum(path, "xxh3_128")}
+        (root / "manifest.json").write_text(json.dumps(m))
+
+
+def _permute_shard_1(rows):
+    a = sum(ROWS_PER_SHARD[:1])
+    rows[a:a + ROWS_PER_SHARD[1]] = rows[a:a + ROWS_PER_SHARD[1]][::-1]
+    return rows
+
+
+def _out_of_range(rows):
+    rows[3] = 10_000
+    return rows
+
+
+@pytest.mark.parametrize("change, fix, says", [
+    (_permute_shard_1, True, r"index\.arrow is corrupt: entry 5 points at shard 1 row 8, where shard 1 row 0 belongs"),
+    (_out_of_range, True, r"index\.arrow is corrupt: entry 3 points at shard 0 row 10000"),
+    (_permute_shard_1, False, r"index\.arrow fails the manifest's xxh3_128 check"),
+], ids=["permuted-rows", "out-of-range", "checksum"])
+def test_a_permuted_or_out_of_range_index_is_a_named_error(shards, tmp_path, change, fix, says):
+    from audiopipe.reader.errors import CorruptIndexError
+
+    c = copy_shards(shards, tmp_path / "c")
+    _rewrite_index(c.root, change, fix)
+    with pytest.raises(CorruptIndexError, match=says):
+        make_loader(c.root, ["mel"], max_frames=1500, rank=0, world_size=1)
+    with pytest.raises(CorruptIndexError, match=says):  # the files baseline reads the index too
+        ShardDataset(c.root, ["mel"], check_shards=False)
+
+
+def _shrink_offsets_buffer(path: Path, feature: str = "mel") -> None:
+    """Set the length of `feature`'s offsets buffer in the record-batch header to 16 bytes (same file size)."""
+    import struct
+
+    from audiopipe.reader import ipc_layout
+
+    data = bytearray(path.read_bytes())
+    flen = ipc_layout.footer_length(bytes(data[-10:]))
+    block = ipc_layout.record_batch_blocks(bytes(data[len(data) - 10 - flen:len(data) - 10]))[0]
+    schema = pa.ipc.open_file(pa.BufferReader(bytes(data))).schema
+    head = bytes(data[block.offset:block.offset + block.metadata_length])
+    cols = ipc_layout.columns(schema, ipc_layout.batch_layout(block, head))
+    off, n = cols[feature].buffers[1]
+    needle = struct.pack("<qq", off - block.offset - block.metadata_length, n)
+    at = head.find(needle)
+    assert at > 0 and head.count(needle) == 1
+    data[block.offset + at + 8:block.offset + at + 16] = struct.pack("<q", 16)
+    path.write_bytes(bytes(data))
+
+
+def test_a_shrunk_buffer_length_is_a_named_error(shards, tmp_path):
+    c = copy_shards(shards, tmp_path / "c")
+    _shrink_offsets_buffer(c.shard_path(1))
+    with pytest.raises(CorruptShardError, match=r"1 of 5 shards corrupt: shard shard-000001 .*unreadable Arrow file "
+                                                r"\(.*too small"):
+        make_loader(c.root, ["mel"], max_frames=1500, rank=0, world_size=1)
+    # Without the open-time scan, mapping the shard names it (it was a bare numpy ValueError).
+    ds = ShardDataset(c.root, ["mel"], check_shards=False)
+    with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*is unreadable: .*too small"):
+        ds.__getitems__([_global_of(1, 0)])
+
+
+def test_a_shrunk_buffer_length_is_a_named_error_from_s3(shards, tmp_path, s3):
+    from s3server import upload
+
+    from audiopipe.reader.remote_dataset import RemoteShardDataset
+
+    server, bucket = s3
+    c = copy_shards(shards, tmp_path / "c")
+    _shrink_offsets_buffer(c.shard_path(1))
+    url = upload(server, c.root, f"{bucket}/shrunk")
+    with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*unreadable Arrow file \(column mel: buffer 1 "
+                                                r"is 16 bytes"):
+        RemoteShardDataset(url, ["mel"])
+    ds = RemoteShardDataset(url, ["mel"], check_shards=False)
+    with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*is unreadable: column mel: buffer 1"):
+        ds.__getitems__([_global_of(1, 0)])
+
+
+_ALONE = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    from audiopipe.reader.loader import make_loader
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    flag = torch.zeros(1)
+    if rank == 0:
+        # An evaluation loader on rank 0 alone: it must not wait for rank 1 in a collective.
+        loader = make_loader(sys.argv[1], ["mel"], max_frames=1500, rank=0, world_size=1, on_corrupt="skip")
+        flag += len(loader)
+        dist.send(flag, dst=1)
+    else:
+        dist.recv(flag, src=0)  # blocks until rank 0 is done: a hidden all_reduce there would never end
+    json.dump({"len": float(flag)}, open(f"{sys.argv[2]}/alone{rank}.json", "w"))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_loader_of_one_rank_runs_no_collective(shards, tmp_path):
+    c = _break(shards, tmp_path)
+    script = tmp_path / "alone.py"
+    script.write_text(_ALONE)
+    run_torchrun(script, str(c.root), str(tmp_path), timeout=120)
+    r0, r1 = (json.loads((tmp_path / f"alone{r}.json").read_text()) for r in (0, 1))
+    assert r0["len"] == r1["len"] > 0

@@ -90,8 +90,8 @@ def test_segments_decode_each_recording_once(kaldi):
         whole, _ = sf.read(u.path, dtype="float32")
         _, _, start, end = expected[u.id]
         np.testing.assert_array_equal(wav, whole[start:end])
-    assert cache.decodes == len(SPEAKERS)  # 6 segments, 2 recordings, 2 decodes
-    assert cache._decoded == {}  # every recording freed after its last segment
+    assert cache.decodes == len(SPEAKERS)  # 6 segments, 2 recordings, each opened once
+    assert cache._open == {}  # every recording closed after its last segment
 
 
 def test_malformed_kaldi_line_names_file_and_line(tmp_path):

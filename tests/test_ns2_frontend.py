@@ -98,7 +98,7 @@ def test_trim_bad_input():
 
 # --- G2P -----------------------------------------------------------------------------------------------------
 
-from audiopipe.features.phones import (  # noqa: E402
+from audiopipe.text.en_phones import (  # noqa: E402
     PHONES,
     PUNCTUATION,
     WORD_BOUNDARY,
@@ -147,7 +147,7 @@ def test_g2p_out_of_vocabulary_word_via_espeak():
     assert phones[:2] == ["B", "L"] and phones[-3:] == ["T", "IH0", "K"]
     assert "EY1" in phones and all(p in PHONES for p in phones)
     # The fallback agrees with the dictionary on ordinary words.
-    from audiopipe.features.phones import _espeak_phones
+    from audiopipe.text.en_phones import _espeak_phones
 
     for word in ["cat", "water", "button", "judge", "think", "about", "square", "measure"]:
         assert _espeak_phones(word) == word_to_phones(word), word

@@ -202,26 +202,29 @@ def test_a_rows_metadata_is_decoded_once_not_per_batch(shards):
                 want["id"], want["speaker"], want["text"], want["duration"], i)
 
 
-def test_metadata_is_right_when_the_index_does_not_list_shards_in_order(tmp_path):
-    """The index as build_index writes it lists each shard's rows as one run, which lets a shard find its rows by
-    bisection; an index in another order (rows permuted) must give each row its own metadata all the same."""
+def test_an_index_that_does_not_list_shards_in_order_is_refused(tmp_path):
+    """The index as build_index writes it lists each shard's rows as one run, in manifest order. An index in
+    another order (rows permuted, even consistently) is refused at open with a named error, whether or not the
+    manifest's checksum of it was updated: the reader checks, it does not trust (it used to read such an index,
+    which let a permuted `row` column pair one utterance's id with another's features unnoticed)."""
     from audiopipe.index.lengths import INDEX_NAME
+    from audiopipe.reader.errors import CorruptIndexError
+    from audiopipe.shard.checksum import file_checksum
 
     w = write_shards(tmp_path / "s", (3, 4, 2), tars=False)
     path = w.root / INDEX_NAME
-    with pa.memory_map(str(path)) as src:
-        table = pa.ipc.open_file(src).read_all()
+    table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
     perm = np.random.default_rng(1).permutation(table.num_rows)
     table = table.take(pa.array(perm)).combine_chunks()
     with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as out:
         out.write_table(table)
-    ds = ShardDataset(w.root, ["mel"], check_shards=False)
-    batch = ds.__getitems__(list(range(len(ds)))[::-1])
-    for got, i in zip(batch, range(len(ds))[::-1]):
-        want = w.rows[int(perm[i])]
-        assert (got["id"], got["speaker"], got["text"], got["duration"]) == (
-            want["id"], want["speaker"], want["text"], want["duration"])
-        np.testing.assert_array_equal(got["mel"], want["arrays"]["mel"])
+    with pytest.raises(CorruptIndexError, match=r"index\.arrow fails the manifest's xxh3_128 check"):
+        ShardDataset(w.root, ["mel"], check_shards=False)
+    m = json.loads((w.root / "manifest.json").read_text())
+    m["index"].update(sha256=file_checksum(path, "sha256"), xxh3_128=file_checksum(path, "xxh3_128"))
+    (w.root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CorruptIndexError, match=r"index\.arrow is corrupt: entry 0 points at shard"):
+        ShardDataset(w.root, ["mel"], check_shards=False)
 
 
 def _cached_fraction(path: Path, offset: int, length: int) -> float:

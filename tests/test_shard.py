@@ -280,7 +280,7 @@ def test_phones_come_from_g2p_or_from_an_mfa_textgrid_with_exact_durations(espea
     (wavs[1].with_suffix(".TextGrid")).write_text("this is not a TextGrid")
     out = tmp_path / "shards"
     shard(corpus, out, [("f0", {"sample_rate": 24000, "hop_length": 320})], phones=True)
-    from audiopipe.features.phones import PHONES, ids_to_phones
+    from audiopipe.text.en_phones import PHONES, ids_to_phones
     from audiopipe.reader.arrow_dataset import ShardDataset
 
     m = read_manifest(out)

@@ -31,13 +31,7 @@ TRAINERS = {"campplus": train_campplus, "eres2net": train_eres2net}
 SR = speaker_data.SAMPLE_RATE
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on this shared 2-core machine two spinning OpenMP threads can be many times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -216,13 +210,40 @@ def test_aam_logits_follow_the_margin_formula():
     assert torch.isfinite(emb.grad).all() and torch.isfinite(head.weight.grad).all()
 
 
-def test_margin_schedule():
-    ms = speaker_eval.MarginSchedule(0.2, start=10, ramp=100)
-    assert ms(0) == ms(10) == 0.0 and ms(110) == ms(10_000) == 0.2
-    assert ms(60) == pytest.approx(0.2 * (1 - 1e-3 ** 0.5))
-    vals = [ms(k) for k in range(0, 120)]
-    assert all(b >= a for a, b in zip(vals, vals[1:]))
-    assert speaker_eval.MarginSchedule(0.3)(0) == 0.3  # no ramp: the final margin at once
+def _schedule(spe: int, **kw) -> speaker.EpochSchedule:
+    args = dict(lr=0.2, min_lr=5e-5, epochs=70, warmup_epochs=5, margin=0.3, margin_start_epoch=20,
+                margin_fix_epoch=50)
+    sched = speaker.EpochSchedule(**{**args, **kw})
+    sched.steps_per_epoch = spe
+    return sched
+
+
+def test_schedule_counts_epochs_as_3d_speaker():
+    """Known points of 3D-Speaker's schedule for its ERes2Net VoxCeleb numbers, with 100 steps per epoch (the
+    whole curves are compared with speakerlab's own schedulers in test_checkpoint_speaker.py)."""
+    s = _schedule(100)
+    warm, end = 500, 7000
+    assert s.lr(0) == 5e-5 and s.lr(250) == pytest.approx(5e-5 + (0.2 - 5e-5) * 0.5)  # warmup from min_lr
+    assert s.lr(warm) == pytest.approx(0.2) and s.lr(end) == s.lr(10 ** 6) == 5e-5
+    mid = warm + (end - warm) // 2
+    assert s.lr(mid) == pytest.approx(5e-5 + 0.5 * (0.2 - 5e-5))
+    assert all(b <= a for a, b in zip([s.lr(k) for k in range(warm, end)], [s.lr(k) for k in range(warm + 1, end)]))
+    assert s.margin(0) == s.margin(1999) == 0.0 and s.margin(5000) == s.margin(10 ** 6) == 0.3
+    ramp = [s.margin(k) for k in range(2000, 5001)]
+    assert all(b > a for a, b in zip(ramp, ramp[1:])) and ramp[-1] == 0.3
+    assert 0.29 < s.margin(3500) < 0.3  # an exponential rise: 1 - 0.001 ** 0.5 = 97 % of the way at mid-ramp
+    # the same numbers in epochs: twice the steps per epoch moves every point twice as far
+    s2 = _schedule(200)
+    assert s2.margin(7000) == s.margin(3500) and s2.lr(1000) == s.lr(500)
+    # a run stops at the end of --epochs, or earlier at --max-steps
+    cfg = core.RunConfig(max_steps=10 ** 9)
+    _schedule(0).start(cfg, 37)
+    assert cfg.max_steps == 70 * 37
+    cfg = core.RunConfig(max_steps=5)
+    _schedule(0).start(cfg, 37)
+    assert cfg.max_steps == 5
+    with pytest.raises(RuntimeError, match="before start"):
+        speaker.EpochSchedule(0.1, 1e-4, 60, 5, 0.2, 15, 25).lr(0)
 
 
 class _NoReadBack(torch.Tensor):
@@ -236,16 +257,17 @@ def test_margin_step_is_counted_on_the_host():
     """The margin's step count lives in a buffer (checkpointed), but forward reads it back once, not on every
     micro-batch (which on a GPU is a host sync per step); a loaded state is read again."""
     enc = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(8))
-    model = speaker.SpeakerModel(enc, 8, 3, speaker_eval.MarginSchedule(0.3, start=0, ramp=4), grad_accum=2)
+    margin = _schedule(4, margin_start_epoch=0, margin_fix_epoch=1).margin
+    model = speaker.SpeakerModel(enc, 8, 3, margin, grad_accum=2)
     wav, labels = torch.randn(2, SR // 10), torch.tensor([0, 2])
     margins = [model(wav, labels)[1]["margin"]]
     model.micro_batches = model.micro_batches.as_subclass(_NoReadBack)
     margins += [model(wav, labels)[1]["margin"] for _ in range(5)]
     model.micro_batches = model.micro_batches.as_subclass(torch.Tensor)
     assert int(model.micro_batches) == 6
-    assert margins == [speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(k // 2) for k in range(6)]
+    assert margins == [margin(k // 2) for k in range(6)] and len(set(margins)) == 3
     model.load_state_dict({**model.state_dict(), "micro_batches": torch.tensor(2)})
-    assert model(wav, labels)[1]["margin"] == speaker_eval.MarginSchedule(0.3, start=0, ramp=4)(1)
+    assert model(wav, labels)[1]["margin"] == margin(1)
 
 
 # ----------------------------------------------------------------------------- EER
@@ -322,18 +344,33 @@ def test_epoch_reaches_dataloader_workers(spk_shards):
 def _argv(shards: Path, out: Path, steps: int, *extra: str) -> list[str]:
     return ["--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
             "--batch-frames", str(4 * SR), "--crop-seconds", "1", "--log-every", "1", "--cpu-threads", "1",
-            "--warmup-steps", "20", "--lr", "0.05", *extra]
+            "--warmup-epochs", "1", "--epochs", "1000", "--lr", "0.05", *extra]
 
 
-def test_torchrun_two_processes(spk_shards, tmp_path):
-    """CAM++ under real torchrun, 2 ranks on gloo. (ERes2Net runs the same speaker.train_and_evaluate; a second
+def test_torchrun_two_processes_from_an_upstream_checkpoint(spk_shards, tmp_path):
+    """ERes2Net under real torchrun, 2 ranks on gloo, fine-tuning a checkpoint in 3D-Speaker's released layout
+    (a plain state dict in speakerlab's names; tests/test_checkpoint_speaker.py shows speakerlab's own files read
+    the same way), then exporting the result for speakerlab. (CAM++ runs the same speaker.py path; a second
     torchrun launch costs ~25 s on this machine, so it is exercised in-process by test_exact_resume.)"""
-    name = "campplus"
+    from audiopipe.checkpoints import speaker as ck
+
+    name = "eres2net"
+    torch.manual_seed(5)
+    released = tmp_path / "pretrained_eres2net.ckpt"
+    ck.write_embedding_file(ck.eres2net_to_upstream(train_eres2net.ERes2Net(train_eres2net.CONFIGS["tiny"])
+                                                    .state_dict()), released)
     out = tmp_path / "run"
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2",
-           str(ROOT / "trainers" / f"train_{name}.py"), *_argv(spk_shards, out, 3, "--heldout-speakers", "2")]
+           str(ROOT / "trainers" / f"train_{name}.py"),
+           *_argv(spk_shards, out, 3, "--heldout-speakers", "2", "--init-from", str(released),
+                  "--export-upstream", str(tmp_path / "exp"))]
     run = run_group(cmd, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("pooling epsilon 1e-08 as it was trained") == 1
+    assert run.stdout.count(f"[{name}] --init-from {released}: loaded 201 tensors") == 1
+    assert "new (kept as initialised): 2 (micro_batches, head.weight)" in run.stdout
+    # the run records the epsilon it trains with: a --resume or an --init-from of this run keeps it
+    assert json.loads((out / "model_config.json").read_text())["pool_eps"] == 1e-8
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["world"] == 2 and math.isfinite(r["loss"]) for r in recs)
@@ -343,14 +380,37 @@ def test_torchrun_two_processes(spk_shards, tmp_path):
     assert res["target_trials"] == 30 and res["nontarget_trials"] == 36 and res["step"] == 3
     # The artifact and the log line report the same evaluation (only rank 0 evaluates: one line).
     assert run.stdout.count(f"[{name}] EER {res['eer'] * 100:.2f}% on 30 target / 36 non-target trials") == 1
+    # The export holds the fine-tuned weights of the last checkpoint, in speakerlab's names.
+    final = torch.load(out / "ckpt-00000003.pt", weights_only=True)["model"]
+    exported = torch.load(next((tmp_path / "exp" / "models").glob("CKPT-EPOCH-*")) / "embedding_model.ckpt",
+                          weights_only=True)
+    assert torch.equal(exported["seg_1.weight"], final["encoder.embed.weight"])
+    assert not torch.equal(exported["seg_1.weight"], torch.load(released, weights_only=True)["seg_1.weight"])
+
+
+def test_epochs_end_the_run_and_set_the_schedule(spk_shards, tmp_path):
+    """--epochs 0.5 of 6 batches: 3 steps, whatever --max-steps says; the logged LR and margin are the schedule's
+    at each step (warmup over the first epoch, margin from epoch 0 to 1)."""
+    last = train_campplus.main(_argv(spk_shards, tmp_path / "run", 1000, "--heldout-speakers", "0", "--epochs",
+                                     "0.5", "--margin-start-epoch", "0", "--margin-fix-epoch", "1"))
+    recs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3] and last["step"] == 3
+    sched = speaker.EpochSchedule(0.05, 0.05 * train_campplus.RECIPE.min_lr / train_campplus.RECIPE.lr, 0.5, 1,
+                                  0.2, 0, 1)
+    sched.steps_per_epoch = 6
+    assert [r["lr"] for r in recs] == [sched.lr(k) for k in range(3)]
+    assert [r["margin"] for r in recs] == pytest.approx([sched.margin(k) for k in range(3)])
+    with pytest.raises(SystemExit, match="--warmup-epochs"):
+        train_campplus.main(_argv(spk_shards, tmp_path / "x", 1) + ["--warmup-steps", "5"])
 
 
 @pytest.mark.parametrize("name", ["campplus", "eres2net"])
 def test_exact_resume(name, spk_shards, tmp_path):
     """8 steps straight == 4 steps, then --resume for 4 more: bit-identical weights and losses. 24 utterances
-    in batches of 4: the checkpoint is mid-epoch and the run crosses into epoch 1; the margin ramps meanwhile."""
+    in batches of 4: the checkpoint is mid-epoch and the run crosses into epoch 1; the LR warms up and the margin
+    ramps over the first epoch (6 steps) meanwhile."""
     main = TRAINERS[name].main
-    extra = ("--heldout-speakers", "0", "--margin-start-step", "0", "--margin-ramp-steps", "6")
+    extra = ("--heldout-speakers", "0", "--margin-start-epoch", "0", "--margin-fix-epoch", "1")
     main(_argv(spk_shards, tmp_path / "straight", 8, *extra))
     main(_argv(spk_shards, tmp_path / "resumed", 4, *extra))
     main(_argv(spk_shards, tmp_path / "resumed", 8, "--resume", *extra))

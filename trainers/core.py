@@ -111,15 +111,20 @@ CHOICES = {
 
 def parse_args(description: str, defaults: dict[str, Any] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None,
-               argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+               argv: list[str] | None = None,
+               flag_help: dict[str, str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+    """flag_help: {field: help} where a trainer's meaning of a core flag is more precise than FLAG_HELP's."""
     p = argparse.ArgumentParser(description=description)
+    helps = {**FLAG_HELP, **(flag_help or {})}
     base = RunConfig(**(defaults or {}))
     p.add_argument("--shards", default=base.shards,
                    help=f"shard folder or s3://bucket/prefix (AWS_* environment; docs/loader.md), or several "
                         f"comma-separated to mix in one plan (see --weights) (default {base.shards})")
-    p.add_argument("--config", default=base.config, help="model config: a name (tiny, default, ...) or a JSON file")
+    p.add_argument("--config", default=base.config,
+                   help="model config: a name (tiny, default, ...) or a JSON file (default %(default)s)")
     p.add_argument("--out", default=base.out, help="checkpoints and logs (default %(default)s)")
-    p.add_argument("--max-steps", type=int, default=base.max_steps, help="optimizer steps to train (default %(default)s)")
+    p.add_argument("--max-steps", type=int, default=base.max_steps,
+                   help=f"{helps.get('max_steps', 'optimizer steps to train')} (default %(default)s)")
     p.add_argument("--batch-frames", type=int, default=base.batch_frames,
                    help="padded frames per batch per rank (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
@@ -130,7 +135,7 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
         shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name), choices=CHOICES.get(f.name),
-                       help=f"{FLAG_HELP.get(f.name, '')}{shown}".strip())
+                       help=f"{helps.get(f.name, '')}{shown}".strip())
     if extra:
         extra(p)
     a = p.parse_args(argv)
@@ -351,7 +356,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
           optimizer: torch.optim.Optimizer | None = None, on_log: Callable[[dict[str, Any]], None] | None = None,
           log_name: str = "train", init_weights: Callable[[str], Mapping[str, torch.Tensor]] | None = None,
           init_hints: Mapping[str, str] | None = None, lr_fn: Callable[[int], float] | None = None,
-          hooks: Sequence[TrainHook] = ()) -> dict[str, Any]:
+          hooks: Sequence[TrainHook] = (), on_loader: Callable[[Loader], None] | None = None) -> dict[str, Any]:
     """Train until cfg.max_steps optimizer steps; returns the last logged record.
 
     loader_kw: passed to make_loader (item_transform, batch_transform, subset, lengths, collate_features, ...).
@@ -365,6 +370,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     whose shape follows a flag name that flag in init_hints ({name prefix: hint}).
     lr_fn(step) -> LR: the schedule (default `lr_at`: warmup + cosine); a param group's "lr_scale" multiplies it.
     hooks: run beside the optimizer and are checkpointed with it (TrainHook).
+    on_loader(loader) runs once the loader is made, before any step: a schedule counted in epochs reads
+    len(loader) (batches per rank per epoch) there.
     """
     out = Path(cfg.out)
     if d.main:
@@ -389,6 +396,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         # a URL, an object store that stays down): the same on every rank, so every rank ends here and rank 0
         # says why in one line.
         _fail(f"{log_name}: error: {e}", d)
+    if on_loader is not None:
+        on_loader(loader)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")

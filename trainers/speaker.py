@@ -1,24 +1,170 @@
 """What the two 3D-Speaker trainers (train_eres2net.py, train_campplus.py) share beyond data and scoring: the
-command line, the model wrapper (embedding model + AAM head) and its loss, SGD, and core.train followed by the
-EER on the held-out speakers.
+recipe and its command line, the schedule counted in epochs, the model wrapper (embedding model + AAM head) and its
+loss, SGD, starting from a checkpoint (3D-Speaker's or ours), and what follows training (EER, export).
 
   speaker_data.py   which utterances train; crops, speed perturbation, augmentation; fbank on the device
-  speaker_eval.py   the AAM-softmax head and its margin schedule; the EER on held-out speakers
+  speaker_eval.py   the AAM-softmax head; the EER on held-out speakers
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 import core
+from audiopipe.checkpoints import speaker as ckpt
+from audiopipe.checkpoints.files import CheckpointError
 from audiopipe.storage.atomic import write_json_atomic
 from speaker_data import SAMPLE_RATE, SpeakerData, fbank_batch
-from speaker_eval import AAMSoftmax, MarginSchedule, evaluate_eer
+from speaker_eval import AAMSoftmax, evaluate_eer
+
+
+# ----------------------------------------------------------------------------- the recipe and its flags
+
+@dataclass(frozen=True)
+class Recipe:
+    """One model's training numbers in 3D-Speaker's VoxCeleb recipe (egs/voxceleb/sv-<model>/conf/<model>.yaml).
+    Each is a flag's default; epochs count passes over the training utterances, as upstream's do."""
+
+    lr: float
+    min_lr: float
+    epochs: float
+    warmup_epochs: float
+    margin: float
+    margin_start_epoch: float  # the margin is 0 before this epoch ...
+    margin_fix_epoch: float  # ... and reaches `margin` here
+    aug_prob: float
+
+
+def run_defaults(r: Recipe) -> dict[str, Any]:
+    """core's flags with the recipe's values: SGD's LR and weight decay, no clipping, a budget of 64 crops of 3 s
+    per rank (upstream's 256 over 4 GPUs); training stops at the end of --epochs unless --max-steps comes first."""
+    return {"lr": r.lr, "min_lr_ratio": r.min_lr / r.lr, "weight_decay": 1e-4, "warmup_steps": 0, "clip": 0.0,
+            "max_steps": 10 ** 9, "batch_frames": 64 * 3 * SAMPLE_RATE}
+
+
+#: What core's flags mean in the speaker trainers (their --help).
+FLAG_HELP = {
+    "max_steps": "stop after this many optimizer steps even before the end of --epochs",
+    "lr": "peak learning rate of SGD (momentum 0.9, Nesterov)",
+    "weight_decay": "SGD's weight decay",
+    "warmup_steps": "not used: the speaker trainers warm up over --warmup-epochs",
+    "min_lr_ratio": "the LR at the end of --epochs as a fraction of --lr (the recipe's min_lr / lr)",
+}
+
+
+def add_speaker_args(p: argparse.ArgumentParser, r: Recipe) -> None:
+    g = p.add_argument_group("speaker training (3D-Speaker's recipe; epochs are passes over the training crops)")
+    g.add_argument("--epochs", type=float, default=r.epochs,
+                   help="epochs to train; the LR's cosine reaches its minimum at the end (default %(default)s)")
+    g.add_argument("--warmup-epochs", type=float, default=r.warmup_epochs,
+                   help="linear LR warmup from the minimum to --lr (default %(default)s)")
+    g.add_argument("--margin", type=float, default=r.margin, help="final AAM margin (default %(default)s)")
+    g.add_argument("--margin-start-epoch", type=float, default=r.margin_start_epoch,
+                   help="the margin is 0 before this epoch (default %(default)s)")
+    g.add_argument("--margin-fix-epoch", type=float, default=r.margin_fix_epoch,
+                   help="the margin rises to --margin by this epoch (default %(default)s)")
+    g.add_argument("--scale", type=float, default=32.0, help="AAM-softmax scale (default %(default)s)")
+    g.add_argument("--heldout-speakers", type=int, default=2,
+                   help="speakers left out of training for the EER trials (0: no EER; default %(default)s)")
+    g.add_argument("--crop-seconds", type=float, default=3.0, help="training crop length (default %(default)s)")
+    g.add_argument("--min-seconds", type=float, default=0.5,
+                   help="utterances shorter than this are left out, and counted (default %(default)s)")
+    g.add_argument("--no-speed-perturb", action="store_true",
+                   help="no 0.9/1.1 speed copies, one class per speaker (default: perturbed, 3 classes per speaker)")
+    g.add_argument("--noise-dir", default=None, help="folder of noise recordings (.wav/.flac/.ogg) to add "
+                                                    "(default: none)")
+    g.add_argument("--rir-dir", default=None, help="folder of room impulse responses to convolve with "
+                                                  "(default: none)")
+    g.add_argument("--aug-prob", type=float, default=r.aug_prob,
+                   help="chance a crop is corrupted when --noise-dir/--rir-dir is given (default %(default)s)")
+    g.add_argument("--snr-low", type=float, default=0.0, help="lowest noise SNR in dB (default %(default)s)")
+    g.add_argument("--snr-high", type=float, default=15.0, help="highest noise SNR in dB (default %(default)s)")
+    g.add_argument("--sync-bn", action="store_true",
+                   help="synchronise BatchNorm statistics across GPUs (default: off, as 3D-Speaker's trainer)")
+    g.add_argument("--export-upstream", default=None, metavar="DIR",
+                   help="after training, write a speakerlab experiment folder there (config.yaml + "
+                        "models/CKPT-EPOCH-N-00/) that its extract.py reads (default: none)")
+    g.add_argument("--eval-max-seconds", type=float, default=0.0,
+                   help="embed at most this much of each held-out utterance (0: all of it; default %(default)s)")
+    g.add_argument("--cpu-threads", type=int, default=0,
+                   help="torch CPU threads per rank (0: core's share of the cores; 1 helps on a busy machine; "
+                        "default %(default)s)")
+
+
+def check_flags(cfg: core.RunConfig, args: argparse.Namespace, d: core.Dist) -> None:
+    """Refusals that need the parsed flags, then the CPU thread count (after setup_dist: on a loaded machine two
+    spinning OpenMP threads per rank can be many times slower than one)."""
+    if cfg.warmup_steps:
+        raise SystemExit("--warmup-steps: the speaker trainers warm up over epochs, as 3D-Speaker does: use "
+                         "--warmup-epochs")
+    if not 0 <= args.margin_start_epoch <= args.margin_fix_epoch:
+        raise SystemExit(f"--margin-start-epoch {args.margin_start_epoch} must be between 0 and "
+                         f"--margin-fix-epoch {args.margin_fix_epoch}")
+    if args.epochs <= 0 or args.warmup_epochs < 0:
+        raise SystemExit(f"--epochs must be above 0 and --warmup-epochs at least 0, got {args.epochs} and "
+                         f"{args.warmup_epochs}")
+    if args.sync_bn and d.device.type != "cuda":
+        raise SystemExit("--sync-bn needs CUDA devices (torch's SyncBatchNorm runs on GPUs only)")
+    if args.cpu_threads > 0 and d.device.type == "cpu":
+        torch.set_num_threads(args.cpu_threads)
+
+
+# ----------------------------------------------------------------------------- LR and margin, counted in epochs
+
+class EpochSchedule:
+    """3D-Speaker's LR and margin at optimizer step s (0-based, as its `iter_num`), with epochs of
+    `steps_per_epoch` steps (known once the loader is made: `start`).
+
+    LR (WarmupCosineScheduler): min_lr -> lr linearly over the warmup epochs, then a cosine down to min_lr at
+    the end of `epochs`, then min_lr. Margin (MarginScheduler, "exp" increase): 0 until margin_start_epoch, then
+    margin * (1 - (1e-3 / (1 + 1e-6)) ** t) for t from 0 to 1 at margin_fix_epoch, then margin.
+    """
+
+    def __init__(self, lr: float, min_lr: float, epochs: float, warmup_epochs: float, margin: float,
+                 margin_start_epoch: float, margin_fix_epoch: float):
+        self.lr_max, self.lr_min, self.epochs, self.warmup = lr, min_lr, epochs, warmup_epochs
+        self.final_margin, self.m_start, self.m_fix = margin, margin_start_epoch, margin_fix_epoch
+        self.steps_per_epoch: int | None = None
+
+    @classmethod
+    def from_flags(cls, cfg: core.RunConfig, args: argparse.Namespace) -> "EpochSchedule":
+        return cls(cfg.lr, cfg.lr * cfg.min_lr_ratio, args.epochs, args.warmup_epochs, args.margin,
+                   args.margin_start_epoch, args.margin_fix_epoch)
+
+    def start(self, cfg: core.RunConfig, steps_per_epoch: int) -> None:
+        """Fix the epoch length; training stops at the end of the last epoch (or at --max-steps before it)."""
+        self.steps_per_epoch = max(1, int(steps_per_epoch))
+        cfg.max_steps = min(cfg.max_steps, max(1, int(round(self.epochs * self.steps_per_epoch))))
+
+    def _steps(self, epochs: float) -> float:
+        if self.steps_per_epoch is None:
+            raise RuntimeError("EpochSchedule used before start(): the epoch length is not known yet")
+        return epochs * self.steps_per_epoch
+
+    def lr(self, step: int) -> float:
+        warm, end = self._steps(self.warmup), self._steps(self.epochs)
+        if step < warm:
+            return self.lr_min + (self.lr_max - self.lr_min) * step / warm
+        if step < end:
+            return self.lr_min + 0.5 * (self.lr_max - self.lr_min) * (1 + math.cos(math.pi * (step - warm) /
+                                                                                   (end - warm)))
+        return self.lr_min
+
+    def margin(self, step: int) -> float:
+        start, fix = self._steps(self.m_start), self._steps(self.m_fix)
+        if step < start:
+            return 0.0
+        if step >= fix:
+            return self.final_margin
+        return self.final_margin * (1.0 - (1e-3 / (1.0 + 1e-6)) ** ((step - start) / (fix - start)))
 
 
 # ----------------------------------------------------------------------------- the model and its loss
@@ -30,7 +176,7 @@ class SpeakerModel(nn.Module):
     run continues the ramp where it stopped.
     """
 
-    def __init__(self, encoder: nn.Module, embedding_dim: int, num_classes: int, margin: MarginSchedule,
+    def __init__(self, encoder: nn.Module, embedding_dim: int, num_classes: int, margin: Callable[[int], float],
                  scale: float = 32.0, grad_accum: int = 1):
         super().__init__()
         self.encoder = encoder
@@ -60,78 +206,124 @@ class SpeakerModel(nn.Module):
 
 
 def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """AAM-softmax cross entropy of the batch's crops against their (speaker, speed) classes."""
     wav = batch["wav"]
     labels = torch.as_tensor(batch["label"], dtype=torch.int64, device=wav.device)
     return model(wav, labels)
 
 
-def sgd(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """3D-Speaker's optimizer; core.train sets the learning rate of every step (warmup, then cosine)."""
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
+def sgd(model: nn.Module, cfg: core.RunConfig) -> torch.optim.Optimizer:
+    """3D-Speaker's optimizer; core.train sets the learning rate of every step (EpochSchedule.lr)."""
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=cfg.weight_decay)
 
 
-# ----------------------------------------------------------------------------- command line and wiring
-
-def add_speaker_args(p: argparse.ArgumentParser, *, margin: float, aug_prob: float) -> None:
-    g = p.add_argument_group("speaker training (3D-Speaker recipe)")
-    g.add_argument("--heldout-speakers", type=int, default=2,
-                   help="speakers left out of training for the EER trials (0: no EER; default %(default)s)")
-    g.add_argument("--crop-seconds", type=float, default=3.0, help="training crop length (default %(default)s)")
-    g.add_argument("--min-seconds", type=float, default=0.5,
-                   help="utterances shorter than this are left out, and counted (default %(default)s)")
-    g.add_argument("--no-speed-perturb", action="store_true", help="no 0.9/1.1 speed copies (one class/speaker)")
-    g.add_argument("--noise-dir", default=None, help="folder of noise recordings (.wav/.flac/.ogg) to add")
-    g.add_argument("--rir-dir", default=None, help="folder of room impulse responses to convolve with")
-    g.add_argument("--aug-prob", type=float, default=aug_prob,
-                   help="chance a crop is corrupted when --noise-dir/--rir-dir is given (default %(default)s)")
-    g.add_argument("--snr-low", type=float, default=0.0)
-    g.add_argument("--snr-high", type=float, default=15.0)
-    g.add_argument("--scale", type=float, default=32.0, help="AAM-softmax scale (default %(default)s)")
-    g.add_argument("--margin", type=float, default=margin, help="final AAM margin (default %(default)s)")
-    g.add_argument("--margin-start-step", type=int, default=20_000, help="margin is 0 before this step")
-    g.add_argument("--margin-ramp-steps", type=int, default=20_000, help="steps from 0 to --margin")
-    g.add_argument("--eval-max-seconds", type=float, default=0.0,
-                   help="embed at most this much of each held-out utterance (0: all of it)")
-    g.add_argument("--cpu-threads", type=int, default=0,
-                   help="torch CPU threads per rank (0: core's share of the cores); 1 helps on a busy machine")
+def sync_batchnorm(model: SpeakerModel, args: argparse.Namespace, d: core.Dist) -> nn.Module:
+    """SyncBatchNorm only when asked (--sync-bn): 3D-Speaker's supervised trainer keeps per-GPU statistics."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if args.sync_bn and d.world > 1 else model
 
 
-def set_cpu_threads(args: argparse.Namespace, d: core.Dist) -> None:
-    """After setup_dist: on a loaded machine, two spinning OpenMP threads per rank can be many times slower
-    than one, so the thread count is a flag."""
-    if args.cpu_threads > 0 and d.device.type == "cpu":
-        torch.set_num_threads(args.cpu_threads)
+# ----------------------------------------------------------------------------- starting from a checkpoint
+
+def init_is_upstream(cfg: core.RunConfig) -> bool:
+    """Whether this run starts from 3D-Speaker's weights (--init-from a released file or an experiment folder)
+    and is not resuming one of its own checkpoints (then --init-from is not read)."""
+    if not cfg.init_from or (cfg.resume and core.latest_checkpoint(Path(cfg.out)) is not None):
+        return False
+    try:
+        return ckpt.is_upstream_checkpoint(cfg.init_from)
+    except CheckpointError as e:
+        raise SystemExit(f"--init-from {e}") from None
 
 
-#: RunConfig defaults of both trainers: 3D-Speaker's SGD settings; --batch-frames counts crop samples.
-RUN_DEFAULTS = {"lr": 0.2, "weight_decay": 1e-4, "warmup_steps": 1000, "min_lr_ratio": 5e-5 / 0.2, "clip": 0.0,
-                "batch_frames": 64 * 3 * SAMPLE_RATE}
+def previous_model_config(cfg: core.RunConfig) -> dict[str, Any]:
+    """The model_config.json of the run these weights come from: --out's when resuming it, else that of our own
+    run --init-from points at (a run folder or a ckpt-*.pt beside its model_config.json); {} for none."""
+    if cfg.resume and core.latest_checkpoint(Path(cfg.out)) is not None:
+        where = Path(cfg.out)
+    elif cfg.init_from:
+        where = Path(cfg.init_from) if Path(cfg.init_from).is_dir() else Path(cfg.init_from).parent
+    else:
+        return {}
+    f = where / "model_config.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
-def build_speaker_model(encoder: nn.Module, embedding_dim: int, data: SpeakerData, cfg: core.RunConfig,
-                        args: argparse.Namespace, d: core.Dist) -> SpeakerModel:
-    model = SpeakerModel(encoder, embedding_dim, data.num_classes,
-                         MarginSchedule(args.margin, args.margin_start_step, args.margin_ramp_steps),
-                         scale=args.scale, grad_accum=cfg.grad_accum)
-    if d.world > 1 and d.device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # as 3D-Speaker; gloo/CPU has no SyncBN
-    return model
+def init_weights(name: str, model: SpeakerModel, upstream_args: Callable[[Any], dict[str, Any] | None],
+                 presets: Mapping[str, Any], config: str) -> Callable[[str], dict[str, torch.Tensor]]:
+    """core.train's --init-from reader: 3D-Speaker's files (renamed to ours) or our own checkpoints.
+
+    A checkpoint of another size ends in one line naming the --config that builds it (upstream_args(config) is a
+    config's speakerlab constructor arguments, None for one speakerlab cannot build). Its AAM head is kept only
+    when it has this run's classes (same speakers, same speed perturbation); otherwise the head starts fresh."""
+    conv = ckpt.converter(name)
+
+    def sizes(state: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
+        try:
+            return conv.upstream_args(conv.to_upstream(state))
+        except CheckpointError:
+            return None  # not a size speakerlab builds: load_matching names the first tensor that differs
+
+    ours = sizes(model.state_dict())
+
+    def read(path: str) -> dict[str, torch.Tensor]:
+        state = (ckpt.from_upstream_file(name, path) if ckpt.is_upstream_checkpoint(path)
+                 else core.read_own_weights(path))
+        theirs = sizes(state)
+        if theirs is not None and ours is not None and theirs != ours:
+            fits = [k for k, c in presets.items() if upstream_args(c) == theirs]
+            fix = f"--config {fits[0]}" if fits else f"--config with a JSON file of {_diff(theirs, ours)}"
+            raise CheckpointError(f"{path} holds {DISPLAY[name]} with {_diff(theirs, ours)}, but --config {config} "
+                                  f"builds {_diff(ours, theirs)}: use {fix}")
+        head = state.get(ckpt.HEAD)
+        if head is not None and tuple(head.shape) != tuple(model.head.weight.shape):
+            state = {k: v for k, v in state.items() if k != ckpt.HEAD}
+        return state
+
+    return read
 
 
-def train_and_evaluate(name: str, model: SpeakerModel, data: SpeakerData, cfg: core.RunConfig,
-                       args: argparse.Namespace, d: core.Dist) -> dict[str, Any]:
-    """core.train with SGD and the crop transform, then (rank 0) the EER on the held-out speakers."""
-    # core's loader.set_epoch reaches data.crops (the item_transform) through Loader.set_epoch.
-    last = core.train(model, loss_fn, cfg, d, features=["pcm"], loader_kw=data.loader_kw,
-                      optimizer=sgd(model, cfg.lr, cfg.weight_decay), log_name=name)
-    if not d.main or not len(data.split.heldout):
+DISPLAY = {"eres2net": "ERes2Net", "campplus": "CAM++"}
+
+#: load_matching's hint when a tensor differs in shape and the sizes above could not say more.
+INIT_HINTS = {"encoder.": "the checkpoint is another size of this model: pick the matching --config"}
+
+
+def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={a[k]}" for k in a if a[k] != b.get(k)) or "the same sizes"
+
+
+def write_model_config(cfg: core.RunConfig, d: core.Dist, name: str, mcfg: Any) -> None:
+    """--out/model_config.json: which network this run trains, for the export (some choices leave no trace in
+    the weights)."""
+    if d.main:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(cfg.out, "model_config.json"), {"model": name, **asdict(mcfg)})
+
+
+# ----------------------------------------------------------------------------- after training
+
+def evaluate_and_export(name: str, model: SpeakerModel, data: SpeakerData, cfg: core.RunConfig,
+                        args: argparse.Namespace, d: core.Dist, last: dict[str, Any]) -> dict[str, Any]:
+    """On rank 0: the EER of the held-out speakers (--out/eer.json), then --export-upstream."""
+    if not d.main:
         return last
-    dirs = core.shard_dirs(cfg)
-    res = evaluate_eer(model.encoder, dirs if len(dirs) > 1 else cfg.shards, data.split, d.device, data.speakers,
-                       int(args.eval_max_seconds * SAMPLE_RATE))
-    res["step"] = last.get("step")
-    write_json_atomic(Path(cfg.out, "eer.json"), res)
-    print(f"[{name}] EER {res['eer'] * 100:.2f}% on {res['target_trials']} target / {res['nontarget_trials']} "
-          f"non-target trials ({res['utterances']} utterances of held-out speakers {res['speakers']}); "
-          f"wrote {Path(cfg.out, 'eer.json')}", flush=True)
-    return {**last, "eer": res["eer"]}
+    if len(data.split.heldout):
+        dirs = core.shard_dirs(cfg)
+        res = evaluate_eer(model.encoder, dirs if len(dirs) > 1 else cfg.shards, data.split, d.device,
+                           data.speakers, int(args.eval_max_seconds * SAMPLE_RATE))
+        res["step"] = last.get("step")
+        write_json_atomic(Path(cfg.out, "eer.json"), res)
+        print(f"[{name}] EER {res['eer'] * 100:.2f}% on {res['target_trials']} target / {res['nontarget_trials']} "
+              f"non-target trials ({res['utterances']} utterances of held-out speakers {res['speakers']}); "
+              f"wrote {Path(cfg.out, 'eer.json')}", flush=True)
+        last = {**last, "eer": res["eer"]}
+    if args.export_upstream:
+        try:
+            done = ckpt.export_upstream(name, cfg.out, args.export_upstream,
+                                        check_config=ckpt.MODEL_CONFIG_CHECKS.get(name))
+        except CheckpointError as e:
+            raise SystemExit(f"{name}: error: --export-upstream {e}") from None
+        print(f"[{name}] wrote {done['path']}: a speakerlab experiment folder of {ckpt.UPSTREAM_CLASS[name]}"
+              f"({', '.join(f'{k}={v}' for k, v in done['args'].items())})", flush=True)
+        last = {**last, "export": done["path"]}
+    return last

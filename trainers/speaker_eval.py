@@ -1,12 +1,11 @@
-"""Scoring speaker embeddings, for the two 3D-Speaker trainers: during training, the AAM-softmax head that scores
-them against the training speakers' class weights (with its margin schedule); after training, the equal error
-rate of cosine scores over all trial pairs among the held-out speakers' utterances.
+"""Scoring speaker embeddings, for the two 3D-Speaker trainers: during training, the AAM-softmax head that
+scores them against the training speakers' class weights (its margin follows speaker.EpochSchedule); after
+training, the equal error rate of cosine scores over all trial pairs among the held-out speakers' utterances.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,23 +54,6 @@ class AAMSoftmax(nn.Module):
     def forward(self, emb: torch.Tensor, labels: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor]:
         cos = self.cosine(emb)
         return F.cross_entropy(aam_logits(cos, labels, margin, self.scale), labels), cos
-
-
-@dataclass(frozen=True)
-class MarginSchedule:
-    """0 until `start`, then up to `final` over `ramp` optimizer steps (3D-Speaker's 'exp' increase:
-    final * (1 - 0.001 ** t) for t = 0..1), then `final`."""
-
-    final: float
-    start: int = 0
-    ramp: int = 0
-
-    def __call__(self, step: int) -> float:
-        if step < self.start:
-            return 0.0
-        if self.ramp <= 0 or step >= self.start + self.ramp:
-            return self.final
-        return self.final * (1.0 - 1e-3 ** ((step - self.start) / self.ramp))
 
 
 # ----------------------------------------------------------------------------- EER on held-out speakers

@@ -1,12 +1,18 @@
-"""CAM++ speaker embeddings (3D-Speaker), trained on audiopipe shards with AAM-softmax.
+"""CAM++ speaker embeddings (3D-Speaker), trained on audiopipe shards with AAM-softmax, as 3D-Speaker trains it.
 
     torchrun --nproc_per_node=2 trainers/train_campplus.py --shards ./shards --config tiny --out runs/campplus \
-        --max-steps 20 --batch-frames $((8 * 48000))
+        --epochs 10 --batch-frames $((16 * 48000))
 
-Reads the `pcm` column (int16 @16 kHz, preset campplus) and takes random 3 s crops of it; see speaker_data.py for the
-whole data path (speed perturbation, augmentation, fbank on the device) and speaker_eval.py for the EER.
+Fine-tuning 3D-Speaker's released CAM++: `--init-from campplus_voxceleb.bin` (or an experiment folder of
+speakerlab's trainer) with the --config of its size; `--export-upstream DIR` writes the result for speakerlab's
+extract.py. docs/trainers/campplus.md has the recipe and every difference from 3D-Speaker's trainer.
 
-The model follows 3D-Speaker's CAM++ (D-TDNN with context-aware masking): a 2-D convolutional front-end (FCM,
+Read top to bottom: the configs and the recipe's numbers, the network, then main(): flags, data (speaker_data.py:
+held-out speakers, random 3 s crops of the `pcm` column, speed perturbation, noise/reverb; fbank on the device),
+model (CAM++ under an AAM-softmax head), loss and schedule (speaker.py), core.train, then the EER
+(speaker_eval.py) and the export.
+
+The network follows 3D-Speaker's CAM++ (D-TDNN with context-aware masking): a 2-D convolutional front-end (FCM,
 residual blocks that stride only along frequency) flattened into channels, a strided TDNN layer, three densely
 connected TDNN blocks whose layers gate a local convolution by a mask computed from utterance-level plus
 100-frame segment-level mean context, transition layers that halve the channels, statistics pooling and a
@@ -23,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import core
+import core  # first: core puts the repository root on sys.path for audiopipe
 import speaker
 from speaker_data import speaker_data
+
+# ----------------------------------------------------------------------------- config
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,25 @@ class CAMPPlusConfig:
 CONFIGS = {
     "tiny": CAMPPlusConfig(embedding_size=32, fcm_channels=8, init_channels=32, growth_rate=8, bn_size=2,
                            block_layers=(2, 2, 2)),
-    "default": CAMPPlusConfig(),  # 3D-Speaker's VoxCeleb CAM++ (512-d embedding)
+    "default": CAMPPlusConfig(),  # 3D-Speaker's VoxCeleb CAM++ (campplus_voxceleb.bin): 512-d, 7.18 M parameters
+    "common": CAMPPlusConfig(embedding_size=192),  # its Chinese / Chinese-English CAM++ (campplus_cn_common.bin)
 }
+
+#: egs/voxceleb/sv-cam++/conf/cam++.yaml
+RECIPE = speaker.Recipe(lr=0.1, min_lr=1e-4, epochs=60, warmup_epochs=5, margin=0.2, margin_start_epoch=15,
+                        margin_fix_epoch=25, aug_prob=0.2)
+
+
+def upstream_args(c: CAMPPlusConfig) -> dict | None:
+    """speakerlab's CAMPPlus(**args) for this config; None when its fixed front end or dense blocks differ."""
+    fixed = (c.fcm_channels, c.fcm_blocks, c.block_layers, c.block_kernels, c.block_dilations, c.seg_len)
+    if fixed != (32, 2, (12, 24, 16), (3, 3, 3), (1, 2, 2), 100) or c.feat_dim % 8:
+        return None
+    return {"feat_dim": c.feat_dim, "embedding_size": c.embedding_size, "growth_rate": c.growth_rate,
+            "bn_size": c.bn_size, "init_channels": c.init_channels}
+
+
+# ----------------------------------------------------------------------------- model
 
 
 def bn_relu(channels: int) -> nn.Sequential:
@@ -174,20 +199,37 @@ class CAMPPlus(nn.Module):
         return self.embed_bn(self.embed(stats.unsqueeze(-1)).squeeze(-1))
 
 
+# ----------------------------------------------------------------------------- training
+
+
 def main(argv: list[str] | None = None) -> dict:
-    # config
-    cfg, args = core.parse_args("Train CAM++ speaker embeddings (3D-Speaker recipe) on audiopipe shards.",
-                                defaults=speaker.RUN_DEFAULTS,
-                                extra=lambda p: speaker.add_speaker_args(p, margin=0.2, aug_prob=0.2), argv=argv)
+    # config: core's flags with CAM++'s recipe as defaults (its own LR: 0.1 down to 1e-4), the speaker flags
+    cfg, args = core.parse_args("Train CAM++ speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
+                                defaults=speaker.run_defaults(RECIPE), argv=argv, flag_help=speaker.FLAG_HELP,
+                                extra=lambda p: speaker.add_speaker_args(p, RECIPE))
     d = core.setup_dist(cfg.seed)
-    speaker.set_cpu_threads(args, d)
+    speaker.check_flags(cfg, args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, CAMPPlusConfig)
-    # data: held-out speakers, crops, speed perturbation, augmentation (speaker_data.py)
+
+    # data: held-out speakers, 3 s crops, speed perturbation (3 classes per speaker), noise/reverb. Every batch
+    # holds 2+ crops: CAM++'s last layer is a BatchNorm without affine parameters (speaker_data.fill_last_batch)
     data = speaker_data(cfg, args, verbose=d.main)
-    # model: the embedding model under an AAM-softmax head (speaker.py, speaker_eval.py)
-    model = speaker.build_speaker_model(CAMPPlus(mcfg), mcfg.embedding_size, data, cfg, args, d)
-    # loss and training (speaker.loss_fn), then the EER on the held-out speakers
-    return speaker.train_and_evaluate("campplus", model, data, cfg, args, d)
+
+    # model: CAM++ under an AAM-softmax head whose margin follows the epochs
+    schedule = speaker.EpochSchedule.from_flags(cfg, args)
+    model = speaker.SpeakerModel(CAMPPlus(mcfg), mcfg.embedding_size, data.num_classes, schedule.margin,
+                                 scale=args.scale, grad_accum=cfg.grad_accum)
+    speaker.write_model_config(cfg, d, "campplus", mcfg)
+    read_init = speaker.init_weights("campplus", model, upstream_args, CONFIGS, cfg.config)
+
+    # loss, optimizer, schedule: AAM-softmax cross entropy, SGD, LR and margin counted in epochs of the loader
+    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_fn, cfg, d, features=["pcm"],
+                      loader_kw=data.loader_kw, optimizer=speaker.sgd(model, cfg), lr_fn=schedule.lr,
+                      on_loader=lambda loader: schedule.start(cfg, len(loader) // cfg.grad_accum),
+                      init_weights=read_init, init_hints=speaker.INIT_HINTS, log_name="campplus")
+
+    # after training: the EER on the held-out speakers, the export for speakerlab
+    return speaker.evaluate_and_export("campplus", model, data, cfg, args, d, last)
 
 
 if __name__ == "__main__":

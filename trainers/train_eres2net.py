@@ -1,12 +1,18 @@
-"""ERes2Net speaker embeddings (3D-Speaker), trained on audiopipe shards with AAM-softmax.
+"""ERes2Net speaker embeddings (3D-Speaker), trained on audiopipe shards with AAM-softmax, as 3D-Speaker trains it.
 
     torchrun --nproc_per_node=2 trainers/train_eres2net.py --shards ./shards --config tiny --out runs/eres2net \
-        --max-steps 20 --batch-frames $((8 * 48000))
+        --epochs 10 --batch-frames $((16 * 48000))
 
-Reads the `pcm` column (int16 @16 kHz, preset eres2net) and takes random 3 s crops of it; see speaker_data.py for the
-whole data path (speed perturbation, augmentation, fbank on the device) and speaker_eval.py for the EER.
+Fine-tuning 3D-Speaker's released ERes2Net: `--init-from pretrained_eres2net.ckpt` (or an experiment folder of
+speakerlab's trainer) with the --config of its size; `--export-upstream DIR` writes the result for speakerlab's
+extract.py. docs/trainers/eres2net.md has the recipe and every difference from 3D-Speaker's trainer.
 
-The model follows 3D-Speaker's ERes2Net: a ResNet34-shaped stack of Res2Net-style blocks whose channel groups
+Read top to bottom: the configs and the recipe's numbers, the network, then main(): flags, data (speaker_data.py:
+held-out speakers, random 3 s crops of the `pcm` column, speed perturbation, noise/reverb; fbank on the device),
+model (ERes2Net under an AAM-softmax head), loss and schedule (speaker.py), core.train, then the EER
+(speaker_eval.py) and the export.
+
+The network follows 3D-Speaker's ERes2Net: a ResNet34-shaped stack of Res2Net-style blocks whose channel groups
 are fused by plain addition in the first two stages and by attentional feature fusion (AFF) in the last two
 (local feature fusion), plus a bottom-up path that fuses every stage's output with the next one through
 strided convolutions and AFF (global feature fusion); temporal statistics pooling and a linear embedding.
@@ -16,15 +22,17 @@ Simplified: only the TSTP pooling, and no two-layer embedding option (the refere
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import core
+import core  # first: core puts the repository root on sys.path for audiopipe
 import speaker
 from speaker_data import speaker_data
+
+# ----------------------------------------------------------------------------- config
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,31 @@ class ERes2NetConfig:
     base_width: int = 32  # Res2Net group width = planes * base_width / 64
     scale: int = 2  # channel groups per block
     aff_reduction: int = 4
+    pool_eps: float = 1e-7  # under the pooling's square root; 3D-Speaker's is 1e-8 (--pool-eps)
 
 
 CONFIGS = {
     "tiny": ERes2NetConfig(embedding_size=32, m_channels=8, num_blocks=(1, 1, 1, 1)),
-    "default": ERes2NetConfig(),  # 3D-Speaker's VoxCeleb ERes2Net: 6.61 M parameters
+    "default": ERes2NetConfig(),  # 3D-Speaker's VoxCeleb ERes2Net (pretrained_eres2net.ckpt): 6.61 M parameters
+    "base": ERes2NetConfig(embedding_size=512),  # ERes2Net-base of 3D-Speaker's 3D-Speaker/200k-speaker models
+    "large": ERes2NetConfig(embedding_size=512, m_channels=64),  # ERes2Net-large (eres2net_large_model.ckpt)
 }
+
+#: egs/voxceleb/sv-eres2net/conf/eres2net.yaml
+RECIPE = speaker.Recipe(lr=0.2, min_lr=5e-5, epochs=70, warmup_epochs=5, margin=0.3, margin_start_epoch=20,
+                        margin_fix_epoch=50, aug_prob=0.8)
+UPSTREAM_POOL_EPS = 1e-8
+
+
+def upstream_args(c: ERes2NetConfig) -> dict | None:
+    """speakerlab's ERes2Net(**args) for this config; None when its fixed choices (width, scale, AFF) differ."""
+    if (c.base_width, c.scale, c.aff_reduction) != (32, 2, 4) or c.feat_dim % 8:
+        return None
+    return {"feat_dim": c.feat_dim, "embedding_size": c.embedding_size, "m_channels": c.m_channels,
+            "num_blocks": list(c.num_blocks)}
+
+
+# ----------------------------------------------------------------------------- model
 
 
 class ClippedReLU(nn.Hardtanh):
@@ -104,10 +131,10 @@ class ERes2NetBlock(nn.Module):
         return self.act(self.bn3(self.conv3(torch.cat(outs, dim=1))) + self.shortcut(x))
 
 
-def temporal_stats(x: torch.Tensor) -> torch.Tensor:
-    """TSTP: [B, C, F, T] -> [B, 2 * C * F], mean and standard deviation over time."""
+def temporal_stats(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """TSTP: [B, C, F, T] -> [B, 2 * C * F], mean and standard deviation (sqrt(var + eps)) over time."""
     x = x.flatten(1, 2)
-    return torch.cat([x.mean(dim=-1), torch.sqrt(x.var(dim=-1) + 1e-7)], dim=1)
+    return torch.cat([x.mean(dim=-1), torch.sqrt(x.var(dim=-1) + eps)], dim=1)
 
 
 class ERes2Net(nn.Module):
@@ -154,23 +181,55 @@ class ERes2Net(nn.Module):
         fused = self.fuse123(out3, self.down2(fused))
         out4 = self.layer4(out3)
         fused = self.fuse1234(out4, self.down3(fused))
-        return self.embed(temporal_stats(fused))
+        return self.embed(temporal_stats(fused, self.cfg.pool_eps))
+
+
+# ----------------------------------------------------------------------------- training
 
 
 def main(argv: list[str] | None = None) -> dict:
-    # config
-    cfg, args = core.parse_args("Train ERes2Net speaker embeddings (3D-Speaker recipe) on audiopipe shards.",
-                                defaults=speaker.RUN_DEFAULTS,
-                                extra=lambda p: speaker.add_speaker_args(p, margin=0.3, aug_prob=0.8), argv=argv)
+    # config: core's flags with the recipe's defaults, the speaker flags, and the pooling epsilon
+    def flags(p):
+        speaker.add_speaker_args(p, RECIPE)
+        p.add_argument("--pool-eps", type=float, default=None,
+                       help=f"epsilon under the pooling's square root (default: {UPSTREAM_POOL_EPS} when --init-from "
+                            f"is a 3D-Speaker checkpoint, as it was trained; a resumed or continued run's own; "
+                            f"else the config's)")
+
+    cfg, args = core.parse_args("Train ERes2Net speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
+                                defaults=speaker.run_defaults(RECIPE), extra=flags, argv=argv,
+                                flag_help=speaker.FLAG_HELP)
     d = core.setup_dist(cfg.seed)
-    speaker.set_cpu_threads(args, d)
+    speaker.check_flags(cfg, args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, ERes2NetConfig)
-    # data: held-out speakers, crops, speed perturbation, augmentation (speaker_data.py)
+    # the pooling epsilon the weights were trained with: 3D-Speaker's from its checkpoints, a run's own when it
+    # is resumed or continued, unless --pool-eps says otherwise
+    from_upstream = speaker.init_is_upstream(cfg)
+    trained_with = UPSTREAM_POOL_EPS if from_upstream else speaker.previous_model_config(cfg).get("pool_eps")
+    pool_eps = next(e for e in (args.pool_eps, trained_with, mcfg.pool_eps) if e is not None)
+    mcfg = replace(mcfg, pool_eps=pool_eps)
+    if d.main and from_upstream:
+        print(f"[eres2net] --init-from is a 3D-Speaker checkpoint: pooling epsilon {pool_eps} as it was trained",
+              flush=True)
+
+    # data: held-out speakers, 3 s crops, speed perturbation (3 classes per speaker), noise/reverb
     data = speaker_data(cfg, args, verbose=d.main)
-    # model: the embedding model under an AAM-softmax head (speaker.py, speaker_eval.py)
-    model = speaker.build_speaker_model(ERes2Net(mcfg), mcfg.embedding_size, data, cfg, args, d)
-    # loss and training (speaker.loss_fn), then the EER on the held-out speakers
-    return speaker.train_and_evaluate("eres2net", model, data, cfg, args, d)
+
+    # model: ERes2Net under an AAM-softmax head whose margin follows the epochs
+    schedule = speaker.EpochSchedule.from_flags(cfg, args)
+    model = speaker.SpeakerModel(ERes2Net(mcfg), mcfg.embedding_size, data.num_classes, schedule.margin,
+                                 scale=args.scale, grad_accum=cfg.grad_accum)
+    speaker.write_model_config(cfg, d, "eres2net", mcfg)
+
+    # loss, optimizer, schedule: AAM-softmax cross entropy, SGD, LR and margin counted in epochs of the loader
+    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_fn, cfg, d, features=["pcm"],
+                      loader_kw=data.loader_kw, optimizer=speaker.sgd(model, cfg), lr_fn=schedule.lr,
+                      on_loader=lambda loader: schedule.start(cfg, len(loader) // cfg.grad_accum),
+                      init_weights=speaker.init_weights("eres2net", model, upstream_args, CONFIGS, cfg.config),
+                      init_hints=speaker.INIT_HINTS, log_name="eres2net")
+
+    # after training: the EER on the held-out speakers, the export for speakerlab
+    return speaker.evaluate_and_export("eres2net", model, data, cfg, args, d, last)
 
 
 if __name__ == "__main__":

@@ -1,36 +1,42 @@
 """GPT-SoVITS stage 1: an autoregressive transformer from phones to semantic tokens.
 
-    audiopipe shard  --corpus ./wavs --out ./shards --preset gpt_sovits,eres2net   # phones, pcm, fbank
+    audiopipe shard  --corpus ./wavs --out ./shards --preset gpt_sovits,eres2net --language auto   # phones, pcm, fbank
     audiopipe tokens --shards ./shards --out ./tokens --name2semantic 6-name2semantic.tsv   # or --kmeans 512
     torchrun --nproc_per_node=2 trainers/train_gpt_sovits.py --shards ./tokens --config tiny --out runs/s1
 
 --shards is a TOKEN folder (a sidecar shard set from `audiopipe tokens`): it reads `phones` int16 [P] (ids in the
-shards' phone table: ARPAbet, or GPT-SoVITS's own symbols with `audiopipe shard --language zh`) and `semantic` int16 [T] (SoVITS codes, or k-means units named kmeans-<feature>-<k>).
+shards' phone table: GPT-SoVITS's own symbols with `audiopipe shard --language zh|auto`, or audiopipe's ARPAbet
+table with the default `--language en`), `semantic` int16 [T] (SoVITS codes, or k-means units named
+kmeans-<feature>-<k>), and `bert` float16 [1024, P] when the shards were made with `--bert-checkpoint`.
 
-Faithful to RVC-Boss/GPT-SoVITS AR/models/t2s_model.py (Text2SemanticDecoder) with the s1 config as `default`:
-phone embedding and semantic-token embedding (codebook + EOS), each with its own sinusoidal positions scaled by a
-learned alpha; one post-norm transformer (ReLU MLP, dropout 0.1) over the concatenation [phones; tokens] with the
-reference's mask: phones see every phone and no token, tokens see every phone and the tokens up to themselves,
-padding is never a key. A bias-free linear head predicts the next token; the target after the last token is EOS.
-Top-3 accuracy (EOS targets ignored) is logged as in the reference.
+The network is GPT-SoVITS's Text2SemanticDecoder (AR/models/t2s_model.py) tensor for tensor, so its checkpoints
+load whole (`--init-from s1bert25hz-....ckpt`, audiopipe.checkpoints.gpt_sovits) and ours export to its `.ckpt`
+(`--export`, or `audiopipe export-checkpoint`): phone embedding plus Linear(1024 -> dim) of per-phone BERT features
+(zeros, so the projection's bias, where a phone has none), semantic-token embedding (codebook + EOS), each with
+its own sinusoidal positions scaled by a learned alpha; one post-norm transformer (ReLU MLP, dropout 0.1) over
+[phones; tokens] with its mask: phones see every real phone and no token, tokens see every real phone and the
+tokens up to themselves, padding is never a key. A bias-free head predicts the next token; EOS follows the last.
 
-Simplified or changed, on purpose:
-- No BERT slot. The reference adds Linear(1024 -> dim) of per-phone BERT features to the phone embedding; its
-  data preparation computes them for Chinese only and feeds zeros otherwise, so for English text the slot is a
-  learned constant (the projection's bias), which the phone embedding can absorb.
-- Loss: mean cross-entropy over real target tokens. The reference sums over every position, padding included
-  (padding is trained to predict EOS), and newer versions add a DPO term on corrupted sequences.
-- Optimiser: AdamW with the core's warmup + cosine schedule instead of ScaledAdam (lr 0.01).
-- Batches: audiopipe's length-bucketed sampler, budget = phones + tokens per utterance (the sequence the
-  transformer runs over), instead of the reference's 2-second duration buckets. The reference's data filters are
-  kept (at most max_sec of tokens, phones per second in [min_ps_ratio, max_ps_ratio]).
-- Training only: no sampling / KV-cache inference code.
+Two training recipes (docs/trainers/gpt_sovits.md has the measured comparison and every remaining difference):
+- upstream (the default when --init-from is a GPT-SoVITS checkpoint): GPT-SoVITS's loss, cross-entropy summed
+  over every position of the batch (padding is trained to predict EOS, as there), and its optimizer, ScaledAdam
+  (trainers/scaled_adam.py) at the LR its scheduler really sets (0.01 for the first step, then 0.002), one step
+  every 4 batches, no other clipping;
+- audiopipe (the default otherwise): mean cross-entropy over real targets, AdamW with the core's warmup + cosine.
+`--optimizer` and `--loss` pick each half separately.
+
+Batches: audiopipe's length-bucketed sampler, budget = phones + tokens per utterance (the sequence the transformer
+runs over), instead of GPT-SoVITS's 2-second duration buckets; its data filters are kept (at most max_sec of
+tokens, phones per second in [min_ps_ratio, max_ps_ratio]). Training only: no sampling / KV-cache inference.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +45,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train  # first: core finds audiopipe
+from scaled_adam import ScaledAdam, upstream_lr
+from audiopipe.checkpoints.files import CheckpointError, read_weights
+from audiopipe.checkpoints import gpt_sovits as ckpt_io
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.tokens import token_spec
+
+BERT_DIM = 1024  # chinese-roberta-wwm-ext-large's hidden size: the input of bert_proj in every GPT-SoVITS model
 
 
 # ----------------------------------------------------------------------------- config
@@ -52,7 +63,7 @@ class ModelConfig:
     layers: int = 24
     ff: int = 2048  # linear_units
     vocab_size: int = 1025  # semantic codebook (1024) + EOS; EOS is the last id
-    phone_vocab: int = 512  # phoneme_vocab_size (ours: 99 ARPAbet ids, see audiopipe.features.phones)
+    phone_vocab: int = 512  # phoneme_vocab_size: rows of the phone embedding (v1 512, v2 732; >= the phone table)
     dropout: float = 0.1  # inside the transformer layers (hard-coded 0.1 in the reference)
     emb_dropout: float = 0.0  # token-embedding dropout ("dropout: 0" in the s1 config)
     pos_dropout: float = 0.1  # after adding the sinusoidal positions
@@ -106,6 +117,20 @@ def _extra(p) -> None:
     p.add_argument("--max-sec", type=float, default=54.0, help="drop utterances with more seconds of tokens")
     p.add_argument("--min-ps-ratio", type=float, default=3.0, help="drop utterances with fewer phones per second")
     p.add_argument("--max-ps-ratio", type=float, default=25.0, help="drop utterances with more phones per second")
+    p.add_argument("--optimizer", choices=("auto", "scaled_adam", "adamw"), default="auto",
+                   help="scaled_adam: GPT-SoVITS's (LR 0.01 on the first step then 0.002, one step per 4 batches, "
+                        "no --clip, unless --lr/--warmup-steps/--grad-accum/--clip are given); adamw: AdamW with "
+                        "the warmup + cosine schedule. auto: scaled_adam when --init-from is a GPT-SoVITS .ckpt, "
+                        "else adamw (default %(default)s)")
+    p.add_argument("--loss", choices=("auto", "sum", "mean"), default="auto",
+                   help="sum: GPT-SoVITS's cross-entropy summed over every position of the batch, padding "
+                        "(trained to predict EOS) included; mean: over real targets only. auto: sum when "
+                        "--init-from is a GPT-SoVITS .ckpt, else mean (default %(default)s)")
+    p.add_argument("--export", default="",
+                   help="when training ends, also write the weights as a GPT-SoVITS s1 .ckpt here (what its WebUI "
+                        "and TTS inference load; see docs/trainers/gpt_sovits.md)")
+    p.add_argument("--export-format", choices=ckpt_io.FORMATS, default="fp16",
+                   help="weights of --export: fp16 as GPT-SoVITS's WebUI writes them, or fp32 (default %(default)s)")
 
 
 # ----------------------------------------------------------------------------- model
@@ -154,8 +179,9 @@ class Block(nn.Module):
 
 def attention_mask(phone_lens: torch.Tensor, token_lens: torch.Tensor, tx: int, ty: int) -> torch.Tensor:
     """[B, 1, tx+ty, tx+ty] bool, True where a query may attend: phones -> phones; tokens -> phones + past tokens;
-    never to padding. Every query also sees itself, which changes nothing for real positions (they already do)
-    and keeps the softmax of padded queries finite."""
+    never to padding (GPT-SoVITS's mask). Padded queries keep a finite softmax because every item has at least
+    one real phone (the data filter drops utterances without phones); their outputs are trained only by the
+    upstream loss, which has them predict EOS, as GPT-SoVITS does."""
     dev = phone_lens.device
     n = tx + ty
     allowed = torch.zeros(n, n, dtype=torch.bool, device=dev)
@@ -163,9 +189,7 @@ def attention_mask(phone_lens: torch.Tensor, token_lens: torch.Tensor, tx: int, 
     allowed[tx:, tx:] = torch.ones(ty, ty, dtype=torch.bool, device=dev).tril()
     real = torch.cat([torch.arange(tx, device=dev)[None] < phone_lens[:, None],
                       torch.arange(ty, device=dev)[None] < token_lens[:, None]], dim=1)
-    mask = allowed[None] & real[:, None, :]
-    mask |= torch.eye(n, dtype=torch.bool, device=dev)[None]
-    return mask[:, None]
+    return (allowed[None] & real[:, None, :])[:, None]
 
 
 def next_token_targets(tokens: torch.Tensor, lens: torch.Tensor, eos: int, ignore: int = -100) -> torch.Tensor:
@@ -184,6 +208,7 @@ class Text2Semantic(nn.Module):
         super().__init__()
         self.c = c
         self.phone_emb = nn.Embedding(c.phone_vocab, c.dim)
+        self.bert_proj = nn.Linear(BERT_DIM, c.dim)  # per-phone BERT features (Chinese); zeros elsewhere
         self.phone_pos = SinePositions(c.dim, c.pos_dropout)
         self.token_emb = nn.Embedding(c.vocab_size, c.dim)
         self.token_pos = SinePositions(c.dim, c.pos_dropout)
@@ -192,11 +217,18 @@ class Text2Semantic(nn.Module):
         self.head = nn.Linear(c.dim, c.vocab_size, bias=False)
 
     def forward(self, phones: torch.Tensor, phone_lens: torch.Tensor, tokens: torch.Tensor,
-                token_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """phones [B, P], tokens [B, T] (long, padded) -> (logits [B, T, vocab], targets [B, T])."""
+                token_lens: torch.Tensor, bert: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """phones [B, P], tokens [B, T] (long, padded), bert [B, 1024, P] or None (all zeros) ->
+        (logits [B, T, vocab], targets [B, T] with -100 on padding)."""
         tx, ty = phones.shape[1], tokens.shape[1]
-        x = self.phone_pos(self.emb_drop(self.phone_emb(phones)))
-        y = self.token_pos(self.emb_drop(self.token_emb(tokens)))
+        x = self.emb_drop(self.phone_emb(phones))
+        # Without features the projection of zeros is its bias: the same numbers, none of the 1024-wide matmul.
+        x = x + (self.bert_proj(bert.transpose(1, 2).to(x.dtype)) if bert is not None else self.bert_proj.bias)
+        x = self.phone_pos(x)
+        # Padded token inputs are EOS, as GPT-SoVITS feeds them: only padded queries see them, and those are
+        # trained (by the upstream loss) to predict EOS.
+        real = torch.arange(ty, device=tokens.device)[None] < token_lens[:, None]
+        y = self.token_pos(self.emb_drop(self.token_emb(torch.where(real, tokens, self.c.eos))))
         h = torch.cat([x, y], dim=1)
         mask = attention_mask(phone_lens, token_lens, tx, ty)
         for blk in self.blocks:
@@ -215,42 +247,175 @@ def top_k_accuracy(logits: torch.Tensor, targets: torch.Tensor, k: int, eos: int
     return hit.sum() / keep.sum().clamp(min=1)
 
 
-def make_loss_fn(c: ModelConfig):
+def make_loss_fn(c: ModelConfig, mode: str = "mean", grad_accum: int = 1):
+    """mode "mean": cross-entropy averaged over real targets. "sum": GPT-SoVITS's, summed over every position of
+    the batch, padding included with EOS as its target; multiplied by grad_accum so that the core's division
+    leaves the gradient GPT-SoVITS accumulates (the sum over the step's batches). Both log `ce`, the mean over
+    real targets, so runs of either recipe compare."""
+    if mode not in ("mean", "sum"):
+        raise ValueError(f"loss mode must be mean or sum, got {mode!r}")
+
     def loss_fn(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, Any]]:
         # Dropout draws from the global RNG, which core reseeds every step from (seed, rank, step).
         logits, targets = model(batch["phones"].long(), batch["phones_lengths"], batch["semantic"].long(),
-                                batch["semantic_lengths"])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100)
-        return loss, {f"top{c.top_k}_acc": top_k_accuracy(logits.detach(), targets, c.top_k, c.eos)}
+                                batch["semantic_lengths"], batch.get("bert"))
+        real = targets >= 0
+        tgt = targets.masked_fill(~real, c.eos)
+        ce = F.cross_entropy(logits.float().transpose(1, 2), tgt, reduction="none")
+        ce_real = (ce * real).sum() / real.sum().clamp(min=1)
+        loss = ce.sum() * grad_accum if mode == "sum" else ce_real
+        return loss, {"ce": ce_real.detach(),
+                      f"top{c.top_k}_acc": top_k_accuracy(logits.detach(), targets, c.top_k, c.eos)}
 
     return loss_fn
+
+
+# ----------------------------------------------------------------------------- starting weights
+
+@dataclass
+class Start:
+    """What --init-from points at: GPT-SoVITS's .ckpt (weights converted to our names, its config) or ours."""
+
+    upstream: bool = False
+    state: dict[str, torch.Tensor] | None = None
+    config: dict[str, Any] | None = None  # the upstream checkpoint's config (sizes, max_sec, ...)
+    sizes: dict[str, Any] | None = None
+    run_config: dict[str, Any] | None = None  # our run's model_config.json, when there is one beside it
+
+
+def read_start(path: str) -> Start:
+    """Read --init-from once, to tell which kind it is and, for GPT-SoVITS's, the model's sizes."""
+    p = Path(path)
+    if p.is_file():
+        obj = read_weights(p)
+        if ckpt_io.is_upstream(obj):
+            state, config, _ = ckpt_io.read_upstream(p, obj)
+            return Start(True, state, config, ckpt_io.sizes_from_config(config, str(p)))
+        if "weight" in obj:  # looks upstream-ish but is not stage 1: say what it is
+            ckpt_io.read_upstream(p, obj)
+    folder = p if p.is_dir() else p.parent
+    rc = folder / "model_config.json"
+    return Start(run_config=json.loads(rc.read_text()) if rc.is_file() else None)
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def phone_table(shards: list[str]) -> tuple[str, list[str]]:
+    """(table name, symbols) of the shards' phone ids: "gpt_sovits" (GPT-SoVITS's symbols) or "arpabet"."""
+    from audiopipe.shard.manifest import read_manifest
+
+    # Several --shards folders are mixed: they must share one phone table (the loader refuses two).
+    phones = max((read_manifest(s).get("phones") or {} for s in shards), key=lambda ph: len(ph.get("vocab") or []))
+    return ("gpt_sovits" if phones.get("table") == "gpt_sovits" else "arpabet"), list(phones.get("vocab") or [])
+
+
+def check_phones_for_upstream(table: str, symbols: list[str], rows: int, path: str) -> None:
+    """GPT-SoVITS checkpoints embed ids of its symbol table: refuse shards whose ids mean other phones."""
+    if table != "gpt_sovits":
+        raise SystemExit(f"gpt_sovits: error: --init-from {path} embeds phone ids of GPT-SoVITS's symbol table, but "
+                         f"these shards hold audiopipe's ARPAbet ids ({len(symbols)} symbols); re-shard with "
+                         f"`audiopipe shard --language auto` (English or mixed text) or `--language zh` (Chinese)")
+    if len(symbols) > rows:
+        raise SystemExit(f"gpt_sovits: error: --init-from {path} has {rows} phone rows, fewer than the shards' "
+                         f"{len(symbols)}-symbol table; use a checkpoint with at least {len(symbols)} rows (v2: 732)")
 
 
 # ----------------------------------------------------------------------------- training
 
 def main(argv: list[str] | None = None) -> dict:
     # config
+    argv = list(sys.argv[1:] if argv is None else argv)
     cfg, args = parse_args("GPT-SoVITS stage 1 (phones -> semantic tokens)", defaults=DEFAULTS, extra=_extra,
                            argv=argv)
     d = setup_dist(cfg.seed)
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
-    from audiopipe.shard.manifest import read_manifest
-
-    # Several --shards folders are mixed: they must share one phone table (the loader refuses two).
-    table = max((read_manifest(s).get("phones", {}).get("vocab") or [] for s in shard_dirs(cfg)), key=len)
-    if len(table) > c.phone_vocab:  # ids index the shards' phone table (GPT-SoVITS's has 322 symbols)
-        c = replace(c, phone_vocab=len(table))
+    table, symbols = phone_table(shard_dirs(cfg))
+    start = Start()
+    if cfg.init_from:
+        try:
+            start = read_start(cfg.init_from)
+        except CheckpointError as e:
+            raise SystemExit(f"gpt_sovits: error: --init-from {e}") from None
+    if start.upstream:
+        # The checkpoint decides the sizes: its weights fit no other model.
+        wanted = replace(c, **start.sizes)
+        if _given(argv, "--config") and asdict(wanted) != asdict(c):
+            raise SystemExit(f"gpt_sovits: error: --config {cfg.config} is not the model in --init-from "
+                             f"{cfg.init_from} ({start.sizes['layers']} layers, dim {start.sizes['dim']}, "
+                             f"{start.sizes['phone_vocab']} phone rows); leave --config out to take the checkpoint's")
+        c = wanted
+        check_phones_for_upstream(table, symbols, c.phone_vocab, cfg.init_from)
+    else:
+        if len(symbols) > c.phone_vocab:  # ids index the shards' phone table (GPT-SoVITS's has 322 symbols)
+            c = replace(c, phone_vocab=len(symbols))
+        theirs = (start.run_config or {}).get("phones_table")
+        if theirs and theirs != table:
+            raise SystemExit(f"gpt_sovits: error: --init-from {cfg.init_from} was trained on {theirs} phone ids, "
+                             f"these shards hold {table} ids; shard with the --language the checkpoint's data had "
+                             f"(zh/auto: GPT-SoVITS's symbols, en: ARPAbet)")
+    optimizer = args.optimizer if args.optimizer != "auto" else ("scaled_adam" if start.upstream else "adamw")
+    loss_mode = args.loss if args.loss != "auto" else ("sum" if start.upstream else "mean")
+    lr_fn, opt_note = None, f"AdamW lr {cfg.lr:g}, warmup {cfg.warmup_steps} + cosine"
+    if optimizer == "scaled_adam":
+        # GPT-SoVITS steps every 4 batches and clips only inside ScaledAdam; its LR is 0.01 once, then 0.002.
+        cfg = replace(cfg, grad_accum=cfg.grad_accum if _given(argv, "--grad-accum") else 4,
+                      clip=cfg.clip if _given(argv, "--clip") else 0.0)
+        own_schedule = any(_given(argv, f) for f in ("--lr", "--warmup-steps", "--min-lr-ratio"))
+        lr_fn = None if own_schedule else upstream_lr
+        opt_note = (f"ScaledAdam, " + (f"lr {cfg.lr:g} warmup {cfg.warmup_steps} + cosine" if own_schedule
+                                       else "lr 0.01 on the first step, then 0.002 (GPT-SoVITS's)")
+                    + f", a step every {cfg.grad_accum} batches, clip {'off' if cfg.clip == 0 else cfg.clip}")
     parts = [select_utterances(s, c, args.max_sec, args.min_ps_ratio, args.max_ps_ratio) for s in shard_dirs(cfg)]
     subset = np.concatenate([p[0] + off for p, off in zip(parts, corpus_offsets(cfg))])
     lengths = np.concatenate([p[1] for p in parts])
     summary = "; ".join(p[2] for p in parts)
+    features = ["semantic", "phones"] + (["bert"] if all(has_bert(s) for s in shard_dirs(cfg)) else [])
     model = Text2Semantic(c)
+    if "bert" not in features:
+        # Without features the projection's weight sees only zeros: GPT-SoVITS's gradient for it is exactly 0, so
+        # its ScaledAdam leaves it as it is; frozen, it stays so under either optimizer, and DDP does not wait for
+        # a gradient that never comes.
+        model.bert_proj.weight.requires_grad_(False)
+    opt = ScaledAdam(model.parameters()) if optimizer == "scaled_adam" else None
+    out = Path(cfg.out)
     if d.main:
         n = sum(p.numel() for p in model.parameters())
-        print(f"[gpt_sovits] {summary}; model {n / 1e6:.2f} M parameters ({cfg.config})", flush=True)
+        print(f"[gpt_sovits] {summary}; model {n / 1e6:.2f} M parameters "
+              f"({'from ' + cfg.init_from if start.upstream else cfg.config}); phones: {table} table, "
+              f"{len(symbols)} symbols; BERT features: {'yes' if 'bert' in features else 'none (zeros)'}", flush=True)
+        print(f"[gpt_sovits] loss {loss_mode} ({'GPT-SoVITS' if loss_mode == 'sum' else 'audiopipe'}); {opt_note}",
+              flush=True)
+        from audiopipe.storage.atomic import write_text_atomic
+
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "model_config.json", json.dumps({
+            "trainer": "gpt_sovits", "model": asdict(c), "max_sec": args.max_sec, "phones_table": table,
+            "phones": len(symbols), "bert": "bert" in features, "optimizer": optimizer, "loss": loss_mode,
+            "init_from": cfg.init_from, "upstream_config": start.config}, indent=1))
+    hints = {"phone_emb.": "the checkpoint's phone table has another number of rows: give --config a JSON file "
+                           "with its \"phone_vocab\"",
+             "token_emb.": "the checkpoint has another token vocabulary: give --config a JSON file with its "
+                           "\"vocab_size\" (and tokens with as many ids)",
+             "head.": "the checkpoint has another token vocabulary: give --config a JSON file with its "
+                      "\"vocab_size\""}
     # loss and training
-    return train(model, make_loss_fn(c), cfg, d, features=["semantic", "phones"],
-                 loader_kw={"subset": subset, "lengths": lengths}, log_name="gpt_sovits")
+    last = train(model, make_loss_fn(c, loss_mode, cfg.grad_accum), cfg, d, features=features,
+                 loader_kw={"subset": subset, "lengths": lengths}, log_name="gpt_sovits", optimizer=opt,
+                 lr_fn=lr_fn, init_weights=(lambda _: start.state) if start.upstream else None, init_hints=hints)
+    if args.export and d.main:
+        config = ckpt_io.upstream_config(asdict(c), args.max_sec, start.config)
+        path = ckpt_io.write_upstream(model.state_dict(), args.export, config,
+                                      f"GPT-audiopipe-step{cfg.max_steps}", args.export_format)
+        print(f"[gpt_sovits] exported GPT-SoVITS s1 checkpoint {path} ({args.export_format})", flush=True)
+    return last
+
+
+def has_bert(shards: str) -> bool:
+    from audiopipe.shard.manifest import read_manifest
+
+    return "bert" in read_manifest(shards).get("features", {})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
         --codec-checkpoint /models/encodec_24khz
 
 Reads `codes` (EnCodec 24 kHz, 16 x 1024, 75 Hz), `f0` (interpolated, > 0, same frames) and `phones` (ids in
-audiopipe.features.phones.PHONES) of the `ns2` preset. Amphion's model (models/tts/naturalspeech2), parameter
+audiopipe.text.en_phones.PHONES) of the `ns2` preset. Amphion's model (models/tts/naturalspeech2), parameter
 for parameter, so Amphion's checkpoints load (--init-from) and ours export to Amphion (audiopipe.checkpoints.ns2):
   - the latent: codes decoded by EnCodec's own frozen quantizer (the codebooks of the codec checkpoint the shards
     were made with), not renormalised, so EnCodec's decoder turns a predicted latent into audio;
@@ -57,7 +57,7 @@ from audiopipe.checkpoints.files import CheckpointError
 from audiopipe.checkpoints.ns2 import (
     amphion_phone_map, from_codec, is_upstream_state, looks_upstream, read_upstream,
 )
-from audiopipe.features.phones import PHONES
+from audiopipe.text.en_phones import PHONES
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 from mas import mas_durations

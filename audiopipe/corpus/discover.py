@@ -20,7 +20,6 @@ from audiopipe.corpus.transcripts import (
     METADATA_NAME,
     MetadataIndex,
     ManifestRow,
-    TranscriptError,
     find_sidecar,
     id_problem,
     read_manifest,
@@ -28,6 +27,7 @@ from audiopipe.corpus.transcripts import (
 )
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
+from audiopipe.storage import guard
 
 # Extensions of each libsndfile major format. RAW is left out on purpose: headerless files cannot be read
 # without being told their layout.
@@ -94,11 +94,25 @@ class Discovery:
     root: str
     utterances: list[Utterance]  # sorted by id
     rejects: list[Reject]  # sorted by source
+    # What the user should hear about once (split-named speaker folders, utterances without transcripts,
+    # manifest columns not written, recordings left out): one sentence each.
+    notes: list[str] = field(default_factory=list)
+    # Why nothing usable was found and what to do about it ("found 3 parquet files: use --manifest ...");
+    # "" when there are utterances.
+    hint: str = ""
+    # Metadata read from the manifest or index files that the utterances do not carry (named in a note).
+    unused_columns: set[str] = field(default_factory=set)
+    walked: bool = False  # the files were found by walking the root (no layout, no manifest)
 
     @property
     def discovered(self) -> int:
         """Files seen: len(utterances) + len(rejects)."""
         return len(self.utterances) + len(self.rejects)
+
+    @property
+    def untranscribed(self) -> int:
+        """Utterances without a transcript."""
+        return sum(1 for u in self.utterances if not u.text)
 
 
 @dataclass(slots=True)
@@ -136,11 +150,18 @@ def _walk(root: str, exts: frozenset[str]) -> tuple[list[_Candidate], list[Rejec
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = set(filenames)
         rel_dir = _rel(folder, root)  # once per folder: path arithmetic per file costs as much as its header
+        bad_dir = guard.name_problem(rel_dir)
         for name in sorted(filenames):
             if name.startswith(".") or "." not in name or name.rsplit(".", 1)[1].lower() not in exts:
                 continue
             path = os.path.join(folder, name)
             source = name if rel_dir == "." else f"{rel_dir}/{name}"
+            # A name that is not UTF-8 cannot become an id, an Arrow string or a JSON record: refuse it here,
+            # printable, rather than fail the job when the shards are written.
+            bad_name = bad_dir or guard.name_problem(name)
+            if bad_name:
+                unlisted.append(Reject(guard.shown(path), guard.shown(source), "bad_encoding", bad_name))
+                continue
             found.append(_Candidate(path, source, source.rsplit(".", 1)[0], names))
     return found, unlisted
 
@@ -150,12 +171,18 @@ def _from_manifest(root: str, manifest: str) -> tuple[list[_Candidate], list[Rej
     rejects: list[Reject] = []
     real_root = os.path.realpath(root)
     for row in read_manifest(manifest):
+        if row.problem is not None and row.path == os.path.abspath(manifest):  # the line names no audio
+            rejects.append(Reject(row.path, row.written_path, *row.problem))
+            continue
         inside = row.path.startswith(root + os.sep)
         source = _rel(row.path, root) if inside else row.written_path.replace(os.sep, "/")
         if not inside:  # the root or the listed path may go through a symlink: compare real paths too
             real = os.path.realpath(row.path)
             if real.startswith(real_root + os.sep):
                 inside, source = True, _rel(real, real_root)
+        if row.problem is not None:
+            rejects.append(Reject(row.path, source, *row.problem))
+            continue
         uid = row.id
         problem = id_problem(uid) if uid is not None else None
         if problem:
@@ -206,8 +233,9 @@ _BLOCK = 256
 _WAV_EXTS = ("wav", "wave")
 
 
-def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
-    """(info or RejectError, own transcript, TranscriptError): everything per file that touches storage."""
+def _read_one(c: _Candidate) -> tuple[Any, str | None, guard.Refused | None]:
+    """(info or RejectError, own transcript, why the sidecar was refused): everything per file that touches
+    storage."""
     # A plain PCM WAV is read directly (5x less Python than a SoundFile open); anything else by libsndfile.
     info = read_wav_header(c.path) if c.source.rsplit(".", 1)[-1].lower() in _WAV_EXTS else None
     if info is None:
@@ -219,7 +247,7 @@ def _read_one(c: _Candidate) -> tuple[Any, str | None, Exception | None]:
         return info, None, None
     try:
         return info, _own_transcript(c), None
-    except TranscriptError as e:
+    except guard.Refused as e:  # a sidecar that is a pipe, too large, or not UTF-8: this file only
         return info, None, e
 
 
@@ -246,16 +274,22 @@ def _read_all(cands: list[_Candidate], threads: int) -> Iterator[tuple[Any, str 
             yield from pending.popleft().result()
 
 
-def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
-             speaker: str = "auto", exts: Iterable[str] | None = None, layout: str = "auto",
-             header_threads: int = DEFAULT_HEADER_THREADS) -> Discovery:
+def discover(root: str | os.PathLike[str], *, manifest: Any = None, speaker: str = "auto",
+             exts: Iterable[str] | None = None, layout: str = "auto", header_threads: int = DEFAULT_HEADER_THREADS,
+             options: Any = None) -> Discovery:
     """Describe the corpus under `root`: sorted utterances and the files that were refused.
 
-    manifest: JSONL/CSV/TSV listing the files to use (then nothing is walked); speaker: 'auto', 'dir:N' or
-    'none'; exts: audio extensions to walk for (default: every format libsndfile reads); layout: 'auto'
-    (detect a Kaldi, AISHELL-3 or Emilia layout, else walk), 'files' (walk), or a layout name; header_threads:
-    headers and sidecar transcripts read at once (1: one by one; the result is the same either way).
+    manifest: a manifest path, or several (then nothing is walked): audiopipe's JSONL/CSV/TSV, lhotse
+    recordings + supervisions / cuts / a Shar folder, NeMo JSONL, a Common Voice TSV, Hugging Face parquet /
+    Arrow / save_to_disk (audiopipe.corpus.manifests); speaker: 'auto', 'dir:N' or 'none'; exts: audio
+    extensions to walk for (default: every format libsndfile reads); layout: 'auto' (detect a layout with index
+    files, else walk), 'files' (walk), or a layout name; header_threads: headers and sidecar transcripts read at
+    once (1: one by one; the result is the same either way); options: audiopipe.corpus.options.CorpusOptions
+    (column names, VCTK microphone, --keep-columns, --require-text).
     """
+    from audiopipe.corpus.options import CorpusOptions
+
+    options = options if options is not None else CorpusOptions()
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
         raise NotADirectoryError(f"corpus root is not a directory: {root}")
@@ -265,30 +299,90 @@ def discover(root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] |
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _discover(root, manifest, rule, exts, layout, header_threads)
+        d = _discover(root, manifest, rule, exts, layout, header_threads, options)
+        from audiopipe.corpus.hints import finish
+
+        return finish(d, options, speaker_auto=rule == -1, manifest_given=manifest is not None)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _discover(root: str, manifest: str | os.PathLike[str] | None, rule: int | None, exts: Iterable[str] | None,
-              layout: str, header_threads: int) -> Discovery:
+def _manifest_paths(manifest: Any) -> list[str]:
+    if isinstance(manifest, (str, os.PathLike)):
+        return [os.path.abspath(os.fspath(manifest))]
+    return [os.path.abspath(os.fspath(m)) for m in manifest]
+
+
+def unique_ids(utts: list[Utterance], rejects: list[Reject], what: str) -> list[Utterance]:
+    """The utterances whose id is safe and not taken by an earlier one (in (id, source) order); the others become
+    `bad_id` / `duplicate_id` rejects. Ids from index files and manifests become tar member and file names."""
+    kept: list[Utterance] = []
+    seen: dict[str, str] = {}
+    for u in sorted(utts, key=lambda u: (u.id, u.source)):
+        problem = id_problem(u.id)
+        if problem:
+            rejects.append(Reject(u.path, u.source, "bad_id", f"{what} id {u.id!r} {problem}"))
+            continue
+        if u.id in seen:
+            rejects.append(Reject(u.path, u.source, "duplicate_id", f"id {u.id!r} is already used by {seen[u.id]}"))
+            continue
+        seen[u.id] = u.source
+        kept.append(u)
+    return kept
+
+
+def _discover(root: str, manifest: Any, rule: int | None, exts: Iterable[str] | None, layout: str,
+              header_threads: int, options: Any) -> Discovery:
     if manifest is None:
         from audiopipe.corpus.layouts import discover_layout, pick_layout
 
         chosen = pick_layout(root, layout)
         if chosen is not None:  # a layout with its own index files (audiopipe/corpus/layouts/)
-            utts, rejected = discover_layout(chosen, root, rule)
+            utts, rejected, notes = discover_layout(chosen, root, rule, options)
             return Discovery(root, sorted(utts, key=lambda u: u.id),
-                             sorted(rejected, key=lambda r: (r.source, r.reason)))
+                             sorted(rejected, key=lambda r: (r.source, r.reason)), notes)
+        d = _discover_files(root, None, rule, exts, header_threads)
+        d.walked = True
+        return d
+    from audiopipe.corpus.entries import resolve
+    from audiopipe.corpus.manifests import kind_of, read
+
+    by_kind: dict[str, list[str]] = {}
+    for p in _manifest_paths(manifest):
+        by_kind.setdefault(kind_of(p), []).append(p)
+    plain = by_kind.pop("plain", None)
+    d = _discover_files(root, plain, rule, exts, header_threads) if plain else Discovery(root, [], [])
+    if not by_kind:
+        return d
+    utts, rejects, notes, unused = list(d.utterances), list(d.rejects), list(d.notes), set()
+    for kind, paths in by_kind.items():
+        got = read(kind, paths, root, rule, options)
+        u, r = resolve(got.entries, header_threads)
+        utts += u
+        rejects += got.rejects + r
+        notes += got.notes
+        unused |= got.unused
+    utts = unique_ids(utts, rejects, "manifest")
+    return Discovery(root, utts, sorted(rejects, key=lambda r: (r.source, r.reason)), notes,
+                     unused_columns=unused)
+
+
+def _discover_files(root: str, manifests: list[str] | None, rule: int | None, exts: Iterable[str] | None,
+                    header_threads: int) -> Discovery:
+    """A walk of the root (manifests None), or the files that audiopipe's own manifests list."""
     ext_set = frozenset(e.lower().lstrip(".") for e in exts) if exts is not None else audio_extensions()
     if not ext_set:
         raise ValueError("exts is empty: no file could be discovered")
     meta = MetadataIndex(ext_set)
 
     rejects: list[Reject] = []
-    if manifest is not None:
-        cands, rejects = _from_manifest(root, os.path.abspath(os.fspath(manifest)))
+    if manifests is not None:
+        cands = []
+        for m in manifests:
+            c, r = _from_manifest(root, m)
+            cands += c
+            rejects += r
     else:
         cands, rejects = _walk(root, ext_set)
 
@@ -313,7 +407,7 @@ def _discover(root: str, manifest: str | os.PathLike[str] | None, rule: int | No
             rejects.append(Reject(c.path, c.source, "empty", "the header declares no audio frames"))
             continue
         if text_error is not None:  # an unreadable sidecar concerns one file only
-            rejects.append(Reject(c.path, c.source, "bad_transcript", str(text_error)))
+            rejects.append(Reject(c.path, c.source, text_error.reason, text_error.detail))
             continue
         if text is None:
             # A malformed metadata.csv is not caught: it concerns every file it lists, so discovery stops
@@ -345,7 +439,7 @@ def _folders_with_metadata(root: str, cands: list[_Candidate]) -> bool:
         while d not in folders and len(d) > len(root):
             folders.add(d)
             d = os.path.dirname(d)
-    return any(os.path.isfile(os.path.join(d, METADATA_NAME)) for d in folders)
+    return any(os.path.exists(os.path.join(d, METADATA_NAME)) for d in folders)
 
 
 def _own_transcript(c: _Candidate) -> str | None:
@@ -353,5 +447,5 @@ def _own_transcript(c: _Candidate) -> str | None:
     if c.row is not None and c.row.text is not None:
         return c.row.text
     sidecar = find_sidecar(c.path, c.names_in_dir)
-    # An empty sidecar counts as absent, like an empty manifest cell.
+    # An empty sidecar counts as absent, like an empty manifest cell (and so does one deleted since the listing).
     return (read_text_file(sidecar) or None) if sidecar is not None else None

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from audiopipe.storage import guard
+
 SILENCE = "sil"  # MFA leaves silence intervals unlabelled ("")
 
 
@@ -44,10 +46,10 @@ _TOKEN = re.compile(r'"((?:[^"]|"")*)"|(?<![\w.\[])([-+]?(?:\d+\.?\d*|\.\d+)(?:[
 
 def read_textgrid(path: str | Path) -> TextGrid:
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TextGridError(f"cannot read TextGrid {path}: {exc}") from exc
+    try:  # through the guard: a TextGrid that is a pipe, /dev/zero or a huge file is refused, not read
+        raw = guard.read_bytes(str(path), "textgrid", "TextGrid")
+    except guard.Refused as exc:
+        raise TextGridError(exc.detail) from None
     try:
         return parse_textgrid(_decode(raw))
     except TextGridError as exc:

@@ -13,10 +13,10 @@ tests/test_wavheader.py checks equality with libsndfile on a hostile corpus.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 
 from audiopipe.decode.audio import Header
+from audiopipe.storage import guard
 
 _HEAD = 4096  # one read covers the header (and the whole file for tiny clips)
 # Chunks that leave the audio alone, when well formed. libsndfile parses the contents of most chunks (LIST
@@ -104,13 +104,10 @@ def parse_wav_header(buf: bytes, file_size: int) -> Header | None:
 def read_wav_header(path: str) -> Header | None:
     """parse_wav_header of the file at `path`; None also when it cannot be opened (libsndfile then says why)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO must not hang the walk
-    except OSError:
+        fd, st = guard.open_fd(path)  # a FIFO or device is not opened for reading: libsndfile's path refuses it
+    except guard.Refused:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a FIFO or device: not a file whose size is known
-            return None
         buf = os.read(fd, _HEAD)
         size = st.st_size
         return parse_wav_header(buf, size)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 import os
-import stat
-import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 import soundfile as sf
 import soxr
+
+from audiopipe.decode import declared
+from audiopipe.storage import guard
 
 RESAMPLE_QUALITY = "HQ"
 
@@ -70,13 +71,7 @@ def check_header(info: Any, limits: DecodeLimits | None = None) -> None:
     """
     limits = limits or DecodeLimits()
     sr, channels, frames = _header_fields(info)
-    if sr <= 0 or not limits.min_sample_rate <= sr <= limits.max_sample_rate:
-        raise RejectError("bad_sample_rate", f"sample rate {sr} Hz is outside "
-                                             f"[{limits.min_sample_rate}, {limits.max_sample_rate}] Hz")
-    if channels < 1:
-        raise RejectError("unreadable", f"the header declares {channels} channels")
-    if channels > limits.max_channels:
-        raise RejectError("too_many_channels", f"{channels} channels; at most {limits.max_channels} are accepted")
+    check_format(sr, channels, limits)
     if frames <= 0:
         raise RejectError("empty", "the header declares no audio frames")
     duration = frames / sr
@@ -86,17 +81,24 @@ def check_header(info: Any, limits: DecodeLimits | None = None) -> None:
         raise RejectError("too_long", f"{duration:.3f} s is longer than the maximum {limits.max_duration} s")
 
 
+def check_format(sr: int, channels: int, limits: DecodeLimits) -> None:
+    """The header checks that do not need its length: sample rate and channels."""
+    if sr <= 0 or not limits.min_sample_rate <= sr <= limits.max_sample_rate:
+        raise RejectError("bad_sample_rate", f"sample rate {sr} Hz is outside "
+                                             f"[{limits.min_sample_rate}, {limits.max_sample_rate}] Hz")
+    if channels < 1:
+        raise RejectError("unreadable", f"the header declares {channels} channels")
+    if channels > limits.max_channels:
+        raise RejectError("too_many_channels", f"{channels} channels; at most {limits.max_channels} are accepted")
+
+
 def _checked_size(path: str) -> int:
+    """The size of a regular, non-empty file (audiopipe.storage.guard's check: libsndfile's open of a named pipe
+    blocks until a writer appears, which would hang the whole job)."""
     try:
-        st = os.stat(path)  # one stat: discovery calls this for every file it hands to libsndfile
-    except FileNotFoundError:
-        raise RejectError("missing", f"no such file: {path}") from None
-    except OSError as e:
-        raise RejectError("unreadable", f"cannot stat the file: {e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        # libsndfile's open of a named pipe blocks until a writer appears: it would hang the whole job.
-        raise RejectError("unreadable", "not a regular file (a named pipe, socket or device)")
-    size = st.st_size
+        size = guard.regular(path).st_size  # one stat: discovery calls this for every file it hands to libsndfile
+    except guard.Refused as e:
+        raise RejectError(e.reason, e.detail) from None
     if size == 0:
         raise RejectError("empty", "the file is 0 bytes")
     return size
@@ -112,85 +114,92 @@ class Header(NamedTuple):
     subtype: str
 
 
+_BLOCK = 1 << 16  # frames decoded at a time
+
+
+def as_stream(f: sf.SoundFile) -> sf.SoundFile:
+    """`f` read forward only, as soundfile reads a pipe. soundfile seeks to its own position after every read
+    (to keep its count), and libFLAC cannot seek in a FLAC whose STREAMINFO gives no length: reading such a
+    file in blocks would stop after the first one. Marking it unseekable (soundfile's state for pipes) keeps
+    soundfile from seeking; the frames to read are then always given."""
+    f._info.seekable = 0
+    return f
+
+
+def measure_frames(f: sf.SoundFile, limit: int | None = None) -> int:
+    """The frames an open file really holds, counted by decoding it block by block into one reused buffer (the
+    memory of one block, whatever the length); stops past `limit` frames when given. For a stream whose header
+    gives no length (a FLAC with total_samples 0): `f` is read forward (as_stream) and cannot be rewound."""
+    as_stream(f)
+    buf = np.empty((_BLOCK, f.channels), np.float32)
+    n = 0
+    try:
+        while limit is None or n <= limit:
+            got = len(f.read(_BLOCK, dtype="float32", always_2d=True, out=buf))
+            if got == 0:
+                break
+            n += got
+    except (RuntimeError, OSError, ValueError) as e:
+        raise RejectError("truncated", f"the decoder stopped after {n} frames of a stream without a length in "
+                                       f"its header: {e}") from None
+    return n
+
+
 def read_info(path: str | os.PathLike[str]) -> Header:
     """The file's header (libsndfile opens it, nothing is decoded), every failure a RejectError (missing, empty,
     unreadable). Opening a SoundFile costs ~2/3 of soundfile.info(), which also builds format descriptions and
-    libsndfile's log text; discovery reads a header per file of the corpus, with the GIL held for that Python."""
+    libsndfile's log text; discovery reads a header per file of the corpus, with the GIL held for that Python.
+    A stream whose header gives no length (a FLAC with total_samples 0) is measured by decoding it."""
     path = os.fspath(path)
     size = _checked_size(path)  # first: a named pipe must be refused before libsndfile blocks opening it
     try:
         with sf.SoundFile(path) as f:
-            return Header(f.samplerate, f.frames, f.channels, f.format, f.subtype)
+            frames = measure_frames(f) if declared.unknown(f.frames) else f.frames
+            return Header(f.samplerate, frames, f.channels, f.format, f.subtype)
     except (RuntimeError, OSError, ValueError, TypeError) as e:  # LibsndfileError is a RuntimeError
         raise RejectError("unreadable", f"libsndfile cannot read the header ({size} bytes): {e}") from None
 
 
-def _open(path: str) -> sf.SoundFile:
-    """The file opened for decoding, with read_info's refusals: one open serves header and samples."""
+def _open(path: str) -> tuple[sf.SoundFile, int]:
+    """The file opened for decoding, and its size, with read_info's refusals: one open serves header and
+    samples."""
     size = _checked_size(path)
     try:
-        return sf.SoundFile(path)
+        return sf.SoundFile(path), size
     except (RuntimeError, OSError, ValueError, TypeError) as e:
         raise RejectError("unreadable", f"libsndfile cannot read the header ({size} bytes): {e}") from None
 
 
-def _riff_declared_frames(path: str) -> int | None:
-    """Frames the WAV `data` chunk declares, or None when unknown.
-
-    libsndfile silently shortens a WAV whose data chunk runs past the end of the file, so soundfile.info()
-    cannot reveal the truncation; the declared chunk size can.
-    """
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-            if len(head) < 12 or head[8:12] != b"WAVE" or head[:4] not in (b"RIFF", b"RIFX"):
-                return None
-            endian = "<" if head[:4] == b"RIFF" else ">"
-            block_align = 0
-            while True:
-                chunk = f.read(8)
-                if len(chunk) < 8:
-                    return None
-                cid, size = chunk[:4], struct.unpack(endian + "I", chunk[4:])[0]
-                if cid == b"fmt ":
-                    fmt = f.read(size + (size & 1))
-                    if len(fmt) >= 14:
-                        block_align = struct.unpack(endian + "H", fmt[12:14])[0]
-                    continue
-                if cid == b"data":
-                    # 0 and huge sizes are placeholders written by streaming tools: length unknown.
-                    if block_align <= 0 or size == 0 or size >= 0x7FFFF000:
-                        return None
-                    return size // block_align
-                f.seek(size + (size & 1), os.SEEK_CUR)
-    except OSError:
-        return None
-
-
-def _declared_frames(path: str, info: Any) -> int:
-    if info.format in ("WAV", "WAVEX"):
-        declared = _riff_declared_frames(path)
-        if declared is not None:
-            return max(declared, int(info.frames))
-    return int(info.frames)
-
-
-def _decode(f: sf.SoundFile) -> tuple[np.ndarray, str | None]:
-    """Decode block by block so that frames decoded before a mid-stream error are counted.
+def _decode(f: sf.SoundFile, limit: int | None = None) -> tuple[np.ndarray, str | None]:
+    """Decode block by block so that frames decoded before a mid-stream error are counted; at most `limit`
+    frames (more than a file may hold is not kept in memory: the caller refuses it as too long).
 
     Mono comes out 1-D straight from libsndfile (no [N, 1] copy); more channels as [N, C]."""
     blocks: list[np.ndarray] = []
     error = None
     two_d = f.channels > 1
-    while True:
+    n = 0
+    short_at: int | None = None
+    while limit is None or n < limit:
+        want = _BLOCK if limit is None else min(_BLOCK, limit - n)
         try:
-            block = f.read(1 << 16, dtype="float32", always_2d=two_d)
+            block = f.read(want, dtype="float32", always_2d=two_d)
         except (RuntimeError, OSError, ValueError) as e:
             error = str(e)
             break
         if len(block) == 0:
             break
+        if short_at is not None:
+            # A read came back short and the next one still had frames: libsndfile's decoder (ALAC, for one)
+            # gave up on a damaged packet and went on after it, so what follows is not the stream's audio
+            # (soundfile.read in one call stops at that point too). Stop there; the caller compares the
+            # frames kept with the header's.
+            error = f"a damaged packet at frame {short_at}; the decoder skipped over it"
+            break
+        if len(block) < want:
+            short_at = n + len(block)
         blocks.append(block)
+        n += len(block)
     if not blocks:
         data = np.zeros((0, f.channels) if two_d else 0, np.float32)
     else:
@@ -205,27 +214,50 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
     """
     limits = limits or DecodeLimits()
     path = os.fspath(path)
-    with _open(path) as info:  # the open file is its own header: samplerate, channels, frames, format
-        check_header(info, limits)
-        return decode_checked(info, _declared_frames(path, info), limits)
+    f, size = _open(path)
+    with f, open(path, "rb") as raw:  # raw: the header bytes, for the length it declares
+        return decode_open(f, raw, size, limits)
 
 
-def decode_checked(f: sf.SoundFile, declared: int, limits: DecodeLimits,
-                   what: str = "decoded audio") -> tuple[np.ndarray, int]:
+def decode_open(f: sf.SoundFile, raw: Any, size: int, limits: DecodeLimits,
+                what: str = "decoded audio") -> tuple[np.ndarray, int]:
+    """Decode a file libsndfile has opened (`raw`: its bytes, `size` long, for the length its header declares)
+    with every check: header limits, a header that declares more data than the file holds (refused before
+    decoding), then decode_checked's. A stream without a length in its header is decoded up to the longest
+    duration allowed, and its length checked on what was decoded."""
+    if declared.unknown(f.frames):
+        check_format(int(f.samplerate), int(f.channels), limits)
+        return decode_checked(as_stream(f), 0, limits, what)
+    check_header(f, limits)
+    length = declared.declared_length(raw, size, f)
+    if length.short is not None and not length.counted:  # cut short, by how many frames the header cannot say
+        raise RejectError("truncated", f"{length.short}; libsndfile reads {int(f.frames)} frames")
+    return decode_checked(f, length.frames, limits, what, length.short)
+
+
+def decode_checked(f: sf.SoundFile, declared_frames: int, limits: DecodeLimits,
+                   what: str = "decoded audio", why: str | None = None) -> tuple[np.ndarray, int]:
     """Decode an open file (a path, a tar member, a recording) to (float32 mono, rate) with every check after
-    the header's: unreadable, truncated (with MP3's slack), empty, NaN/inf, then duration and silence."""
+    the header's: unreadable, truncated (with MP3's slack), empty, NaN/inf, then duration and silence. At most
+    one frame more than the longest duration allowed is decoded."""
+    samplerate = int(f.samplerate)
+    limit = math.floor(limits.max_duration * samplerate) + 1 if math.isfinite(limits.max_duration) else None
     try:
-        data, error = _decode(f)
+        data, error = _decode(f, limit)
     except (RuntimeError, OSError, ValueError) as e:
         raise RejectError("unreadable", f"libsndfile cannot open the file for decoding: {e}") from None
-    samplerate = int(f.samplerate)
     decoded = len(data)
-    slack = max(_MP3_SLACK_FRAMES, int(declared * _MP3_SLACK_FRACTION)) if f.format == "MP3" else 0
-    if decoded + slack < declared or (error is not None and decoded < declared):
-        why = f" (decoder stopped: {error})" if error else ""
-        raise RejectError("truncated", f"decoded {decoded} of the {declared} frames the header declares "
-                                       f"({decoded / samplerate:.3f} of {declared / samplerate:.3f} s)"
-                                       f"{why}")
+    slack = max(_MP3_SLACK_FRAMES, int(declared_frames * _MP3_SLACK_FRACTION)) if f.format == "MP3" else 0
+    if limit is not None and decoded >= limit:
+        declared_frames = 0  # stopped on purpose: too long, said by check_limits below
+    if decoded + slack < declared_frames or (error is not None and decoded < declared_frames):
+        said = f" (decoder stopped: {error})" if error else f"; {why}" if why else ""
+        raise RejectError("truncated", f"decoded {decoded} of the {declared_frames} frames the header declares "
+                                       f"({decoded / samplerate:.3f} of {declared_frames / samplerate:.3f} s)"
+                                       f"{said}")
+    if error is not None and declared_frames == 0:  # a stream without a length that breaks off
+        raise RejectError("truncated", f"the decoder stopped after {decoded} frames of a stream without a "
+                                       f"length in its header: {error}")
     if decoded == 0:
         raise RejectError("empty", "no audio frames could be decoded")
 

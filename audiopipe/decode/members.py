@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from audiopipe.decode.audio import DecodeLimits, RejectError, check_header, decode_checked
+from audiopipe.decode import declared
+from audiopipe.decode.audio import DecodeLimits, Header, RejectError, decode_open, measure_frames
+from audiopipe.storage import guard
 
 
 class MemberView(io.RawIOBase):
@@ -24,7 +26,7 @@ class MemberView(io.RawIOBase):
 
     def __init__(self, path: str, offset: int, size: int):
         super().__init__()
-        self._f = open(path, "rb")
+        self._f = guard.open_regular(path, "tar")  # a tar swapped for a pipe since discovery must not block
         self._start, self._size, self._pos = int(offset), int(size), 0
 
     def readable(self) -> bool:
@@ -65,20 +67,25 @@ def member_view(u: Any) -> MemberView:
 
 
 def member_info(path: str, offset: int, size: int) -> Any:
-    """soundfile info of a tar member, or RejectError("unreadable", ...)."""
+    """The header of a tar member (a Header), or RejectError (empty, unreadable). A stream whose header gives no
+    length is measured by decoding it, as audiopipe.decode.audio.read_info does."""
     if size <= 0:
         raise RejectError("empty", "the tar member is 0 bytes")
     try:
-        with MemberView(path, offset, size) as view:
-            return sf.info(view)
+        with MemberView(path, offset, size) as view, sf.SoundFile(view) as f:
+            frames = measure_frames(f) if declared.unknown(f.frames) else f.frames
+            return Header(f.samplerate, frames, f.channels, f.format, f.subtype)
+    except guard.Refused as e:  # the tar itself is gone or no longer a regular file
+        raise RejectError(e.reason, e.detail) from None
     except (RuntimeError, OSError, ValueError, TypeError) as e:
         raise RejectError("unreadable", f"libsndfile cannot read the member's header ({size} bytes): {e}") from None
 
 
 def load_member(u: Any, limits: DecodeLimits | None = None) -> tuple[np.ndarray, int]:
-    """Decode a tar member to (float32 mono, rate) with load_audio's checks."""
+    """Decode a tar member to (float32 mono, rate) with load_audio's checks (the length its header declares
+    included)."""
     limits = limits or DecodeLimits()
-    info = member_info(u.path, u.extra["member_offset"], u.extra["member_size"])
-    check_header(info, limits)
-    with member_view(u) as view, sf.SoundFile(view) as f:
-        return decode_checked(f, int(info.frames), limits, what="tar member")
+    size = int(u.extra["member_size"])
+    member_info(u.path, u.extra["member_offset"], size)  # the refusals of a header that cannot be read
+    with member_view(u) as view, sf.SoundFile(view) as f, member_view(u) as raw:
+        return decode_open(f, raw, size, limits, what="tar member")

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.export.errors import ExportError
 from audiopipe.features.mel import VocosMel
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.storage.atomic import atomic_path
@@ -38,10 +39,6 @@ MEL_SCHEMA = pa.schema([("audio_path", pa.string()), ("text", pa.string()), ("du
                         ("mel_spec", pa.list_(pa.list_(pa.float32())))])
 RAW_SCHEMA = pa.schema([("audio_path", pa.string()), ("text", pa.string()), ("duration", pa.float64())])
 _MAX_LIST_VALUES = 2**31 - 1  # list<> offsets are int32: the floats of one record batch must fit
-
-
-class ExportError(ValueError):
-    """A shard folder that cannot be exported, or an output that would be overwritten."""
 
 
 def _clean_text(text: str) -> tuple[str, bool]:

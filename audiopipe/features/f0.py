@@ -12,11 +12,15 @@ The default backend "yin" (design and accuracy in docs/features.md):
      pure tones do not fall to sub-harmonics) plus an "unvoiced" state;
   4. Viterbi over those states: octave jumps and voicing switches cost, so the track is continuous and
      isolated voicing blips vanish; "unvoiced" costs less the further a frame lies below the clip's loudest
-     frame (as in Praat's voicing decision), so breathy onsets and vowel decays are not voiced.
+     frame, so breathy onsets and vowel decays are not voiced;
+  5. a second opinion on voicing: Praat's autocorrelation voicing measure (Hann window of 3 periods of fmin,
+     normalised autocorrelation peak near the lag step 4 chose, against a threshold raised in frames far below
+     the clip's peak), one window and a few lags per frame; "unvoiced" is priced by it and step 4 runs again.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -30,23 +34,35 @@ from audiopipe.features.pcm import check_waveform
 Backend = Literal["yin", "dio", "harvest", "praat"]
 BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
 
-# Tuning of the "yin" backend. The voicing costs were chosen on the held-in split of the consensus reference
-# (tests/data/f0_reference.npz: frames where Praat 50-1100 and CREPE agree) and checked on its held-out split
-# (docs/features.md); the candidate search on tones, chirps and harvest. Changing any of these changes the
-# output: bump F0_VERSION.
-F0_VERSION = 2
+# Tuning of the "yin" backend. The voicing constants of F0_VERSION 4 (YIN_UNVOICED_COST, YIN_SWITCH_COST,
+# YIN_VOICING_WEIGHT) were chosen on the dev sources of the real read speech set and the held-in split of the first
+# set, never on their test / held-out parts (docs/features.md); the candidate search on tones, chirps and harvest.
+# Changing any of these changes the output: bump F0_VERSION.
+F0_VERSION = 4
 YIN_RATE = 8000  # analysis rate (Hz)
 YIN_WINDOW_S = 0.040  # integration window of the difference function
 YIN_CANDIDATES = 6  # CMNDF dips kept per frame
-YIN_LAG_BIAS = 0.04  # cost per octave below fmax, so the shortest of equally good periods wins
-YIN_UNVOICED_COST = 0.7  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
+YIN_LAG_BIAS = 0.08  # cost per octave below a frame's shortest candidate, so the shortest of equally good periods wins
+YIN_UNVOICED_COST = 0.5  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
 YIN_QUIET_DB = -20.0  # ... in frames within this of the clip's loudest frame (window level, dB); below it ...
 YIN_QUIET_SLOPE = 1.0  # ... "unvoiced" gets this much cheaper per 10 dB
 YIN_OCTAVE_COST = 3.0  # transition cost per octave of F0 change between consecutive frames
-YIN_SWITCH_COST = 0.6  # transition cost of a voiced <-> unvoiced switch
+YIN_SWITCH_COST = 0.2  # transition cost of a voiced <-> unvoiced switch
 YIN_REFINE_ABOVE_HZ = 400.0  # voiced frames above this are re-located on the input-rate signal
 YIN_REFINE_WINDOW_S = 0.010
 YIN_SILENCE_DB = -70.0  # frames quieter than this (RMS re full scale, DC removed) are unvoiced
+YIN_HIGH_HZ = 400.0  # candidates above this pay ...
+YIN_HIGH_COST = 0.3  # ... this much per octave above it, in full where the CMNDF dip is above ...
+YIN_HIGH_CLEAN = 0.1  # ... this (a clean periodic high sound, a tone or a child's vowel, pays less)
+# Second voicing opinion (Praat's autocorrelation voicing measure at the first pass's lag): "unvoiced" costs
+# YIN_VOICING_WEIGHT x (Praat's voiced strength - its unvoiced strength) more, so it is cheaper where Praat's measure
+# says unvoiced and dearer where it says voiced.
+YIN_VOICING_WEIGHT = 4.0
+YIN_VOICING_PERIODS = 3.0  # window: this many periods of fmin (Praat's default for the autocorrelation method)
+YIN_VOICING_SEARCH = 0.1  # the autocorrelation peak is looked for within +-10 % of the first pass's lag
+PRAAT_VOICING_THRESHOLD = 0.45  # Praat's defaults (Sound: To Pitch (ac)...)
+PRAAT_SILENCE_THRESHOLD = 0.03
+PRAAT_OCTAVE_COST = 0.01
 _BLOCK_FRAMES = 256  # frames per block: keeps the running-sum buffer in cache and memory O(K) per frame
 
 
@@ -300,6 +316,112 @@ def _refine_lags(x, centers, lags, W):  # pragma: no cover - numba
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _lag_product(y, n, tau):  # pragma: no cover - numba
+    acc = 0.0
+    for i in range(n - tau):
+        acc += y[i] * y[i + tau]
+    return acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _periodicity(x, centers, lags, w, rw, n_mean, n_peak, tau_lo, tau_hi, fmax_lag):  # pragma: no cover - numba
+    """Praat's autocorrelation voicing evidence at one lag per frame: (strength, local peak).
+
+    Per frame with lags[t] > 0: the window x[c - n/2 : c + n/2] less its local mean (over c +- n_mean), times the Hann
+    window w; its autocorrelation r(tau) / r(0), divided by the window's own (rw), is climbed from round(lags[t]) to the
+    nearest local maximum within YIN_VOICING_SEARCH of lags[t]; strength is that maximum (parabola; values above 1
+    reflected, as Praat does) less PRAAT_OCTAVE_COST per octave below fmax (fmax_lag), or -1 where there is no maximum
+    above half Praat's voicing threshold (Praat registers no candidate there). Local peak: the largest |windowed
+    sample| within n_peak of the centre.
+    """
+    T = centers.shape[0]
+    n = w.shape[0]
+    half = n // 2
+    strength = np.full(T, -1.0)
+    peak = np.zeros(T)
+    y = np.empty(n)
+    cs = np.empty(x.shape[0] + 1)
+    cs[0] = 0.0
+    acc = 0.0
+    for j in range(x.shape[0]):
+        acc += x[j]
+        cs[j + 1] = acc
+    for t in range(T):
+        lag = lags[t]
+        if lag <= 0.0:
+            continue
+        c = centers[t]
+        mean = (cs[c + n_mean] - cs[c - n_mean]) / (2 * n_mean)
+        s0 = c - half
+        e0 = 0.0
+        for i in range(n):
+            v = (x[s0 + i] - mean) * w[i]
+            y[i] = v
+            e0 += v * v
+        pk = 0.0
+        for i in range(half - n_peak, half + n_peak):
+            a = abs(y[i])
+            if a > pk:
+                pk = a
+        peak[t] = pk
+        if e0 <= 0.0:
+            continue
+        lo = max(tau_lo, int(lag * (1.0 - YIN_VOICING_SEARCH)))
+        hi = min(tau_hi, int(lag * (1.0 + YIN_VOICING_SEARCH)) + 1)
+        k = min(max(int(round(lag)), lo), hi)
+        rm = 0.0  # r(k - 1), r(k), r(k + 1) in one pass
+        r0 = 0.0
+        rp = 0.0
+        for i in range(n - k - 1):
+            v = y[i]
+            rm += v * y[i + k - 1]
+            r0 += v * y[i + k]
+            rp += v * y[i + k + 1]
+        rm += y[n - k - 1] * y[n - 2] + y[n - k] * y[n - 1]
+        r0 += y[n - k - 1] * y[n - 1]
+        rm /= e0 * rw[k - 1]
+        r0 /= e0 * rw[k]
+        rp /= e0 * rw[k + 1]
+        while rp > r0 and k < hi:
+            k += 1
+            rm, r0 = r0, rp
+            rp = _lag_product(y, n, k + 1) / (e0 * rw[k + 1])
+        while rm > r0 and k > lo:
+            k -= 1
+            rp, r0 = r0, rm
+            rm = _lag_product(y, n, k - 1) / (e0 * rw[k - 1])
+        if r0 < rm or r0 < rp or r0 <= 0.5 * PRAAT_VOICING_THRESHOLD:
+            continue
+        den = rm - 2.0 * r0 + rp
+        frac = 0.5 * (rm - rp) / den if den < 0.0 else 0.0
+        val = r0 - 0.25 * (rm - rp) * frac
+        if val > 1.0:
+            val = 1.0 / val
+        strength[t] = val - PRAAT_OCTAVE_COST * math.log2((k + frac) / fmax_lag)
+    return strength, peak
+
+
+def _candidate_costs(lags: np.ndarray, costs: np.ndarray, rate: int, tau_min: int) -> np.ndarray:
+    """Local cost of each voiced candidate: its CMNDF dip (with the lag bias of _yin_candidates), less the bias of the
+    frame's shortest candidate, plus a cost for F0 above YIN_HIGH_HZ.
+
+    The lag bias is there to rank a frame's candidates (of several equally good periods the shortest wins, against
+    sub-harmonic errors); measured from tau_min it would also make every low voice look less periodic than a high
+    one, and so unvoiced. Speaking voices rarely go above ~400 Hz, while a whistle, a fricative's resonance or a
+    codec artefact easily shows a short-lag dip: those pay per octave above it, scaled down for dips close to 0 (a
+    pure 1 kHz tone, whose sub-harmonics are as deep, keeps its own period).
+    """
+    ok = np.isfinite(costs) & (lags > 0.0)
+    costs = np.where(ok, costs, np.inf)
+    shortest = np.min(np.where(ok, lags, np.inf), axis=1)
+    shortest = np.where(np.isfinite(shortest), shortest, tau_min)
+    f0 = rate / np.where(ok, lags, 1.0)
+    dip = np.clip((costs - YIN_LAG_BIAS * np.log2(np.where(ok, lags, tau_min) / tau_min)) / YIN_HIGH_CLEAN, 0.0, 1.0)
+    costs = costs - (YIN_LAG_BIAS * np.log2(shortest / tau_min))[:, None]
+    return costs + dip * YIN_HIGH_COST * np.maximum(0.0, np.log2(f0 / YIN_HIGH_HZ))
+
+
 def _unvoiced_costs(level_db: np.ndarray) -> np.ndarray:
     """Per-frame cost of "unvoiced": cheaper the further a frame lies below YIN_QUIET_DB re the clip's loudest frame.
 
@@ -308,6 +430,94 @@ def _unvoiced_costs(level_db: np.ndarray) -> np.ndarray:
     """
     rel = level_db - level_db.max()
     return YIN_UNVOICED_COST - YIN_QUIET_SLOPE * np.maximum(0.0, (YIN_QUIET_DB - rel) / 10.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _hann_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Praat's Hann window of n samples and its normalised autocorrelation (r_w(tau) / r_w(0), tau = 0..n-1)."""
+    w = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(1, n + 1) / (n + 1))
+    spec = np.fft.rfft(w, 2 * n)
+    rw = np.fft.irfft(spec.real**2 + spec.imag**2, 2 * n)[:n]
+    return w, rw / rw[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_energy(x, centers, n):  # pragma: no cover - numba
+    """Mean square of x (its mean removed) over [c - n/2, c - n/2 + n) for each centre c (clipped to the signal);
+    centres ascending. One pass: sums of x and x^2 are read off at the window edges as it goes."""
+    N = x.shape[0]
+    T = centers.shape[0]
+    s1 = np.zeros(2 * T)  # running sums at window starts (even) and ends (odd)
+    s2 = np.zeros(2 * T)
+    a1 = 0.0
+    a2 = 0.0
+    j = 0
+    ia = 0  # next window start to record
+    ib = 0  # next window end to record
+    while ia < T or ib < T:
+        pa = min(max(centers[ia] - n // 2, 0), N) if ia < T else N + 1
+        pb = min(max(centers[ib] - n // 2 + n, 0), N) if ib < T else N + 1
+        p = min(pa, pb)
+        while j < p:
+            v = x[j]
+            a1 += v
+            a2 += v * v
+            j += 1
+        if pa == p:
+            s1[2 * ia] = a1
+            s2[2 * ia] = a2
+            ia += 1
+        else:
+            s1[2 * ib + 1] = a1
+            s2[2 * ib + 1] = a2
+            ib += 1
+    while j < N:
+        a1 += x[j]
+        j += 1
+    mean = a1 / max(N, 1)
+    out = np.empty(T)
+    for t in range(T):
+        d1 = s1[2 * t + 1] - s1[2 * t]
+        d2 = s2[2 * t + 1] - s2[2 * t]
+        out[t] = max(d2 - 2.0 * mean * d1 + (min(max(centers[t] - n // 2 + n, 0), N)
+                                              - min(max(centers[t] - n // 2, 0), N)) * mean * mean, 0.0) / n
+    return out
+
+
+def _voicing_margin(wav: np.ndarray, sr: int, x: np.ndarray, xp: np.ndarray, offset: int, rate: int, hop: int,
+                    lags: np.ndarray, fmin: float, fmax: float) -> np.ndarray:
+    """Per frame: Praat's voiced strength at the frame's lag (0 = none) less its unvoiced strength, on x (wav at rate;
+    xp: x with at least 1.5 / fmin s of zeros before it, from offset on).
+
+    Praat's voicing decision weighs the normalised autocorrelation peak against a threshold raised in frames whose
+    local peak is far below the clip's (silence). x is band-limited to rate / 2: the noise a breathy or fricative
+    frame carries above it would lower the peak in Praat's full-band analysis, so the strength is scaled by the share
+    of the frame's energy below rate / 2 (1 where wav is no wider).
+    """
+    T = len(lags)
+    if not (lags > 0).any():  # nothing but silence: no frame can be voiced anyway
+        return np.zeros(T)
+    n = int(round(YIN_VOICING_PERIODS / fmin * rate))
+    n_mean = int(rate / fmin)  # Praat takes the local mean over one longest period each side, ...
+    n_peak = n_mean // 2 + 1  # ... and the local peak over half of one
+    reach = max(n // 2, n_mean) + 1
+    centers = np.rint(np.arange(T) * (hop * rate / sr)).astype(np.int64)
+    centers = np.clip(centers, min(reach, len(x) // 2), max(len(x) - reach, len(x) // 2))  # windows that fit
+    w, rw = _hann_tables(n)
+    tau_lo, tau_hi = max(2, int(rate / fmax)), min(int(math.ceil(rate / fmin)), n // 2)
+    strength, peak = _periodicity(xp, centers + offset, lags, w, rw, n_mean, n_peak, tau_lo, tau_hi, rate / fmax)
+    if sr > rate:
+        wide = np.rint(np.arange(T) * hop).astype(np.int64)
+        n_wide = int(round(YIN_VOICING_PERIODS / fmin * sr))
+        r_wide = max(n_wide // 2, 1)
+        wide = np.clip(wide, min(r_wide, len(wav) // 2), max(len(wav) - r_wide, len(wav) // 2))
+        share = _window_energy(x, centers, n) / np.maximum(_window_energy(wav, wide, n_wide), 1e-30)
+        strength = np.where(strength > -1.0, strength * np.clip(share, 0.0, 1.0), strength)
+    global_peak = np.abs(x - x.mean()).max() if len(x) else 0.0
+    rel = np.minimum(peak / global_peak, 1.0) if global_peak > 0 else np.zeros(T)
+    unvoiced = PRAAT_VOICING_THRESHOLD + np.maximum(
+        0.0, 2.0 - rel * (1.0 + PRAAT_VOICING_THRESHOLD) / PRAAT_SILENCE_THRESHOLD)
+    return np.where(lags > 0, strength - unvoiced, 0.0)
 
 
 def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> tuple[np.ndarray, np.ndarray]:
@@ -327,9 +537,18 @@ def _yin_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> 
     reach = W // 2 + (tau_max + 2) // 2 + 2
     centers = np.clip(centers, min(reach, len(x) // 2), max(len(x) - reach, len(x) // 2)) + pad + margin
     lags, costs, energy = _yin_candidates(xp, centers, W, tau_min, tau_max, YIN_CANDIDATES, YIN_LAG_BIAS)
+    costs = _candidate_costs(lags, costs, rate, tau_min)
     level_db = 10.0 * np.log10(energy / W + 1e-20)
     costs[level_db < YIN_SILENCE_DB] = np.inf
-    path = _viterbi(lags, costs, _unvoiced_costs(level_db), YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    unvoiced = _unvoiced_costs(level_db)
+    path = _viterbi(lags, costs, unvoiced, YIN_OCTAVE_COST, YIN_SWITCH_COST)
+    # Second opinion on voicing, at the first pass's lag (its path's where voiced, else the frame's best candidate),
+    # then the path again with "unvoiced" priced by it.
+    rows = np.arange(T)
+    first = lags[rows, np.where(path < YIN_CANDIDATES, path, np.argmin(costs, axis=1))]
+    first = np.where(np.isfinite(costs.min(axis=1)), first, 0.0)
+    evidence = _voicing_margin(wav, sr, x, xp, pad + margin, rate, hop, first, fmin, fmax)
+    path = _viterbi(lags, costs, unvoiced + YIN_VOICING_WEIGHT * evidence, YIN_OCTAVE_COST, YIN_SWITCH_COST)
     voiced = path < YIN_CANDIDATES
     lag = lags[np.arange(T), np.minimum(path, YIN_CANDIDATES - 1)]
     f0 = np.zeros(T)
@@ -377,31 +596,43 @@ def _pyworld_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float,
     return _fit_length(f0, len(wav) // hop + 1)
 
 
+def _praat_padding(n: int, sr: int, hop: int, window_s: float) -> tuple[int, int]:
+    """Zeros to put before and after an n-sample clip so that Praat's frame grid falls exactly on t * hop.
+
+    Praat centres its frames in the sound: with D the padded duration, it makes k = floor((D - window) / dt) + 1
+    frames starting at D / 2 - (k - 1) * dt / 2. For frame times pad_left / sr + t * dt, (n + pad_right - pad_left -
+    (k - 1) * hop) must be a multiple of 2 * hop. The left pad is chosen so that one right pad in every 2 * hop
+    consecutive ones satisfies it away from the rounding edge of the floor; both cover half a window past the clip.
+    """
+    left = int(math.ceil(window_s / 2 * sr + hop / 4)) + hop
+    for right in range(left, left + 2 * hop):
+        q = ((left + n + right) / sr - window_s) / (hop / sr)
+        if abs(q - round(q)) < 1e-6:
+            continue  # Praat's own floor could fall either way here
+        if (n + right - left - math.floor(q) * hop) % (2 * hop) == 0:
+            return left, right
+    raise AssertionError("unreachable: one right pad in 2 * hop aligns the grid")  # pragma: no cover
+
+
 def _praat_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -> np.ndarray:
     try:
         import parselmouth
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("f0 backend 'praat' needs praat-parselmouth: pip install 'audiopipe[reference]'") from e
     T = len(wav) // hop + 1
-    # Praat only places frames whose 3-period window fits in the sound: pad so every centre t*hop is covered.
-    pad = int(math.ceil(1.5 / fmin * sr)) + hop
-    x = np.concatenate([np.zeros(pad), wav.astype(np.float64), np.zeros(pad)])
+    # Praat's grid must land on t * hop itself: a grid offset by a fraction of a frame, read through the nearest frame,
+    # moves every voicing edge by up to half a frame, always in the same direction for a given clip length.
+    left, right = _praat_padding(len(wav), sr, hop, 3.0 / fmin)  # to_pitch_ac's window: 3 periods of the floor
+    x = np.concatenate([np.zeros(left), wav.astype(np.float64), np.zeros(right)])
     pitch = parselmouth.Sound(x, sampling_frequency=sr).to_pitch_ac(
         time_step=hop / sr, pitch_floor=fmin, pitch_ceiling=fmax
     )
-    freq = pitch.selected_array["frequency"]
-    times = pitch.xs() - pad / sr
-    want = np.arange(T) * hop / sr
-    # Voicing from the nearest Praat frame; F0 linearly interpolated when both neighbours are voiced.
-    right = np.clip(np.searchsorted(times, want), 1, len(times) - 1)
-    left = right - 1
-    w = np.clip((want - times[left]) / (times[right] - times[left]), 0.0, 1.0)
-    nearest = np.where(w < 0.5, left, right)
-    f0 = freq[nearest].copy()
-    both = (freq[left] > 0) & (freq[right] > 0)
-    f0[both] = (1 - w[both]) * freq[left][both] + w[both] * freq[right][both]
-    f0[freq[nearest] <= 0] = 0.0
-    return f0
+    pos = (pitch.xs() - left / sr) * sr / hop  # frame index of each Praat frame
+    k = np.rint(pos).astype(np.int64)
+    if not np.allclose(pos, k, atol=1e-6) or k[0] > 0 or k[-1] < T - 1:
+        raise RuntimeError(f"f0 backend 'praat': Praat placed its frames at {pos[0]:.4f} + k frames, not on t * hop "
+                           f"(parselmouth {parselmouth.__version__}: frame placement changed?)")
+    return pitch.selected_array["frequency"][(k >= 0) & (k < T)].astype(np.float64)
 
 
 def interpolate_unvoiced(f0: np.ndarray, voiced: np.ndarray, fill_hz: float) -> np.ndarray:

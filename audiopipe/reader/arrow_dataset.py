@@ -29,9 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 from audiopipe.collate.rows import RowBatch, Rows
-from audiopipe.index.lengths import LengthIndex
+from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity
-from audiopipe.reader.errors import ConfigMismatch, CorruptShardError
+from audiopipe.reader.blocks import BlockTable, cut_blocks
+from audiopipe.reader.errors import ConfigMismatch, CorruptIndexError, CorruptShardError
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import read_manifest
@@ -72,6 +73,20 @@ class _MappedShard:
         self.size, self._fd = self._mmap.size(), self._mmap.fileno()
         self.table = table
         self.columns: dict[str, _Column] = {}
+        try:
+            # Buffer sizes against the lengths the headers declare (cheap: no row payload is read). A header
+            # whose buffer length was shrunk would otherwise surface as a bare numpy ValueError naming nothing.
+            table.validate()
+            self._columns(table, features, channels)
+        except (pa.lib.ArrowException, ValueError, IndexError) as e:
+            self._mmap.close()
+            raise CorruptShardError(f"shard {name} ({path}) is unreadable: {integrity.first_line(e)}; "
+                                    f"run `audiopipe verify`") from e
+        self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
+        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
+
+    def _columns(self, table: pa.Table, features: Sequence[str], channels: dict[str, int]) -> None:
+        name = self.name
         for f in features:
             if f not in table.column_names:
                 raise CorruptShardError(f"shard {name} has no column {f!r} (it has {table.column_names})")
@@ -86,8 +101,6 @@ class _MappedShard:
                 raise CorruptShardError(f"shard {name}: column {f} offsets do not match frame counts (corrupted)")
             # int64 once here: the copy kernel takes int64 frame counts, and a batch gathers them per shard.
             self.columns[f] = _Column(values, offsets, frames.astype(np.int64), ch)
-        self.meta = {c: table.column(c) for c in meta_columns if c in table.column_names}
-        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
 
     def check(self) -> None:
         """Refuse to touch rows of a file whose size changed since it was mapped.
@@ -229,6 +242,7 @@ class ShardDataset:
                     f"{want}; re-extract with the trainer's preset or point at matching shards")
         self.channels = {f: specs[f]["channels"] if f in specs else extra_arrays[f] for f in self.features}
         self.index = self._open_index()
+        integrity.check_index(self.index.shard, self.index.row, self.manifest, f"{self.root}/{INDEX_NAME}")
         self._shard_of = self.index.shard
         self._row_of = self.index.row
         self._open: OrderedDict[int, _MappedShard] = OrderedDict()  # least recently used first
@@ -241,6 +255,7 @@ class ShardDataset:
         shard_bytes = sum(int(e["arrow"]["bytes"]) for e in self.manifest["shards"])
         self._hint_always = shard_bytes > _physical_memory() // 2
         self._index_meta_readers: dict[str, Callable[[np.ndarray], list[Any]]] | None = None
+        self._shard_first: np.ndarray | None = None
         self.skipped: tuple[integrity.CorruptShard, ...] = ()
         self._skipped_shard = np.zeros(len(self.manifest["shards"]), dtype=bool)
         self._hashed = False  # checksums done by the open-time scan (workers inherit it and do not hash again)
@@ -256,7 +271,12 @@ class ShardDataset:
         return read_manifest(self.root)
 
     def _open_index(self) -> LengthIndex:
-        return LengthIndex.open(self.root)
+        index = LengthIndex.open(self.root)
+        why = integrity.index_checksum_fails(None, self.root / INDEX_NAME, self.manifest)
+        if why:
+            raise CorruptIndexError(f"{self.root / INDEX_NAME} {why}: corrupted or from another run; rebuild the "
+                                    f"shard set")
+        return index
 
     # ---- corrupt shards ------------------------------------------------------------------------------
 
@@ -283,7 +303,8 @@ class ShardDataset:
 
     def skip_what_other_ranks_skip(self) -> None:
         """With torch.distributed initialised, also skip every shard another rank found corrupt, so all ranks
-        plan over the same rows (and get the same batch count). A collective: every rank must call it."""
+        plan over the same rows (and get the same batch count). A collective: every rank must call it
+        (make_loader calls it only for a loader of the whole group, see integrity.spans_whole_group)."""
         if self.on_corrupt != "skip":
             return
         agreed = integrity.union_across_ranks([b.shard for b in self.skipped], len(self.manifest["shards"]))
@@ -376,6 +397,29 @@ class ShardDataset:
                 sh.close()
                 raise CorruptShardError(f"shard {name}: feature {f} hash differs from the manifest")
         return sh
+
+    # ---- blocks (block-window reading, audiopipe/reader/blocks.py) --------------------------------------
+
+    def blocks(self, block_bytes: int) -> BlockTable:
+        """The shard set cut into blocks of about block_bytes of the features read."""
+        return cut_blocks(self.index, self.manifest, self.features, self.channels, block_bytes)
+
+    def block_rows(self, blocks: BlockTable, ids: Sequence[int]) -> np.ndarray:
+        """Global indices of the rows of these blocks."""
+        if self._shard_first is None:
+            rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
+            self._shard_first = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        ids = np.asarray(ids, dtype=np.int64)
+        first = self._shard_first[blocks.shard[ids]] + blocks.start[ids]
+        count = blocks.end[ids] - blocks.start[ids]
+        return np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()), dtype=np.int64)
+
+    def hold_blocks(self, tag: Any, blocks: BlockTable, ids: Sequence[int]) -> None:
+        """Local shards: the kernel reads the blocks' rows ahead (read_ahead); the page cache keeps them."""
+        self.read_ahead(self.block_rows(blocks, ids))
+
+    def release_blocks(self, tag: Any) -> None:
+        pass
 
     def willneed(self, indices: Sequence[int]) -> None:
         """Start reading these utterances' feature bytes into the page cache; returns without waiting for

@@ -11,5 +11,11 @@ class CorruptShardError(ShardError):
     naming the shard and what to do (see docs/loader.md, "Corrupt shards")."""
 
 
+class CorruptIndexError(CorruptShardError):
+    """index.arrow cannot be trusted: it fails the manifest's checksum, or its shard/row columns do not list
+    the manifest's shards row by row (a permuted or out-of-range row would pair one utterance's id and length
+    with another's features). One line naming the file; rebuild the shard set (or its index)."""
+
+
 class ConfigMismatch(ValueError):
     pass

@@ -160,7 +160,7 @@ def columns(schema: pa.Schema, layout: BatchLayout) -> dict[str, ColumnBuffers]:
     ni = bi = 0
 
     def walk(t: pa.DataType) -> tuple[int, int]:
-        nodes, bufs = 1, t.num_buffers
+        nodes, bufs = 1, _ipc_buffers(t)
         for k in range(t.num_fields):
             n, b = walk(t.field(k).type)
             nodes, bufs = nodes + n, bufs + b
@@ -174,3 +174,52 @@ def columns(schema: pa.Schema, layout: BatchLayout) -> dict[str, ColumnBuffers]:
         raise LayoutError(f"schema needs {ni} arrays and {bi} buffers, the batch has {len(layout.nodes)} and "
                           f"{len(layout.buffers)}")
     return out
+
+
+def _ipc_buffers(t: pa.DataType) -> int:
+    """Buffers an array of this type has in an IPC body (the null type has none there, though pyarrow's in-memory
+    layout counts one)."""
+    return 0 if pa.types.is_null(t) else t.num_buffers
+
+
+def _offset_width(t: pa.DataType) -> int:
+    large = (pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t))
+    return 8 if large else 4
+
+
+def check_sizes(column: ColumnBuffers) -> None:
+    """Every array of the column has buffers at least as long as its length needs, from the header alone (what
+    pyarrow's RecordBatch.validate checks on a local file): validity bits when there are nulls, fixed-width
+    values, offsets. A shrunk buffer length is a LayoutError here, not a misread row later."""
+    ni = bi = 0
+
+    def walk(t: pa.DataType) -> None:
+        nonlocal ni, bi
+        if ni >= len(column.nodes):
+            raise LayoutError(f"column {column.field.name}: fewer arrays than its type needs")
+        length, nulls = column.nodes[ni]
+        nb = _ipc_buffers(t)
+        bufs = column.buffers[bi:bi + nb]
+        ni, bi = ni + 1, bi + nb
+        if length < 0 or not 0 <= nulls <= length:
+            raise LayoutError(f"column {column.field.name}: bad array length {length} or null count {nulls}")
+        need: dict[int, int] = {}
+        if nb and nulls and not pa.types.is_null(t):
+            need[0] = (length + 7) // 8
+        try:
+            width = t.bit_width
+        except ValueError:
+            width = None
+        if width is not None and nb >= 2:
+            need[1] = (length * width + 7) // 8
+        elif (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+              or pa.types.is_large_binary(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
+            need[1] = (length + 1) * _offset_width(t) if length else 0
+        for j, n in need.items():
+            if bufs[j][1] < n:
+                raise LayoutError(f"column {column.field.name}: buffer {j} is {bufs[j][1]} bytes, its {length} "
+                                  f"values need at least {n}")
+        for k in range(t.num_fields):
+            walk(t.field(k).type)
+
+    walk(column.field.type)

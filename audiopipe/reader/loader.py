@@ -31,10 +31,13 @@ import torch
 
 from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator
+from audiopipe.reader import integrity
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.mixture import MixtureDataset
 from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
+from audiopipe.reader.reading import Reading
+from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
 from audiopipe.storage.s3 import is_s3, require_local_or_s3
@@ -89,7 +92,7 @@ class _Collate:
 @dataclass
 class Loader:
     dataset: ShardDataset
-    sampler: BucketBatchSampler
+    sampler: BucketBatchSampler | BlockWindowSampler
     collate: PadCollator
     dataloader: torch.utils.data.DataLoader
     prefetch: int = 0
@@ -163,7 +166,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
                 files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
                 max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
                 weights: Sequence[float] | None = None, cache_dir: str | Path | None = None,
-                max_cache_bytes: int | None = None, layout: str = "BCT") -> Loader:
+                max_cache_bytes: int | None = None, layout: str = "BCT", reading: Reading | None = None) -> Loader:
     """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
 
     shards_dir: one shard folder, or a list of them to mix (one global plan over their union; indices in
@@ -187,7 +190,10 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
              before they are read, so a cold shard is fetched from disk in parallel with the copy of the
              current batch; 0 turns it off (mmap reader only).
     on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its rows
-             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()).
+             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()). Ranks
+             agree on what to skip through a collective, run only when the loader is one of the whole
+             torch.distributed group's (rank/world_size left to default or equal to the group's); a loader built
+             on one rank alone (rank=0, world_size=1 for evaluation) skips what that rank found, and runs none.
     max_open: shards kept mapped per process (least recently used closed beyond it; mmap reader only).
     prefetch: batches built ahead in a background thread while the step runs (0: built on the caller's
              thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
@@ -198,12 +204,23 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
              in a bounded local cache (read by mmap once there). See docs/loader.md, "Shards on object storage".
     layout: "BCT" (default: [B, C, T_max], each stored row copied as is) or "BTC" ([B, T_max, C], transposed
              while copied: several times the CPU cost, see docs/loader.md).
+    reading: how rows are read (audiopipe/reader/reading.py, `Reading(mode=...)`): "rows" (the global
+             length-bucketed plan), "blocks" (block windows: a few large requests per window of blocks, batches
+             planned from the resident window; loader.sampler is then a BlockWindowSampler) or "auto" (default:
+             "blocks" for a large s3:// shard set read with num_workers=0, else "rows"); plus the requests in
+             flight from s3:// and the block, window and node settings. See docs/loader.md.
     """
+    opts = reading if reading is not None else Reading()
+    if not isinstance(opts, Reading):
+        raise ValueError(f"reading must be a Reading(...), got {type(reading).__name__}")
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
+    # on_corrupt="skip" agrees on the skipped shards across ranks (a collective) only when this loader is one of
+    # the whole group's: rank/world_size left to default, or equal to torch.distributed's.
+    whole_group = on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size)
     mixed = not isinstance(shards_dir, (str, Path))
     folders = [str(s) for s in shards_dir] if mixed else [shards_dir]
     remote = [is_s3(require_local_or_s3(f, "shard folder")) for f in folders]  # other schemes: one line
@@ -217,7 +234,8 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
             from audiopipe.reader.remote_dataset import RemoteShardDataset
 
             return RemoteShardDataset(str(folder), features, expect=expect, verify=verify, on_corrupt=on_corrupt,
-                                      max_open=max_open, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes)
+                                      max_open=max_open, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes,
+                                      fetch_threads=opts.fetch_threads, request_rate=opts.request_rate)
         return ShardDataset(folder, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
                             max_open=max_open)
 
@@ -229,12 +247,14 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
         if reader != "mmap":
             raise ValueError(f"mixing corpora needs reader='mmap', got reader={reader!r}")
         ds = MixtureDataset([open_shards(f, r) for f, r in zip(names, remote)], names)
-        ds.skip_what_other_ranks_skip()
+        if whole_group:
+            ds.skip_what_other_ranks_skip()
     elif weights is not None:
         raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
     elif reader == "mmap":
         ds = open_shards(shards_dir, remote[0])
-        ds.skip_what_other_ranks_skip()  # a collective under torch.distributed: all ranks plan the same rows
+        if whole_group:  # a collective: all ranks plan the same rows; never for a loader of one rank alone
+            ds.skip_what_other_ranks_skip()
     elif reader == "files":
         from audiopipe.reader.files_dataset import FilesDataset
 
@@ -249,8 +269,25 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
             lengths = lengths[subset]
     if reader == "mmap":
         subset, lengths = ds.without_skipped(subset, lengths)
-    sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
-                                 max_items=max_items, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
+    corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"]) if reader == "mmap" else 0
+    mode = opts.resolve(remote=any(remote), mixed=mixed, num_workers=num_workers, reader=reader,
+                        corpus_bytes=corpus_bytes)
+    if mode == "blocks":
+        table = ds.blocks(opts.block_bytes)
+        rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
+        sampler = BlockWindowSampler(np.asarray(lengths, dtype=np.int64), table.of_row[rows], max_frames,
+                                     block_shard=table.shard, block_bytes=table.nbytes, window=opts.window,
+                                     ahead=opts.ahead, quadratic=quadratic, max_items=max_items, seed=seed,
+                                     shuffle=shuffle, rank=rank, world_size=world_size, nodes=opts.nodes)
+        sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
+        sampler.on_release = ds.release_blocks
+    else:
+        if opts.nodes != 1:
+            raise ValueError("Reading(nodes=...) partitions shards by node for block-window reading; "
+                             "give mode='blocks'")
+        sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
+                                     max_items=max_items, seed=seed, shuffle=shuffle, rank=rank,
+                                     world_size=world_size)
     mix = None
     if mixed:
         # The sampler plans positions (of the subset, when one is given): weights need each position's corpus
@@ -274,7 +311,7 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
     view = _View(ds, subset, item_transform)
     # From s3 with workers, each worker fetches its own batch's rows at once (DataLoader keeps several batches
     # in flight); the main process' read-ahead would fetch into memory no worker sees.
-    if read_ahead and hasattr(ds, "read_ahead") and not (any(remote) and num_workers > 0):
+    if mode == "rows" and read_ahead and hasattr(ds, "read_ahead") and not (any(remote) and num_workers > 0):
         sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
     # Batches alive at once with a prefetch thread (device alone runs one batch ahead): K queued + 1 being built
     # + 1 held by the step. (A CUDA copy frees its ring slot at once; device="cpu" hands over the slot itself.)

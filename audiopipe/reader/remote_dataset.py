@@ -2,15 +2,17 @@
 read by byte range.
 
 The layout under the prefix is the local folder's (manifest.json, index.arrow, shard-*.arrow). Opening reads
-the manifest and the length index whole (both small, the index checked against the manifest's sha256), then
-checks every shard as the local scan does, from its size (HEAD) and its Arrow footer and record-batch header
-(two ranged GETs), on a thread pool. A shard's row payload is never downloaded whole for random access:
-- the first time a shard is read, its small buffers (feature offsets and frame counts, the text column) are
-  fetched, a few KB a shard (ipc_layout.py says where they lie);
+the manifest and the length index whole (both small, the index checked against the manifest's checksum and row
+by row), then checks every shard as the local scan does, from its size (HEAD) and its Arrow footer and
+record-batch headers (ranged GETs), 64 shards at a time; in the same pass it fetches each shard's small buffers
+(feature offsets and frame counts, the text column: a few KB a shard, ipc_layout.py says where they lie), which
+are kept for every shard whatever max_open. A shard's row payload is never downloaded whole for random access:
 - a batch's rows are fetched by byte range, each row's values being one contiguous range of its column
-  (adjacent rows in one request), many requests at once from a thread pool;
+  (adjacent rows in one request), `fetch_threads` requests at once (sized by rate x round trip);
 - the rows of the batches to come are fetched ahead: the sampler announces them (`read_ahead` batches early,
-  on the read-ahead thread the local reader uses for madvise), so the step finds them fetched already.
+  on the read-ahead thread the local reader uses for madvise), so the step finds them fetched already;
+- with block-window reading (reading.py, sampler/block_window.py) whole blocks of rows are fetched instead, a
+  window at a time (`hold_blocks`), and the batches cut their rows from them.
 With `cache_dir`, shards are also downloaded whole in the background into a bounded local cache
 (shard_cache.py) and read from there by mmap once complete: later epochs send no request.
 
@@ -22,7 +24,6 @@ on_corrupt="skip"). A DataLoader worker (fork) opens its own client, thread pool
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import struct
@@ -40,7 +41,7 @@ from audiopipe.collate.rows import Rows
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity, ipc_layout
 from audiopipe.reader.arrow_dataset import ShardDataset, _META_COLUMNS, _meta_reader
-from audiopipe.reader.errors import CorruptShardError
+from audiopipe.reader.errors import CorruptIndexError, CorruptShardError
 from audiopipe.reader.shard_cache import ShardCache
 from audiopipe.shard.checksum import checksum_of, new_hash
 from audiopipe.shard.manifest import read_manifest
@@ -83,13 +84,16 @@ class _TailFile(io.RawIOBase):
 
 
 class _Layout:
-    """A shard's schema and where each column's buffers lie in the object (no row payload read).
+    """A shard's schema and where each column's buffers lie in the object, per record batch (no row payload read).
 
     Network failures propagate as they are (ObjectStoreError, ObjectChanged); any failure to parse the bytes
-    (a garbled footer or header, whatever pyarrow or the flatbuffer walker trips on) is a LayoutError."""
+    (a garbled footer or header, a buffer shorter than its array needs, whatever pyarrow or the flatbuffer
+    walker trips on) is a LayoutError."""
 
     def __init__(self, reader: RangeReader, url: S3URL, size: int):
+        t0 = time.perf_counter()
         _, tail = reader.read_tail(url, _TAIL, expect_size=size)
+        self.seconds = time.perf_counter() - t0  # HEAD + one GET: the round trips the fetch pool is sized by
         flen = _parsed(ipc_layout.footer_length, tail[-ipc_layout.TRAILER:])
         if flen + ipc_layout.TRAILER > size:
             raise ipc_layout.LayoutError(f"footer length {flen} exceeds the file")
@@ -99,21 +103,25 @@ class _Layout:
         footer = tail[len(tail) - ipc_layout.TRAILER - flen:len(tail) - ipc_layout.TRAILER]
         self.schema = _parsed(lambda: pa.ipc.open_file(pa.PythonFile(_TailFile(size, start, tail), mode="r")).schema)
         blocks = _parsed(ipc_layout.record_batch_blocks, footer)
-        if len(blocks) != 1:
-            raise ipc_layout.LayoutError(f"{len(blocks)} record batches; an audiopipe shard has one")
-        b = blocks[0]
-        if b.offset < 0 or b.metadata_length <= 0 or b.offset + b.metadata_length + b.body_length > size:
-            raise ipc_layout.LayoutError("record batch block outside the file")
-        if b.offset >= start:
-            head = tail[b.offset - start:b.offset - start + b.metadata_length]
-        else:
-            head = reader.read(url, b.offset, b.metadata_length, size)
-        self.batch = _parsed(ipc_layout.batch_layout, b, head)
-        self.columns = _parsed(ipc_layout.columns, self.schema, self.batch)
+        self.batches: list[ipc_layout.BatchLayout] = []
+        self.columns: list[dict[str, ipc_layout.ColumnBuffers]] = []
+        for b in blocks:  # an audiopipe shard has one; any valid Arrow file may have several
+            if b.offset < 0 or b.metadata_length <= 0 or b.offset + b.metadata_length + b.body_length > size:
+                raise ipc_layout.LayoutError("record batch block outside the file")
+            if b.offset >= start:
+                head = tail[b.offset - start:b.offset - start + b.metadata_length]
+            else:
+                head = reader.read(url, b.offset, b.metadata_length, size)
+            batch = _parsed(ipc_layout.batch_layout, b, head)
+            cols = _parsed(ipc_layout.columns, self.schema, batch)
+            for c in cols.values():
+                _parsed(ipc_layout.check_sizes, c)
+            self.batches.append(batch)
+            self.columns.append(cols)
 
     @property
     def rows(self) -> int:
-        return self.batch.rows
+        return sum(b.rows for b in self.batches)
 
 
 def _parsed(fn, *args):
@@ -142,14 +150,15 @@ def _runs(ranges: list[tuple[int, int]], gap: int, max_run: int) -> list[tuple[i
 
 
 class _Fetcher:
-    """Ranged GETs on a thread pool: submitted ahead (prefetch) or on demand, taken once by the batch.
+    """Ranged GETs on a thread pool: submitted ahead (prefetch) or on demand, taken once by the batch; and blocks
+    held whole (block-window reading) that any number of rows are cut from until they are released.
 
     Prefetched ranges wait in `pending` until a batch takes them; beyond `max_pending` bytes the oldest are
     dropped (a pass abandoned midway must not keep its read-ahead forever), and fetched again if asked for.
     """
 
     def __init__(self, reader: RangeReader, threads: int, max_pending: int):
-        self.reader, self.max_pending, self.pid = reader, max_pending, os.getpid()
+        self.reader, self.max_pending, self.pid, self.threads = reader, max_pending, os.getpid(), threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="audiopipe-s3")
         self.lock = threading.Lock()
         self.pending: OrderedDict[tuple, tuple[Future, int, int]] = OrderedDict()
@@ -157,8 +166,13 @@ class _Fetcher:
         # Ranges a batch fetched itself because their read-ahead had not come yet (a busy read-ahead thread):
         # the late read-ahead of each is skipped once instead of fetching it a second time.
         self.overtaken: OrderedDict[tuple, None] = OrderedDict()
+        # Held blocks: object path -> [(start, end, future, tag)]; tag -> the paths it holds.
+        self.held: dict[str, list[tuple[int, int, Future, Any]]] = {}
+        self.held_tags: dict[Any, set[str]] = {}
+        self.held_bytes = 0
         self.stats = {"bytes_delivered": 0, "ranges_taken": 0, "ranges_prefetched": 0, "ranges_waited": 0,
-                      "ranges_dropped": 0, "ranges_late": 0, "wait_s": 0.0}
+                      "ranges_dropped": 0, "ranges_late": 0, "ranges_from_blocks": 0, "blocks_fetched": 0,
+                      "max_held_bytes": 0, "wait_s": 0.0}
 
     def _submit(self, url: S3URL, size: int, ranges: list[tuple[int, int]]) -> list[tuple[Future, int, int]]:
         out: list[Any] = [None] * len(ranges)
@@ -173,7 +187,7 @@ class _Fetcher:
             missing = []
             for r in dict.fromkeys(ranges):
                 key = (url.path, *r)
-                if r[1] <= 0 or key in self.pending:
+                if r[1] <= 0 or key in self.pending or self._in_held(url.path, r) is not None:
                     continue
                 if key in self.overtaken:
                     del self.overtaken[key]
@@ -188,14 +202,59 @@ class _Fetcher:
                 self.pending_bytes -= n
                 self.stats["ranges_dropped"] += 1
 
+    # ---- held blocks ----------------------------------------------------------------------------------
+
+    def _in_held(self, path: str, r: tuple[int, int]) -> tuple[Future, int, int] | None:
+        for start, end, fut, _ in self.held.get(path, ()):
+            if start <= r[0] and r[0] + r[1] <= end:
+                return fut, r[0] - start, r[1]
+        return None
+
+    def hold(self, tag: Any, url: S3URL, size: int, start: int, length: int) -> None:
+        """Fetch bytes start..start+length (one GET) and keep them until release(tag)."""
+        if length <= 0:
+            return
+        with self.lock:
+            if any(s == start and e == start + length for s, e, _, t in self.held.get(url.path, ()) if t == tag):
+                return
+            fut = self.pool.submit(self.reader.read, url, start, length, size)
+            self.held.setdefault(url.path, []).append((start, start + length, fut, tag))
+            self.held_tags.setdefault(tag, set()).add(url.path)
+            self.held_bytes += length
+            self.stats["blocks_fetched"] += 1
+            self.stats["max_held_bytes"] = max(self.stats["max_held_bytes"], self.held_bytes)
+
+    def release(self, tag: Any) -> None:
+        """Forget the blocks held under `tag` (rows already cut from them stay valid: they hold the bytes)."""
+        with self.lock:
+            for path in self.held_tags.pop(tag, ()):
+                keep = []
+                for e in self.held.get(path, ()):
+                    if e[3] == tag:
+                        self.held_bytes -= e[1] - e[0]
+                        if not e[2].done():
+                            e[2].cancel()
+                    else:
+                        keep.append(e)
+                if keep:
+                    self.held[path] = keep
+                else:
+                    self.held.pop(path, None)
+
     def take(self, url: S3URL, size: int, ranges: Sequence[tuple[int, int]],
              payload: bool = True) -> list[bytes | memoryview]:
-        """The bytes of each range, waiting for those still in flight and fetching the rest now. payload:
-        count them as rows delivered (False for a shard's small buffers read when it is opened)."""
+        """The bytes of each range, cut from a held block, waiting for those still in flight, and fetching the
+        rest now. payload: count them as rows delivered (False for a shard's small buffers)."""
         unique = list(dict.fromkeys(r for r in ranges if r[1] > 0))
         found: dict[tuple[int, int], tuple[Future, int, int]] = {}
+        from_blocks = 0
         with self.lock:
             for r in unique:
+                e = self._in_held(url.path, r)
+                if e is not None:
+                    found[r] = e
+                    from_blocks += 1
+                    continue
                 e = self.pending.pop((url.path, *r), None)
                 if e is not None:
                     found[r] = e
@@ -208,6 +267,7 @@ class _Fetcher:
                     self.overtaken.popitem(last=False)
         if payload:
             self.stats["ranges_prefetched"] += len(found)
+            self.stats["ranges_from_blocks"] += from_blocks
             self.stats["ranges_waited"] += len(missing) + sum(not e[0].done() for e in found.values())
         found.update(zip(missing, self._submit(url, size, missing)))
         t0 = time.perf_counter()
@@ -228,53 +288,114 @@ class _Fetcher:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-class _RemoteColumn:
-    def __init__(self, offset: int, nbytes: int, dtype: np.dtype, offsets: np.ndarray, frames: np.ndarray,
-                 channels: int):
-        self.offset, self.nbytes, self.dtype = offset, nbytes, dtype
-        self.offsets, self.frames, self.channels = offsets, frames, channels
+class _Small:
+    """A shard's small buffers, decoded: where each row's values start in the object, its frame counts, and the
+    metadata columns the index does not hold (the transcripts). Kept for every shard once fetched, whatever
+    max_open (a few bytes a row); no feature value is here."""
+
+    def __init__(self, name: str, url: S3URL, size: int, rows: int, starts: dict[str, np.ndarray],
+                 frames: dict[str, np.ndarray], dtypes: dict[str, np.dtype], meta: dict[str, pa.ChunkedArray]):
+        self.name, self.url, self.size, self.rows = name, url, size, rows
+        self.starts, self.frames, self.dtypes, self.meta = starts, frames, dtypes, meta
+
+    @staticmethod
+    def fetch(ds: "RemoteShardDataset", k: int, layout: _Layout) -> "_Small":
+        """Read and check shard k's small buffers (a few GETs: nearby buffers in one request). Raises
+        CorruptShardError for buffers that contradict each other, ObjectChanged/ObjectStoreError for I/O."""
+        entry = ds.manifest["shards"][k]
+        name, url, size = entry["name"], ds._shard_url(k), int(entry["arrow"]["bytes"])
+        for f in ds.features:
+            for c in (f, f"{f}_frames"):
+                if c not in layout.schema.names:
+                    raise CorruptShardError(f"shard {name} ({url}) has no column {c!r}")
+        meta_names = [c for c in ds.shard_meta_columns if c in layout.schema.names
+                      and layout.schema.field(c).type.num_fields == 0]
+        want: list[tuple[int, int]] = []  # the small buffers: list offsets, frame counts, metadata columns
+        for cols in layout.columns:
+            for f in ds.features:
+                want += [cols[f].buffers[1], cols[f"{f}_frames"].buffers[1]]
+            for c in meta_names:
+                want += cols[c].buffers
+        ranges = sorted(r for r in dict.fromkeys(want) if r[1] > 0)
+        got: dict[tuple[int, int], bytes] = {}
+        for start, length, members in _runs(ranges, _GAP, _MAX_RUN):
+            data = ds.reader.read(url, start, length, size)
+            for i in members:
+                a, n = ranges[i]
+                got[ranges[i]] = data[a - start:a - start + n]
+        starts: dict[str, np.ndarray] = {}
+        frames: dict[str, np.ndarray] = {}
+        dtypes: dict[str, np.dtype] = {}
+        for f in ds.features:
+            ch = ds.channels.get(f, 0)
+            dtype = np.dtype(layout.schema.field(f).type.value_type.to_pandas_dtype())
+            st, fr = [], []
+            for batch, cols in zip(layout.batches, layout.columns):
+                offsets = np.frombuffer(got.get(cols[f].buffers[1], b""), dtype=np.int64)
+                fcount = np.frombuffer(got.get(cols[f"{f}_frames"].buffers[1], b""), dtype=np.int32)
+                voff, vlen = cols[f].buffers[3]
+                if batch.rows == 0 and offsets.size == 0:
+                    continue
+                if (offsets.size != batch.rows + 1 or fcount.size < batch.rows or offsets[0] < 0
+                        or offsets[-1] * dtype.itemsize > vlen
+                        or (np.diff(offsets) != np.maximum(ch, 1) * fcount[:batch.rows]).any()):
+                    raise CorruptShardError(f"shard {name} ({url}): column {f} offsets do not match frame counts "
+                                            f"(corrupted)")
+                st.append(voff + offsets[:-1] * dtype.itemsize)
+                fr.append(fcount[:batch.rows].astype(np.int64))
+            starts[f] = np.concatenate(st) if st else np.zeros(0, dtype=np.int64)
+            frames[f] = np.concatenate(fr) if fr else np.zeros(0, dtype=np.int64)
+            dtypes[f] = dtype
+        meta: dict[str, pa.ChunkedArray] = {}
+        for c in meta_names:
+            typ, chunks = layout.schema.field(c).type, []
+            for cols in layout.columns:
+                (length, nulls), bufs = cols[c].nodes[0], cols[c].buffers
+                # An absent validity bitmap is None; any other empty buffer is an empty buffer (a string column
+                # whose values are all "" has a zero-length data buffer, which must not read as missing).
+                arrow_bufs = [None if j == 0 and b[1] <= 0 else pa.py_buffer(got.get(b, b"")) for j, b in enumerate(bufs)]
+                try:
+                    arr = pa.Array.from_buffers(typ, length, arrow_bufs, null_count=nulls)
+                    arr.validate(full=True)
+                except (pa.lib.ArrowException, ValueError) as e:
+                    raise CorruptShardError(f"shard {name} ({url}): column {c} is unreadable "
+                                            f"({integrity.first_line(e)}); run `audiopipe verify`") from e
+                chunks.append(arr)
+            meta[c] = pa.chunked_array(chunks, type=typ)
+        return _Small(name, url, size, layout.rows, starts, frames, dtypes, meta)
+
+    def ranges(self, feature: str, rows: np.ndarray, channels: int) -> list[tuple[int, int]]:
+        starts = self.starts[feature][rows]
+        n = self.frames[feature][rows] * (max(channels, 1) * self.dtypes[feature].itemsize)
+        return list(zip(starts.tolist(), n.tolist()))
+
+    def span(self, features: Sequence[str], channels: dict[str, int], first: int, end: int) -> list[tuple[int, int]]:
+        """Per feature, the one byte range rows first..end-1 occupy (a block: contiguous within a batch's
+        column; across record batches, one range per batch)."""
+        out = []
+        for f in features:
+            r = self.ranges(f, np.arange(first, end, dtype=np.int64), channels.get(f, 0))
+            r = [x for x in r if x[1] > 0]
+            if not r:
+                continue
+            a, e = r[0][0], r[0][0] + r[0][1]
+            for s, n in r[1:]:
+                if s != e:  # the next record batch's buffer: a range of its own
+                    out.append((a, e - a))
+                    a = s
+                e = s + n
+            out.append((a, e - a))
+        return out
 
 
 class _RemoteShard:
-    """One shard's offsets, frame counts and text in memory; its feature values stay on the server."""
+    """A shard read by byte range: its small buffers in memory (_Small), its feature values on the server.
+    Cheap to make from the small buffers: evicting it past max_open costs no request to undo."""
 
-    def __init__(self, ds: "RemoteShardDataset", k: int, url: S3URL, layout: _Layout):
-        entry = ds.manifest["shards"][k]
-        self.name, self.url, self.size, self._ds = entry["name"], url, int(entry["arrow"]["bytes"]), ds
-        cols = layout.columns
-        want: list[tuple[int, int]] = []  # the small buffers: list offsets, frame counts, metadata columns
-        for f in ds.features:
-            for c in (f, f"{f}_frames"):
-                if c not in cols:
-                    raise CorruptShardError(f"shard {self.name} ({url}) has no column {c!r}")
-            want += [cols[f].buffers[1], cols[f"{f}_frames"].buffers[1]]
-        meta = [c for c in ds.shard_meta_columns if c in cols and cols[c].field.type.num_fields == 0]
-        for c in meta:
-            want += cols[c].buffers
-        ranges = [r for r in dict.fromkeys(want) if r[1] > 0]
-        data = ds.fetcher().take(url, self.size, ranges, payload=False) if ranges else []
-        got = {r: bytes(d) for r, d in zip(ranges, data)}
-        got.update({r: b"" for r in want if r[1] <= 0})
-        rows = layout.rows
-        self.columns: dict[str, _RemoteColumn] = {}
-        for f in ds.features:
-            values_type = cols[f].field.type.value_type
-            dtype = np.dtype(values_type.to_pandas_dtype())
-            offsets = np.frombuffer(got[cols[f].buffers[1]], dtype=np.int64)
-            frames = np.frombuffer(got[cols[f"{f}_frames"].buffers[1]], dtype=np.int32)
-            voff, vlen = cols[f].buffers[3]
-            ch = ds.channels.get(f, 0)
-            if (offsets.size != rows + 1 or frames.size != rows or offsets[-1] * dtype.itemsize > vlen
-                    or (np.diff(offsets) != np.maximum(ch, 1) * frames).any()):
-                raise CorruptShardError(f"shard {self.name} ({url}): column {f} offsets do not match frame counts "
-                                        f"(corrupted)")
-            self.columns[f] = _RemoteColumn(voff, vlen, dtype, offsets, frames, ch)
-        self.meta: dict[str, pa.ChunkedArray] = {}
-        for c in meta:
-            (length, nulls), bufs = cols[c].nodes[0], cols[c].buffers
-            arr = pa.Array.from_buffers(cols[c].field.type, length,
-                                        [pa.py_buffer(got[b]) if b[1] > 0 else None for b in bufs], null_count=nulls)
-            self.meta[c] = pa.chunked_array([arr])
+    def __init__(self, ds: "RemoteShardDataset", small: _Small):
+        self._ds, self.small = ds, small
+        self.name, self.url, self.size = small.name, small.url, small.size
+        self.meta = small.meta
         self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
 
     def check(self) -> None:
@@ -284,41 +405,51 @@ class _RemoteShard:
         pass
 
     def ranges(self, feature: str, rows: np.ndarray) -> list[tuple[int, int]]:
-        c = self.columns[feature]
-        size = c.dtype.itemsize
-        starts = c.offset + c.offsets[rows] * size
-        ends = c.offset + c.offsets[rows + 1] * size
-        return list(zip(starts.tolist(), (ends - starts).tolist()))
+        return self.small.ranges(feature, rows, self._ds.channels.get(feature, 0))
 
     def willneed(self, rows: np.ndarray) -> None:
         """Start fetching these rows' values (all features) on the thread pool; returns at once."""
         fetcher = self._ds.fetcher()
-        for f in self.columns:
+        for f in self._ds.features:
             fetcher.prefetch(self.url, self.size, self.ranges(f, rows))
 
     def rows(self, feature: str, rows: np.ndarray, positions: np.ndarray) -> Rows:
-        """The rows' values fetched (or taken from the read-ahead) into one buffer, in batch order."""
-        c = self.columns[feature]
+        """The rows' values fetched (or taken from the read-ahead or a held block) into one buffer, in batch
+        order."""
+        dtype = self.small.dtypes[feature]
         try:
             chunks = self._ds.fetcher().take(self.url, self.size, self.ranges(feature, rows))
         except ObjectChanged as e:
             raise CorruptShardError(f"shard {self.name} ({self.url}) changed on the server while training: "
                                     f"{integrity.first_line(e)}") from e
-        counts = np.diff(c.offsets)[rows].astype(np.int64)
-        values = np.frombuffer(b"".join(chunks), dtype=c.dtype)
+        frames = self.small.frames[feature][rows]
+        counts = frames * max(self._ds.channels.get(feature, 0), 1)
+        values = np.frombuffer(b"".join(chunks), dtype=dtype)
         starts = np.zeros(rows.size, dtype=np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
-        return Rows(values, starts, c.frames[rows].astype(np.int64), positions)
+        return Rows(values, starts, frames.astype(np.int64), positions)
 
     def meta_values(self, column: str, rows: np.ndarray) -> list[Any]:
         return self._meta_get[column](rows)
+
+
+def _raise_io_threads(n: int) -> None:
+    """pyarrow's S3 client keeps at most max(IO threads, 25) connections: raise the IO pool to `n` so `n`
+    requests can be in flight (clients made afterwards get the larger pool; see storage/s3.filesystem)."""
+    if pa.io_thread_count() < n:
+        pa.set_io_thread_count(n)
+
+
+OPEN_THREADS = 64  # concurrent shard checks at open: ~3 round trips a shard, all shards in parallel
 
 
 class RemoteShardDataset(ShardDataset):
     """ShardDataset whose shards are objects under an s3:// prefix (see the module docstring).
 
     cache_dir / max_cache_bytes: the optional local cache of whole shards (shard_cache.py).
-    fetch_threads: concurrent ranged GETs per process. max_pending_bytes: read-ahead kept waiting for its batch.
+    fetch_threads: requests in flight per process; None sizes it by rate x round trip: `request_rate` (GETs per
+        second the loader should sustain) times the round trip measured while opening, within 16..256.
+    max_pending_bytes: read-ahead kept waiting for its batch.
     settings / retry: the client's attempts and timeouts, and the retries on top of them (storage/).
     The other arguments are ShardDataset's.
     """
@@ -326,24 +457,40 @@ class RemoteShardDataset(ShardDataset):
     def __init__(self, url: str, features: Iterable[str] = ("mel",), *, expect: dict[str, str] | None = None,
                  verify: str = "size", meta_columns: Sequence[str] = _META_COLUMNS, on_corrupt: str = "fail",
                  max_open: int = 128, check_shards: bool = True, cache_dir: str | os.PathLike[str] | None = None,
-                 max_cache_bytes: int | None = None, fetch_threads: int = 16, max_pending_bytes: int = 512 << 20,
+                 max_cache_bytes: int | None = None, fetch_threads: int | None = None,
+                 request_rate: float = 2000.0, max_pending_bytes: int = 512 << 20,
                  settings: S3Settings | None = None, retry: RetryPolicy | None = None):
-        if not isinstance(fetch_threads, int) or fetch_threads < 1:
-            raise ValueError(f"fetch_threads must be a positive integer, got {fetch_threads!r}")
+        if fetch_threads is not None and (not isinstance(fetch_threads, int) or fetch_threads < 1):
+            raise ValueError(f"fetch_threads must be a positive integer or None (sized by rate x round trip), "
+                             f"got {fetch_threads!r}")
+        if not request_rate > 0:
+            raise ValueError(f"request_rate must be > 0 requests per second, got {request_rate!r}")
+        _raise_io_threads(OPEN_THREADS)  # before the first client is made: the open runs that many at once
         self.reader = RangeReader(settings, retry)
-        self.fetch_threads, self.max_pending_bytes = fetch_threads, max_pending_bytes
+        self.fetch_threads_asked, self.request_rate = fetch_threads, float(request_rate)
+        self.fetch_threads = fetch_threads or 16
+        self.max_pending_bytes = max_pending_bytes
+        self.round_trip_s: float | None = None
         self._fetcher: _Fetcher | None = None
         self._layouts: dict[int, _Layout] = {}
+        self._small: dict[int, _Small] = {}  # every shard's, once fetched: never evicted
+        self._small_futs: dict[int, Future] = {}
+        self._small_lock = threading.Lock()
+        self._small_pool: ThreadPoolExecutor | None = None
+        self._small_pid: int | None = None
         if cache_dir is None and max_cache_bytes is not None:
             raise ValueError("max_cache_bytes needs cache_dir (the folder of the local shard cache)")
         if cache_dir is not None and max_cache_bytes is None:
             raise ValueError("cache_dir needs max_cache_bytes (the most the cache may hold on disk)")
         self.cache = ShardCache(cache_dir, max_cache_bytes, self.reader) if cache_dir is not None else None
+        # Index columns (id, speaker, duration) come from the index; only the rest is fetched from the shards.
+        self.shard_meta_columns: list[str] = []
         super().__init__(url, features, expect=expect, verify=verify, meta_columns=meta_columns,
                          on_corrupt=on_corrupt, max_open=max_open, check_shards=check_shards)
-        # Index columns (id, speaker, duration) come from the index; only the rest is fetched from the shards.
-        self.shard_meta_columns = [c for c in self.meta_columns if c not in self.index.table.column_names]
         self._hint_always = True  # a fetched range is consumed by its batch: announce every batch, every epoch
+        if fetch_threads is None and self.round_trip_s is not None:
+            self.fetch_threads = int(min(256, max(16, np.ceil(self.request_rate * self.round_trip_s))))
+        _raise_io_threads(self.fetch_threads)
 
     # ---- where the shards are -------------------------------------------------------------------------
 
@@ -359,10 +506,12 @@ class RemoteShardDataset(ShardDataset):
             data = self.reader.read_object(url)
         except ObjectChanged as e:
             raise FileNotFoundError(f"{url} not found: is {self.root} an audiopipe shard prefix? ({e})") from e
-        want = (self.manifest.get("index") or {}).get("sha256")
-        if want and hashlib.sha256(data).hexdigest() != want:
-            raise CorruptShardError(f"{url} fails the manifest's sha256 check: corrupted or from another run")
-        return LengthIndex(pa.ipc.open_file(pa.BufferReader(data)).read_all())
+        why = integrity.index_checksum_fails(data, None, self.manifest)
+        if why:
+            raise CorruptIndexError(f"{url} {why}: corrupted or from another run; rebuild the shard set")
+        index = LengthIndex(pa.ipc.open_file(pa.BufferReader(data)).read_all())
+        self.shard_meta_columns = [c for c in self.meta_columns if c not in index.table.column_names]
+        return index
 
     def fetcher(self) -> _Fetcher:
         f = self._fetcher
@@ -372,8 +521,12 @@ class RemoteShardDataset(ShardDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_fetcher"] = None
+        state.update(_fetcher=None, _small_futs={}, _small_lock=None, _small_pool=None, _small_pid=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._small_lock = threading.Lock()
 
     def _shard_url(self, k: int) -> S3URL:
         return self.root.child(self.manifest["shards"][k]["arrow"]["path"])
@@ -407,16 +560,32 @@ class RemoteShardDataset(ShardDataset):
                 h.update(self.reader.read(url, start, min(step, size - start), size))
             if h.hexdigest() != want.hexdigest:
                 return f"fails its {want.algorithm} checksum"
+        if reason is None:
+            # Its small buffers now, on this pool, in parallel with every other shard's: never one shard after
+            # another on the batch path, and kept for every shard whatever max_open.
+            try:
+                self._small[k] = _Small.fetch(self, k, layout)
+            except CorruptShardError as e:
+                return integrity.first_line(e).split(": ", 1)[-1]
+            except ObjectChanged as e:
+                return integrity.first_line(e).replace(f"{url}: ", "").replace(f"{url} ", "")
         return reason
 
     def _scan(self) -> None:
         hashes = {f: spec["hash"] for f, spec in self.manifest["features"].items()}
         shards = self.manifest["shards"]
         # A server that stays down is an ObjectStoreError from here, never a shard taken for corrupt.
-        with ThreadPoolExecutor(min(self.fetch_threads, max(len(shards), 1))) as pool:
+        with ThreadPoolExecutor(min(OPEN_THREADS, max(len(shards), 1))) as pool:
             reasons = list(pool.map(lambda k: self._check_remote(k, hashes), range(len(shards))))
         bad = [integrity.CorruptShard(k, shards[k]["name"], str(self._shard_url(k)), int(shards[k]["rows"]), r)
                for k, r in enumerate(reasons) if r is not None]
+        times = sorted(lay.seconds for lay in self._layouts.values())
+        if times:
+            # HEAD + GET of each tail: half of one is a round trip, server time included. The open sends 64 at a
+            # time, so most of them also queue at the server; the 10th percentile is what an exchange costs when
+            # it does not (the median, inflated by that queueing under load, sized the pool 2-4x too large and
+            # the extra requests only queued at the server).
+            self.round_trip_s = times[len(times) // 10] / 2
         self._hashed = self.verify == "checksum"
         self.reader.forget()  # each shard's size is asked again when it is first read (a change since is caught)
         if bad and self.on_corrupt == "fail":
@@ -425,9 +594,51 @@ class RemoteShardDataset(ShardDataset):
                 f"problem) or pass on_corrupt='skip' (--on-corrupt skip) to train without their rows")
         self._skip(bad)
 
+    # ---- small buffers: fetched off the batch path ----------------------------------------------------------
+
+    def _request_small(self, k: int) -> Future:
+        """Shard k's small buffers on the opening pool (a future; at once when they are in memory)."""
+        with self._small_lock:
+            if self._small_pid != os.getpid():  # none yet, or forked: the pool's threads stayed in the parent
+                self._small_pool = ThreadPoolExecutor(8, thread_name_prefix="audiopipe-s3-open")
+                self._small_futs, self._small_pid = {}, os.getpid()
+            fut = self._small_futs.get(k)
+            if fut is None:
+                fut = self._small_futs[k] = self._small_pool.submit(self._fetch_small, k)
+        return fut
+
+    def _fetch_small(self, k: int) -> _Small:
+        sm = self._small.get(k)
+        if sm is not None:
+            return sm
+        entry = self.manifest["shards"][k]
+        url = self._shard_url(k)
+        try:
+            sm = _Small.fetch(self, k, self._layout(k))
+        except CorruptShardError:
+            raise
+        except ObjectChanged as e:
+            raise CorruptShardError(f"shard {entry['name']} ({url}) changed on the server since the open: "
+                                    f"{integrity.first_line(e)}") from e
+        except (ipc_layout.LayoutError, pa.lib.ArrowException, ValueError) as e:  # bytes that do not parse
+            raise CorruptShardError(f"shard {entry['name']} ({url}) is unreadable: {integrity.first_line(e)}; "
+                                    f"run `audiopipe verify`") from e
+        self._small[k] = sm
+        return sm
+
+    def small(self, k: int) -> _Small:
+        """Shard k's small buffers, waiting for them if they are being fetched (never under the dataset lock)."""
+        sm = self._small.get(k)
+        return sm if sm is not None else self._request_small(k).result()
+
     # ---- shards ---------------------------------------------------------------------------------------
 
+    def _cached_path(self, k: int, touch: bool = False) -> Path | None:
+        return self.cache.ready(self.manifest["shards"][k], touch=touch) if self.cache is not None else None
+
     def _map(self, k: int):  # type: ignore[override]
+        """Under the dataset lock: a cached copy is mapped (local I/O), else the shard is made from its small
+        buffers, which _shard fetched before taking the lock. No network request here."""
         entry = self.manifest["shards"][k]
         url = self._shard_url(k)
         if self.cache is not None:
@@ -438,18 +649,14 @@ class RemoteShardDataset(ShardDataset):
             if why is not None:
                 raise CorruptShardError(f"shard {entry['name']}: {why}")
             self.cache.request(url, entry)
-        try:
-            return _RemoteShard(self, k, url, self._layout(k))
-        except CorruptShardError:
-            raise
-        except ObjectChanged as e:
-            raise CorruptShardError(f"shard {entry['name']} ({url}) changed on the server since the open: "
-                                    f"{integrity.first_line(e)}") from e
-        except (ipc_layout.LayoutError, pa.lib.ArrowException, ValueError) as e:  # bytes that do not parse
-            raise CorruptShardError(f"shard {entry['name']} ({url}) is unreadable: {integrity.first_line(e)}; "
-                                    f"run `audiopipe verify`") from e
+        sm = self._small.get(k)
+        if sm is None:  # its cached copy vanished since _shard looked: fetched here, once
+            sm = self._fetch_small(k)
+        return _RemoteShard(self, sm)
 
     def _shard(self, k: int):  # type: ignore[override]
+        if k not in self._small and not self._skipped_shard[k] and self._cached_path(k) is None:
+            self.small(k)  # outside the lock: other batches' shards open meanwhile
         sh = super()._shard(k)
         if self.cache is not None and isinstance(sh, _RemoteShard):
             entry = self.manifest["shards"][k]
@@ -461,8 +668,63 @@ class RemoteShardDataset(ShardDataset):
                 with self._lock:
                     if self._open.get(k) is sh:
                         del self._open[k]
+                if k not in self._small:
+                    self.small(k)
                 sh = super()._shard(k)
         return sh
+
+    def willneed(self, indices: Sequence[int]) -> None:  # type: ignore[override]
+        """Start fetching these utterances' rows; a shard whose small buffers are not in memory yet is opened
+        on the opening pool first, in parallel with the others, and its rows follow when it is."""
+        idx = self._positions(indices)
+        if idx.size == 0:
+            return
+        shard_of = self._shard_of[idx]
+        rows = self._row_of[idx].astype(np.int64)
+        for k in np.unique(shard_of).tolist():
+            if self._skipped_shard[k] or self._cached_path(k) is not None:
+                continue
+            mine = rows[shard_of == k]
+            sm = self._small.get(k)
+            if sm is not None:
+                _RemoteShard(self, sm).willneed(mine)
+                continue
+
+            def then(fut: Future, mine=mine) -> None:
+                if fut.exception() is None:  # a failure is reported by the read itself
+                    _RemoteShard(self, fut.result()).willneed(mine)
+
+            self._request_small(k).add_done_callback(then)
+
+    # ---- blocks (block-window reading) ----------------------------------------------------------------
+
+    def hold_blocks(self, tag: Any, blocks: Any, ids: np.ndarray) -> None:
+        """Fetch these blocks whole (one GET per feature and block) and keep them until release_blocks(tag):
+        the batches of a window cut their rows from them. `blocks` is the BlockTable the ids index."""
+        fetcher = self.fetcher()
+        for b in np.asarray(ids, dtype=np.int64).tolist():
+            k, first, end = int(blocks.shard[b]), int(blocks.start[b]), int(blocks.end[b])
+            if self._skipped_shard[k]:
+                continue
+            if self.cache is not None:
+                entry = self.manifest["shards"][k]
+                if self.cache.ready(entry) is not None:
+                    continue  # read from the local copy
+                self.cache.request(self._shard_url(k), entry)
+
+            def hold(sm: _Small, first=first, end=end) -> None:
+                for start, length in sm.span(self.features, self.channels, first, end):
+                    fetcher.hold(tag, sm.url, sm.size, start, length)
+
+            sm = self._small.get(k)
+            if sm is not None:
+                hold(sm)
+            else:
+                self._request_small(k).add_done_callback(
+                    lambda fut, hold=hold: hold(fut.result()) if fut.exception() is None else None)
+
+    def release_blocks(self, tag: Any) -> None:
+        self.fetcher().release(tag)
 
     def diagnostics(self) -> dict[str, Any]:
         """ShardDataset's, plus this process's requests: count, bytes asked for and delivered, retries, and
@@ -473,6 +735,9 @@ class RemoteShardDataset(ShardDataset):
         d.update(self.reader.counters(), **stats)
         delivered = stats.get("bytes_delivered", 0)
         d["bytes_requested_per_byte_delivered"] = (d["bytes_requested"] / delivered) if delivered else None
+        d["fetch_threads"] = self.fetch_threads
+        d["round_trip_ms"] = None if self.round_trip_s is None else 1e3 * self.round_trip_s
+        d["shards_open_small_buffers"] = len(self._small)
         if self.cache is not None:
             d["cache"] = self.cache.diagnostics()
         return d

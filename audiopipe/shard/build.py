@@ -43,6 +43,10 @@ class Extractors:
     codec_spec: FeatureSpec | None = None
     phone_ids: Callable[[str, str | None], np.ndarray] | None = None  # (text, the line's language tag)
     extra_specs: list[FeatureSpec] = field(default_factory=list)
+    # --bert-checkpoint: (text, tag) -> (phone ids, GPT-SoVITS segments), and the BERT model (loaded once per
+    # worker process) that turns the segments into per-phone features
+    phone_segments: Callable[[str, str | None], tuple[np.ndarray, list]] | None = None
+    bert: Any = None
 
     @property
     def all_specs(self) -> list[FeatureSpec]:
@@ -109,11 +113,16 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"two features want the same column name {dup}; give one a different name")
-        phone_ids = None
-        if job.phones and job.language != "en":
+        phone_ids = phone_segments = bert = None
+        if job.phones and job.language != "en" and job.bert:
+            from audiopipe.features.bert import BertPhoneFeatures
+
+            phone_segments = _gpt_sovits_phone_ids(job.language, segments=True)
+            bert = BertPhoneFeatures(job.bert.checkpoint, device=job.bert.device, batch_size=job.bert.batch_size)
+        elif job.phones and job.language != "en":
             phone_ids = _gpt_sovits_phone_ids(job.language)
         elif job.phones:
-            from audiopipe.features.phones import G2PError, g2p, phones_to_ids
+            from audiopipe.text.en_phones import G2PError, g2p, phones_to_ids
 
             def phone_ids(text: str, line_language: str | None = None) -> np.ndarray:
                 try:
@@ -121,24 +130,27 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
                 except G2PError as e:
                     raise RejectError("g2p_failed", str(e)) from e
 
-        _CACHE[key] = Extractors(feats, specs, codec_spec, phone_ids)
+        _CACHE[key] = Extractors(feats, specs, codec_spec, phone_ids, phone_segments=phone_segments, bert=bert)
     return _CACHE[key]
 
 
-def _gpt_sovits_phone_ids(language: str) -> Callable[[str, str | None], np.ndarray]:
-    """Phone ids in GPT-SoVITS's symbol table for zh/auto jobs (English lines too, so one table per job)."""
-    from audiopipe.features.phones import G2PError
-    from audiopipe.text.frontend import gpt_sovits_phones
+def _gpt_sovits_phone_ids(language: str, segments: bool = False) -> Callable[[str, str | None], Any]:
+    """Phone ids in GPT-SoVITS's symbol table for zh/auto jobs (English lines too, so one table per job); with
+    segments=True, (ids, the line's segments) for the BERT features."""
+    from audiopipe.text.en_phones import G2PError
+    from audiopipe.text.frontend import gpt_sovits_segments
     from audiopipe.text.symbols import symbols_to_ids
 
-    def phone_ids(text: str, line_language: str | None = None) -> np.ndarray:
+    def phone_ids(text: str, line_language: str | None = None) -> Any:
         try:
-            ids = symbols_to_ids(gpt_sovits_phones(text, language, line_language))
+            segs = gpt_sovits_segments(text, language, line_language)
+            ids = symbols_to_ids([ph for _, phones, _ in segs for ph in phones])
         except (G2PError, ValueError) as e:  # ZhG2PError is a ValueError
             raise RejectError("g2p_failed", str(e)) from e
         if not ids:
             raise RejectError("g2p_failed", f"no phones in {text[:40]!r} (nothing Chinese or English to read)")
-        return np.asarray(ids, dtype=np.int16)
+        ids = np.asarray(ids, dtype=np.int16)
+        return (ids, segs) if segments else ids
 
     return phone_ids
 
@@ -157,6 +169,41 @@ def write_done_record(path: Path, record: dict[str, Any]) -> None:
     (0.26 s of 5.7 s, 56 shards, docs/extraction.md)."""
     with atomic_path(path, durable=False) as tmp:
         tmp.write_text(json.dumps(record, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _add_bert(rows: list[dict[str, Any]], bert: Any, rejects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-phone BERT features (audiopipe.features.bert) for every row: the Chinese segments of all rows go
+    through the model in batches; a row whose text the tokenizer does not split one token per character is
+    rejected (found by running the rows one by one when a batch fails). Phones from a TextGrid get zeros."""
+    from audiopipe.features.bert import BertFeatureError, assemble
+
+    segs = [row["scalars"].pop("_segments", None) for row in rows]
+    texts = [[s[2] for s in sg if s[0] == "zh" and s[2]] if sg else [] for sg in segs]
+    try:
+        flat = bert.char_features([t for ts in texts for t in ts])
+        feats, k = [], 0
+        for ts in texts:
+            feats.append(flat[k:k + len(ts)])
+            k += len(ts)
+    except BertFeatureError:
+        feats = []
+        for ts in texts:
+            try:
+                feats.append(bert.char_features(ts))
+            except BertFeatureError as e:
+                feats.append(e)
+    kept = []
+    for row, sg, f in zip(rows, segs, feats):
+        try:
+            if isinstance(f, Exception):
+                raise f
+            n = row["arrays"]["phones"].shape[0]
+            row["arrays"]["bert"] = assemble(sg, f) if sg else np.zeros((1024, n), dtype=np.float16)
+        except BertFeatureError as e:
+            rejects.append({"id": row["id"], "source": row["source"], "reason": "bert_failed", "detail": str(e)})
+            continue
+        kept.append(row)
+    return kept
 
 
 def _fit_length(a: np.ndarray, frames: int) -> np.ndarray:
@@ -194,7 +241,7 @@ def textgrid_for(u: Any) -> Path | None:
 
 def aligned_phones(tg: Path, frames: int, frame_rate: float, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
     from audiopipe.corpus.textgrid import TextGridError, read_phone_durations
-    from audiopipe.features.phones import phones_to_ids
+    from audiopipe.text.en_phones import phones_to_ids
 
     try:
         labels, durs = read_phone_durations(tg, total_frames=frames, frame_rate=frame_rate, start=start_s, end=end_s)
@@ -208,7 +255,15 @@ def scalar_columns(job: Job) -> list[ScalarColumn]:
     cols = []
     if job.trim:
         cols += [ScalarColumn("trim_start", pa.int64()), ScalarColumn("trim_end", pa.int64())]
+    cols += [ScalarColumn(name, pa.string()) for name in job.keep_columns]
     return cols
+
+
+def kept_value(value: Any) -> str | None:
+    """A metadata value as its --keep-columns text: strings as they are, numbers and lists as JSON, null as null."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def shard_metadata(job: Job, specs: list[FeatureSpec]) -> dict[str, Any]:
@@ -258,11 +313,11 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     codec_inputs: list[np.ndarray] = []
-    recordings = RecordingCache(unit.utterances)  # Kaldi segments: each recording decoded once per shard
+    recordings = RecordingCache(unit.utterances)  # segments (Kaldi, NeMo, lhotse): read by seeking in their recording
     for u in unit.utterances:
         try:
             wav, sr = recordings.load(u, limits)  # a file, a Kaldi segment, or a member of an Emilia tar
-            scalars: dict[str, Any] = {}
+            scalars: dict[str, Any] = {name: kept_value((u.extra or {}).get(name)) for name in job.keep_columns}
             if job.trim:
                 # Trim settings are given at the codec rate (24 kHz); scale the frames to this file's rate.
                 scale = sr / CODEC_RATE
@@ -283,13 +338,16 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
                     raise TypeError(f"feature {s.name} returned {a.dtype}, spec says {s.dtype}")
                 if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
                     raise RejectError("feature_nan", f"feature {s.name} has non-finite values")
-            if ex.phone_ids is not None:
+            if ex.phone_ids is not None or ex.phone_segments is not None:
                 tg = textgrid_for(u)
                 if tg is not None:
                     scalars["_textgrid"] = (str(tg), scalars.get("trim_start", 0) / sr,
                                             scalars.get("trim_end", len(wav)) / sr if job.trim else None)
                 elif not u.text.strip():
                     raise RejectError("no_text", "preset needs phones but the utterance has no transcript")
+                elif ex.phone_segments is not None:
+                    arrays["phones"], scalars["_segments"] = ex.phone_segments(u.text, (u.extra or {}).get("language"))
+                    arrays["durations"] = np.zeros(0, dtype=np.int32)
                 else:
                     arrays["phones"] = ex.phone_ids(u.text, (u.extra or {}).get("language"))
                     arrays["durations"] = np.zeros(0, dtype=np.int32)
@@ -339,6 +397,10 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
                     continue
             kept.append(row)
         rows = kept
+
+    if ex.bert is not None:
+        rows = _add_bert(rows, ex.bert, rejects)
+        specs.append(ex.bert.spec)
 
     acols = array_columns(specs, job.phones)
     scols = scalar_columns(job)

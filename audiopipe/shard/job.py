@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -26,6 +26,15 @@ class CodecSettings:
 
 
 @dataclass
+class BertSettings:
+    """Per-phone BERT features for GPT-SoVITS (audiopipe.features.bert) from a local model folder."""
+
+    checkpoint: str
+    device: str = "auto"
+    batch_size: int = 16
+
+
+@dataclass
 class Job:
     corpus: str
     out: str
@@ -40,6 +49,10 @@ class Job:
     write_tar: bool = True
     language: str = "en"  # transcript language for phones: en (ARPAbet ids), zh or auto (GPT-SoVITS symbol ids)
     checksum: str = "xxh3_128"  # of each shard file, in its done record and the manifest (audiopipe.shard.checksum)
+    # Metadata columns written as text columns beside id/speaker/text (--keep-columns): gender, original_text, ...
+    keep_columns: list[str] = field(default_factory=list)
+    shard_seed: int | None = 0  # utterances in a seeded random order before shards are cut (shard/plan.py); None: id order
+    bert: BertSettings | None = None  # --bert-checkpoint: per-phone BERT features (zh/auto phones only)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -52,6 +65,8 @@ class Job:
         d["features"] = [(k, p) for k, p in d["features"]]
         if d.get("codec") is not None:
             d["codec"] = CodecSettings(**d["codec"])
+        if d.get("bert") is not None:
+            d["bert"] = BertSettings(**d["bert"])
         return Job(**d)
 
     def record(self) -> dict[str, Any]:
@@ -67,8 +82,17 @@ class Job:
             d.pop(k)
         if d.get("language") == "en":  # the default leaves the hash of jobs made before the field existed alone
             d.pop("language")
+        if not d.get("keep_columns"):  # likewise
+            d.pop("keep_columns", None)
+        if d.get("shard_seed", 0) is None:  # id order: what every job did before the field existed
+            d.pop("shard_seed")
         if d.get("codec"):
             d["codec"].pop("device", None)
             d["codec"].pop("batch_size", None)
+        if d.get("bert"):
+            d["bert"].pop("device", None)
+            d["bert"].pop("batch_size", None)
+        else:  # jobs made before the field existed keep their hash
+            d.pop("bert", None)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

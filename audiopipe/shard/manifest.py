@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from audiopipe import __version__
-from audiopipe.shard.checksum import sha256_file
+from audiopipe.shard.checksum import file_checksum, sha256_file
 from audiopipe.storage.s3 import is_s3, parse_s3, require_local_or_s3
 from audiopipe.shard.writer import FORMAT_VERSION
 # write_json_atomic is re-exported here for the runner (plan.json); its bytes are stable (sorted keys, indent 1).
@@ -41,7 +41,9 @@ def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[s
         "resampler": resampler,
         "job": job,
         "shards": shards,
-        "index": {"path": index_path.name, "sha256": sha256_file(index_path)},
+        # xxh3_128 is what readers check at every open (fast); sha256 stays for records that name it.
+        "index": {"path": index_path.name, "sha256": sha256_file(index_path),
+                  "xxh3_128": file_checksum(index_path, "xxh3_128")},
         "totals": {"discovered": discovered, "written": written, "rejected": rejected,
                    "hours": round(sum(r["duration"] for r in records) / 3600, 6)},
     }

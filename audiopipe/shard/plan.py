@@ -2,6 +2,12 @@
 
 The plan depends only on the sorted utterance list and the job settings, so a rerun after a crash rebuilds the
 same units and can skip the ones already finished. Sizes are estimated from header durations (no decode).
+
+Shards are exchangeable: before shards are cut, the utterances are put in a seeded pseudo-random order
+(`shard_order`), so a shard is a random sample of the corpus, not one speaker's, book's or session's stretch
+of ids. Readers that take a few shards or blocks at a time (block-window reading, WebDataset streaming) then
+see a mix of the corpus in every window. The order is a sort by a 64-bit hash of (seed, id): the same on
+every machine and version, and an utterance's place does not depend on which others are in the corpus.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
+
+import xxhash
 
 from audiopipe.shard.keys import fold, sample_key
 
@@ -92,13 +100,32 @@ def auto_shard_bytes(utts: list[PlannedUtt], bytes_per_sec: float) -> int:
     return int(min(AUTO_MAX_BYTES, max(AUTO_MIN_BYTES, total / AUTO_MIN_SHARDS)))
 
 
+def shard_order(utts: list[PlannedUtt], seed: int | None) -> list[PlannedUtt]:
+    """The order shards are cut in: sorted by xxh3_64 of the id under `seed` (ties, never seen in practice, by
+    id); seed None keeps the order given (id order: the order before shards were exchangeable)."""
+    if seed is None:
+        return list(utts)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise ValueError(f"the shard order seed must be an integer in 0..2**64-1 or None, got {seed!r}")
+    return sorted(utts, key=lambda u: (xxhash.xxh3_64_intdigest(u.id.encode("utf-8", "surrogatepass"), seed=seed),
+                                       u.id))
+
+
+def order_record(seed: int | None) -> dict[str, Any]:
+    """What the manifest says of the order (under "shard_order")."""
+    if seed is None:
+        return {"order": "id"}
+    return {"order": "shuffled", "seed": seed, "key": "xxh3_64(utf-8 id, seed), then id"}
+
+
 def plan_units(utts: list[PlannedUtt], bytes_per_sec: float, target_bytes: int,
-               max_utts_per_shard: int = 100_000) -> list[WorkUnit]:
-    """Greedy fill in id order: a shard closes when its estimated payload reaches target_bytes."""
+               max_utts_per_shard: int = 100_000, seed: int | None = None) -> list[WorkUnit]:
+    """Greedy fill in shard_order(utts, seed): a shard closes when its estimated payload reaches target_bytes.
+    seed None fills in the order given (id order)."""
     units: list[WorkUnit] = []
     cur: list[PlannedUtt] = []
     cur_bytes = 0.0
-    for u in utts:
+    for u in shard_order(utts, seed):
         est = u.duration * bytes_per_sec
         if cur and (cur_bytes + est > target_bytes or len(cur) >= max_utts_per_shard):
             units.append(WorkUnit(shard_name(len(units)), len(units), cur))

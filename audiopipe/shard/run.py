@@ -23,7 +23,8 @@ from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
 from audiopipe.shard.output import LocalOutput, S3Output, open_output
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, plan_units, unique_keys
+from audiopipe.shard.plan import (PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, order_record, plan_units,
+                                  unique_keys)
 
 PLAN_NAME = "plan.json"
 
@@ -48,6 +49,9 @@ class Summary:
     # Where the wall time went (`--timings FILE`): driver phases as seconds since the command started, and
     # one entry per shard task built now (worker pid, start and end on the same clock).
     timeline: dict[str, Any] = field(default_factory=dict)
+    # Discovery's notes (printed to stderr once planned) and, when nothing usable was found, its hint.
+    notes: list[str] = field(default_factory=list)
+    hint: str = ""
 
     def lines(self) -> list[str]:
         if self.up_to_date:
@@ -76,11 +80,14 @@ def _utterance_digest(utts: list[PlannedUtt], rejects: list[dict[str, Any]]) -> 
     return h.hexdigest()[:16]
 
 
-def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any], layout: str = "auto") -> dict[str, Any]:
+def make_plan(job: Job, manifest: Any, speaker: str, specs: list[Any], layout: str = "auto",
+              corpus_options: Any = None) -> dict[str, Any]:
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import RejectError, check_header
 
-    disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout)
+    disc = discover(job.corpus, manifest=manifest, speaker=speaker, layout=layout, options=corpus_options)
+    if disc.discovered == 0:  # nothing at all to write: say what the folder holds instead
+        raise JobError(f"nothing to shard in {job.corpus}: {disc.hint}")
     limits = DecodeLimits(**job.limits)
     utts: list[PlannedUtt] = []
     rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
@@ -94,7 +101,7 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any], la
     utts, key_rejects = unique_keys(utts)  # every written sample gets a key no other sample shares
     rejects += key_rejects
     bps = bytes_per_second(specs) or 1.0
-    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps))
+    units = plan_units(utts, bps, job.shard_bytes or auto_shard_bytes(utts, bps), seed=job.shard_seed)
     return {
         "job_identity": job.identity(),
         "job": job.record(),
@@ -102,6 +109,8 @@ def make_plan(job: Job, manifest: str | None, speaker: str, specs: list[Any], la
         "discovered": len(utts) + len(rejects),
         "discovery_rejects": rejects,
         "units": [u.to_dict() for u in units],
+        "notes": disc.notes,
+        "hint": disc.hint,
     }
 
 
@@ -233,7 +242,7 @@ def _codec_actors(job: Job, workers: int):
 def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = None,
             manifest: str | None = None, speaker: str = "auto", show_progress: bool = True,
             layout: str = "auto", nice: int | None = None, staging: str | None = None,
-            break_lock: bool = False) -> Summary:
+            break_lock: bool = False, corpus_options: Any = None) -> Summary:
     """Extract `job` while holding the lock of its --out: a second job on the same folder or s3:// prefix fails
     at once.
 
@@ -242,6 +251,7 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     are uploaded (default: the system temp folder).
     break_lock: take over the lock of an s3:// prefix whose holder is known to be dead (a local folder's flock
     never needs it: the kernel drops it when its holder dies).
+    manifest: one manifest path or several; corpus_options: audiopipe.corpus.options.CorpusOptions.
     """
     try:
         out = open_output(job.out, staging)
@@ -251,15 +261,15 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         with out.lock("audiopipe shard", break_lock) as lock:
             summary = _run_job(job, out, workers=workers, ray_address=ray_address, manifest=manifest,
                                speaker=speaker, show_progress=show_progress, layout=layout, nice=nice,
-                               staging=staging, lock=lock)
+                               staging=staging, lock=lock, corpus_options=corpus_options)
             return summary
     finally:
         out.close()
 
 
 def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_address: str | None,
-             manifest: str | None, speaker: str, show_progress: bool, layout: str, nice: int | None,
-             staging: str | None, lock: Any) -> Summary:
+             manifest: Any, speaker: str, show_progress: bool, layout: str, nice: int | None,
+             staging: str | None, lock: Any, corpus_options: Any = None) -> Summary:
     from audiopipe.shard.build import make_feature
 
     t0 = time.monotonic()
@@ -295,11 +305,13 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     # Ray starts and its workers import torch & co. while the corpus is discovered: neither needs the other.
     need_ray = old_plan is None or len(finished) < len(old_plan["units"])
     with ThreadPoolExecutor(1, thread_name_prefix="discover") as pool:
-        planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs, layout)
+        planned = pool.submit(_timed, make_plan, job, manifest, speaker, specs, layout, corpus_options)
         pool.submit(_load_table_support)  # after discovery, in the same thread
         ray_start_s = _start_ray(job, workers, ray_address, nice) if need_ray else 0.0
         plan, discovery_s = planned.result()
     mark("planned")
+    for note in plan["notes"]:
+        print(f"audiopipe: note: {note}", file=sys.stderr)
     if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
         raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                        f"use a new --out, or delete its {PLAN_NAME} to start over")
@@ -339,7 +351,7 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     features = _manifest_features(out, records)
     rejects = plan["discovery_rejects"] + [r for rec in records for r in rec["rejects"]]
     write_rejects(out.work, rejects)
-    extra = {}
+    extra: dict[str, Any] = {"shard_order": order_record(job.shard_seed)}
     if job.phones and job.language != "en":
         from audiopipe.text.symbols import gpt_sovits_symbols
 
@@ -348,10 +360,10 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                                   "runs: cmudict + espeak-ng as ARPAbet",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     elif job.phones:
-        from audiopipe.features.phones import PHONES
+        from audiopipe.text.en_phones import PHONES
 
         # Trainers map phone ids without importing our G2P; durations are in frames of the codes (or first feature).
-        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.features.phones)",
+        extra["phones"] = {"vocab": list(PHONES), "g2p": "cmudict + espeak-ng fallback (audiopipe.text.en_phones)",
                            "durations": "MFA TextGrid beside the audio when present, else empty"}
     m = assemble_manifest(out.work, records, features, resampler_info(), job.record(), plan["discovered"],
                           len(plan["discovery_rejects"]), index_path, extra)
@@ -362,7 +374,8 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     t = m["totals"]
     return Summary(t["discovered"], t["written"], t["rejected"], dict(Counter(r["reason"] for r in rejects)),
                    len(units), len(todo), t["hours"], time.monotonic() - t0, discovery_s=discovery_s,
-                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s, timeline=timeline)
+                   ray_start_s=ray_start_s, warmup_s=warmup_s, startup_s=startup_s, timeline=timeline,
+                   notes=plan["notes"], hint=plan["hint"])
 
 
 def _manifest_features(out: LocalOutput | S3Output, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -77,6 +77,12 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
         if a.shape[-1] != frames:
             report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
             continue
+        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.features.bert), not per time step
+            if frames != row.get("phones_frames"):
+                report.fail(f"{shard} {rid}: bert has {frames} columns for {row.get('phones_frames')} phones")
+            if not np.isfinite(a).all():
+                report.fail(f"{shard} {rid}: bert contains NaN or inf")
+            continue
         # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
         tol = 1 + (2 if aligned else 0) + (2 + frames // 50 if spec["kind"] not in FEATURE_KINDS else 0)
         want = _expected_frames(spec, row["duration"])

@@ -1,1 +1,2 @@
-"""Where bytes land: durable local writes (and, later, object storage). Nothing here knows about features or Ray."""
+"""Where bytes land: durable local writes, object storage, and the guarded reads of input files (guard.py).
+Nothing here knows about features or Ray."""

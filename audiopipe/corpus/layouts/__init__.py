@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
-LAYOUTS = ("kaldi", "aishell3", "emilia")  # detection order
+LAYOUTS = ("kaldi", "aishell3", "libritts", "vctk", "emilia")  # detection order
 CHOICES = ("auto", "files") + LAYOUTS
 
 
@@ -31,22 +32,14 @@ def pick_layout(root: str, layout: str = "auto") -> str | None:
     return next((name for name in LAYOUTS if _module(name).detect(root)), None)
 
 
-def discover_layout(name: str, root: str, speaker_rule: int | None):
-    """(utterances, rejects) of `root` read as layout `name`; an unsafe id is a `bad_id` reject and a repeated
-    one a `duplicate_id` reject, as for `--manifest` ids (layout ids come from the corpus's own index files)."""
-    from audiopipe.corpus.discover import Reject
-    from audiopipe.corpus.transcripts import id_problem
+def discover_layout(name: str, root: str, speaker_rule: int | None, options: Any = None):
+    """(utterances, rejects, notes) of `root` read as layout `name`; an unsafe id is a `bad_id` reject and a
+    repeated one a `duplicate_id` reject, as for `--manifest` ids (layout ids come from the corpus's own index
+    files). A layout's `discover(root, speaker_rule, options)` returns (utterances, rejects) or, with notes for
+    the user, (utterances, rejects, notes)."""
+    from audiopipe.corpus.discover import unique_ids
+    from audiopipe.corpus.options import CorpusOptions
 
-    utts, rejects = _module(name).discover(root, speaker_rule)
-    kept, seen = [], {}
-    for u in sorted(utts, key=lambda u: (u.id, u.source)):
-        problem = id_problem(u.id)
-        if problem:
-            rejects.append(Reject(u.path, u.source, "bad_id", f"{name} id {u.id!r} {problem}"))
-            continue
-        if u.id in seen:
-            rejects.append(Reject(u.path, u.source, "duplicate_id", f"id {u.id!r} is already used by {seen[u.id]}"))
-            continue
-        seen[u.id] = u.source
-        kept.append(u)
-    return kept, rejects
+    got = _module(name).discover(root, speaker_rule, options if options is not None else CorpusOptions())
+    utts, rejects, notes = got if len(got) == 3 else (*got, [])
+    return unique_ids(utts, rejects, name), rejects, list(notes)

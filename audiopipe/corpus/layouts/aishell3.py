@@ -14,9 +14,11 @@ file is missing is a `missing` reject.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.storage import guard
 
 NAME = "aishell3"
 EXPECTS = "content.txt beside a wav/ folder, in the folder itself or in train/ and test/"
@@ -34,11 +36,24 @@ def detect(root: str) -> bool:
     return bool(_splits(root))
 
 
-def read_content(path: str) -> dict[str, tuple[str, str]]:
-    """content.txt -> {file name: (characters, pinyin)}; a line that does not alternate char/pinyin stops."""
+Lost = list[tuple[int, guard.Refused]]
+
+
+def read_content(path: str) -> tuple[dict[str, tuple[str, str]], dict[str, guard.Refused], Lost]:
+    """content.txt -> ({file name: (characters, pinyin)}, {file name: why its line cannot be read}, [(line, why)]
+    for lines that name no readable file); a line that does not alternate char/pinyin stops."""
     out: dict[str, tuple[str, str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    refused: dict[str, guard.Refused] = {}
+    lost: Lost = []
+    try:
+        for n, line in guard.text_lines(path, "content.txt", reason="bad_transcript"):
+            if isinstance(line, guard.Refused):  # not UTF-8: refuse the file it names, if its name can be read
+                first = (line.raw or b"").split(None, 1)[:1]
+                try:
+                    refused.setdefault(first[0].decode("utf-8"), line)
+                except (IndexError, UnicodeDecodeError):
+                    lost.append((n, line))
+                continue
             parts = line.split()
             if not parts:
                 continue
@@ -47,14 +62,19 @@ def read_content(path: str) -> dict[str, tuple[str, str]]:
                 raise ValueError(f"{path}:{n}: expected '<file> <char> <pinyin> <char> <pinyin> ...', got an odd "
                                  f"number of fields after {name}")
             out[name] = ("".join(rest[0::2]), " ".join(rest[1::2]))
-    return out
+    except guard.Refused as e:  # content.txt itself is a pipe or a folder
+        raise ValueError(e.detail) from None
+    return out, refused, lost
 
 
-def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list[Reject]]:
+def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[list[Utterance], list[Reject]]:
     utts: list[Utterance] = []
     rejects: list[Reject] = []
     for split in _splits(root):
-        content = read_content(os.path.join(split, "content.txt"))
+        content_path = os.path.join(split, "content.txt")
+        content, unreadable, lost = read_content(content_path)
+        for n, why in lost:
+            rejects.append(Reject(content_path, f"{rel(content_path, root)}:{n}", why.reason, why.detail))
         wav_root = os.path.join(split, "wav")
         seen: set[str] = set()
         for folder, dirs, files in os.walk(wav_root):
@@ -69,12 +89,15 @@ def discover(root: str, speaker_rule: int | None) -> tuple[list[Utterance], list
                 if bad is not None:
                     rejects.append(bad)
                     continue
+                if name in unreadable:
+                    rejects.append(Reject(path, source, unreadable[name].reason, unreadable[name].detail))
+                    continue
                 text, pinyin = content.get(name, ("", ""))
                 own = os.path.basename(folder) if folder != wav_root else ""
                 extra = {"pinyin": pinyin, "language": "zh"} if pinyin else {"language": "zh"}
                 utts.append(utterance(source.rsplit(".", 1)[0], path, source, info,
                                       speaker_from_folders(source, speaker_rule, own), text, extra))
-        for name in sorted(set(content) - seen):
+        for name in sorted((set(content) | set(unreadable)) - seen):
             path = os.path.join(wav_root, name[:7], name)
             rejects.append(Reject(path, rel(path, root), "missing",
                                   f"content.txt lists {name} but there is no such file under {rel(wav_root, root)}/"))

@@ -1,0 +1,128 @@
+"""Export shards as a NeMo JSON-lines manifest and the audio it names.
+
+    audiopipe export-nemo --shards ./shards --out ./nemo
+
+  manifest.json     one JSON object per utterance, in shard order:
+                    {"audio_filepath", "duration", "offset", "text", "speaker", "lang"?, kept columns...}
+  audio/<key>.wav   with --audio pcm (the default when the shards hold it): the shards' pcm, 16-bit WAV
+
+The audio is written out because NeMo reads audio files and nothing else: the shards' pcm is exactly what the
+features were computed from, and it is the only audio that exists for rows cut from long recordings, read from
+tars or from Parquet bytes. <key> is the utterance's sample key (its id with `.` and other characters unsafe in
+file names escaped, as in the WebDataset tars). audio_filepath is relative to the manifest's folder, which NeMo
+resolves against that folder, so the export can be moved as a whole. With --audio source nothing is copied: each
+line points at the corpus file (absolute path), possible only where that file is the row's whole audio.
+
+duration is the audio's length, written as the smallest float for which NeMo's reader (it reads
+int(duration * sample_rate) samples) gets every sample; offset is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+
+from audiopipe.export.audio import SourceAudio, from_pcm, resolve_mode
+from audiopipe.export.errors import ExportError
+from audiopipe.export.shardset import ShardSource, progress_bar
+from audiopipe.export.staging import staged_folder
+from audiopipe.shard.keys import sample_key
+
+MANIFEST = "manifest.json"
+AUDIO_DIR = "audio"
+_RESERVED = ("audio_filepath", "duration", "offset", "text", "speaker", "lang")
+
+
+def looks_like_nemo(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def nemo_duration(num_samples: int, sample_rate: int) -> float:
+    """Seconds such that int(seconds * sample_rate) == num_samples (N / sr alone is one sample short for ~4 %
+    of lengths: the product rounds just below N)."""
+    d = num_samples / sample_rate
+    while int(d * sample_rate) < num_samples:
+        d = math.nextafter(d, math.inf)
+    return d
+
+
+def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "auto", overwrite: bool = False,
+                progress: bool = False) -> dict[str, Any]:
+    """Write manifest.json (+ audio/ with pcm) at out_dir (see the module docstring); returns a summary."""
+    src = ShardSource(shards_dir, [])
+    mode = resolve_mode(audio, src.pcm is not None, allow_none=False)
+    clash = [c for c in src.extra_columns if c in _RESERVED and c != "language"]
+    if clash:
+        raise ExportError(f"kept column {', '.join(clash)} would overwrite a NeMo manifest key")
+    sources = SourceAudio(src.corpus, src.trimmed, src.root) if mode == "source" else None
+    pcm_rate = int(src.pcm.sample_rate) if mode == "pcm" else None
+    src.open(pcm=mode == "pcm")
+    rows = 0
+    seconds = 0.0
+    with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_nemo, what="NeMo") as tmp, \
+            progress_bar(len(src), "export-nemo", progress) as bar, \
+            open(tmp / MANIFEST, "w", encoding="utf-8", newline="\n") as f:
+        for _, start, stop in src.shard_ranges():
+            for chunk in src.chunks(start, stop):
+                for row in chunk:
+                    if mode == "pcm":
+                        located = from_pcm(row, pcm_rate)
+                        rel = f"{AUDIO_DIR}/{sample_key(row['id'])}.wav"
+                        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                        sf.write(str(tmp / rel), located.pcm, located.sample_rate, format="WAV",
+                                 subtype="PCM_16")
+                        path = rel
+                    else:
+                        located = sources.locate(row)
+                        path = located.path
+                    item = {"audio_filepath": path,
+                            "duration": nemo_duration(located.num_samples, located.sample_rate),
+                            "offset": 0.0, "text": row["text"], "speaker": row["speaker"]}
+                    for c in src.extra_columns:
+                        if row.get(c) is not None:
+                            item["lang" if c == "language" else c] = row[c]
+                    f.write(json.dumps(item, ensure_ascii=False) + "\n")
+                    rows += 1
+                    seconds += located.duration
+                bar.update(len(chunk))
+    return {"shards": str(src.root), "out": str(out_dir), "rows": rows, "hours": round(seconds / 3600, 6),
+            "audio": mode, "pcm_rate": pcm_rate, "extra_columns": src.extra_columns}
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    audio = (f"audio/ holds the shards' pcm as 16-bit WAV ({s['pcm_rate']} Hz)" if s["audio"] == "pcm"
+             else "audio_filepath points at the corpus files (absolute paths)")
+    lines = [f"exported {s['rows']} utterances ({s['hours']:.3f} h) to {s['out']}/{MANIFEST}; {audio}"]
+    if s["extra_columns"]:
+        lines.append(f"note: kept columns {', '.join(s['extra_columns'])} are keys of each line"
+                     + (" (language as lang)" if "language" in s["extra_columns"] else ""))
+    lines.append(f"train with: manifest_filepath={s['out']}/{MANIFEST}")
+    return lines
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write a NeMo JSON-lines manifest (audio_filepath, duration, offset, text, speaker) and the "
+                     "audio it names; see docs/export.md")
+    p.add_argument("--shards", required=True, help="audiopipe shard folder")
+    p.add_argument("--out", required=True, help="folder to write manifest.json and audio/ into (a new or empty "
+                                                "folder, or an earlier export with --overwrite)")
+    p.add_argument("--audio", choices=("auto", "pcm", "source"), default="auto",
+                   help="pcm: write the shards' pcm as WAV files under audio/; source: point at the corpus files "
+                        "(whole, mono, untrimmed only; nothing copied); auto (default): pcm when the shards hold "
+                        "it, else source")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `audiopipe export-nemo` command. Problems raise ExportError (a ValueError) for the CLI's error line."""
+    summary = export_nemo(args.shards, args.out, audio=args.audio, overwrite=args.overwrite,
+                          progress=not args.no_progress)
+    for line in summary_lines(summary):
+        print(line)
+    return 0
