@@ -378,3 +378,26 @@ def export_run(src: str | Path, out: str | Path, safetensors: bool = False) -> P
     cfg_file = ck.parent / "ns2_config.json"
     config = upstream_config(json.loads(cfg_file.read_text())) if cfg_file.is_file() else None
     return write_upstream(state, out, safetensors=safetensors, config=config)
+
+
+def export_cli(source: str | Path, out: str | Path, *, weights: str | None = None, fmt: str = "bin",
+               overwrite: bool = False) -> dict[str, Any]:
+    """export_run in `audiopipe export-checkpoint`'s terms. fmt bin: pytorch_model.bin (what Amphion's inference
+    loads); both: model.safetensors as well (what newer accelerate's load_state reads)."""
+    if weights not in (None, "online"):
+        raise CheckpointError(f"--weights {weights}: the NS2 trainer keeps no EMA copy; its weights are the online "
+                              f"ones")
+    target = Path(out)
+    if (target / INFERENCE_FILE).exists() and not overwrite:
+        raise CheckpointError(f"{target / INFERENCE_FILE} exists; pass --overwrite to replace it")
+    _, ck = read_run_weights(source)
+    folder = export_run(ck, target, safetensors=fmt == "both")
+    files = sorted(str(p) for p in folder.iterdir() if p.name in (INFERENCE_FILE, "model.safetensors",
+                                                                   "exp_config.json"))
+    notes = [] if (folder / "exp_config.json").is_file() else [
+        f"{ck.parent / 'ns2_config.json'} is missing, so no exp_config.json was written; give Amphion the model "
+        f"config the run trained with"]
+    return {"files": files, "weights": "online", "source": str(ck), "notes": notes,
+            "next": f"cd Amphion && PYTHONPATH=. python bins/tts/inference.py --config {folder}/exp_config.json "
+                    f"--checkpoint_path {folder} --mode single --text 'Hello.' --ref_audio prompt.wav "
+                    f"--output_dir out"}
