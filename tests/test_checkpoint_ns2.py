@@ -33,7 +33,6 @@ from audiopipe.checkpoints.ns2 import (
     read_upstream,
     to_upstream,
     upstream_config,
-    write_upstream,
 )
 from audiopipe.text.en_phones import PHONES
 from train_ns2 import AMPHION_FORWARD, INIT_HINTS, NS2Config, NaturalSpeech2, PhoneRemap, make_init_reader
