@@ -192,6 +192,27 @@ class EncodecTokenizer:
         return [np.ascontiguousarray(codes[row, :, :t]) for row, t in enumerate(frames)]
 
 
+def quantizer_state(checkpoint: str | Path | None = None, random_init_seed: int | None = None) -> dict[str, Any]:
+    """The residual quantizer's tensors (`layers.<i>.codebook.{inited,cluster_size,embed,embed_avg}`, all 32
+    layers) of the codec a `codes` column was made with: read from a save_pretrained folder's weight file(s)
+    without building the model (no transformers import), or taken from the seeded random-init model.
+    A model that decodes codes (NS2's latent) needs exactly these, frozen."""
+    if (checkpoint is None) == (random_init_seed is None):
+        raise ValueError("quantizer_state needs exactly one of checkpoint=<folder> or random_init_seed=<int>")
+    if random_init_seed is not None:
+        model = _random_init_model(random_init_seed)
+        return {k: v.detach().clone() for k, v in model.quantizer.state_dict().items()}
+    from audiopipe.checkpoints.files import read_weights
+
+    state: dict[str, Any] = {}
+    for f in _weight_files(Path(checkpoint)):
+        state.update((k.removeprefix("quantizer."), v) for k, v in read_weights(f).items()
+                     if k.startswith("quantizer."))
+    if not state:
+        raise CodecCheckpointError(f"EnCodec checkpoint {checkpoint} has no quantizer tensors")
+    return state
+
+
 def _check_wav(wav: np.ndarray, index: int) -> np.ndarray:
     arr = np.asarray(wav)
     if arr.ndim != 1:
