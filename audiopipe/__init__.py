@@ -19,15 +19,12 @@ needs them is touched).
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
-__version__ = "0.1.0"
+from audiopipe.version import __version__
 
 # public name -> (module, attribute)
 _EXPORTS = {
-    "shard": ("audiopipe.shard.api", "shard"),
     "verify": ("audiopipe.shard.verify", "verify"),
     "inspect": ("audiopipe.shard.inspect", "summarize"),
     "make_loader": ("audiopipe.reader.loader", "make_loader"),
@@ -42,37 +39,21 @@ _EXPORTS = {
     "AudiopipeError": ("audiopipe.errors", "AudiopipeError"),
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# `shard` is the sub-package audiopipe.shard, which can be called: ap.shard(corpus, out, ...) runs the job.
+__all__ = sorted([*_EXPORTS, "shard"]) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "shard":
+        return importlib.import_module("audiopipe.shard")  # binds itself on this package as it is imported
     where = _EXPORTS.get(name)
     if where is None:
         raise AttributeError(f"module 'audiopipe' has no attribute {name!r}")
     value = getattr(importlib.import_module(where[0]), where[1])
-    if name != "shard":  # cached as a plain attribute (shard: see _Package)
-        globals()[name] = value
+    globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(__all__))
 
-
-class _Package(types.ModuleType):
-    """`ap.shard` is the function although `audiopipe.shard` is also a sub-package: importing a sub-module binds
-    the sub-package as an attribute of its parent, which would otherwise replace the function the first time any
-    `audiopipe.shard.*` module is imported. The sub-package stays in sys.modules (every import statement finds
-    it there)."""
-
-    @property
-    def shard(self) -> Any:
-        return __getattr__("shard")
-
-    @shard.setter
-    def shard(self, value: Any) -> None:  # the import system binding the sub-package: keep the function
-        if not isinstance(value, types.ModuleType):
-            raise AttributeError("audiopipe.shard is the shard() function and cannot be replaced")
-
-
-sys.modules[__name__].__class__ = _Package

@@ -20,12 +20,19 @@ def test_every_public_name_resolves_to_its_definition():
     assert set(ap.__all__) >= {"shard", "verify", "inspect", "make_loader", "export_hf", "export_lhotse",
                                "export_nemo", "export_f5", "AudiopipeError"}
     for name in ap.__all__:
-        if name == "__version__":
+        if name in ("__version__", "shard"):
             continue
         value = getattr(ap, name)
         module, attr = ap._EXPORTS[name]
         assert value is getattr(importlib.import_module(module), attr), name
     assert "make_loader" in dir(ap) and "shard" in dir(ap)
+    # ap.shard is the sub-package, callable as the job; importing its modules by any statement keeps it so
+    import audiopipe.shard.run as run_module
+    from audiopipe.shard import api
+
+    assert ap.shard is sys.modules["audiopipe.shard"] and callable(ap.shard) 
+    assert run_module.__name__ == "audiopipe.shard.run"
+    assert api.shard.__doc__
     with pytest.raises(AttributeError, match="no_such_name"):
         ap.no_such_name
 
@@ -50,11 +57,9 @@ def test_every_error_audiopipe_defines_derives_from_audiopipe_error():
     assert not stray, f"errors outside AudiopipeError: {stray}"
 
 
-def test_an_audiopipe_error_is_caught_by_the_base():
-    from audiopipe.shard.api import shard
-
-    with pytest.raises(ap.AudiopipeError):
-        shard(None, "/nonexistent-out", shard_size=-1)
+def test_ap_shard_runs_the_job_and_its_errors_are_audiopipe_errors(tmp_path):
+    with pytest.raises(ap.AudiopipeError, match="shard"):
+        ap.shard(tmp_path, tmp_path / "out", shard_size=-1)
 
 
 def test_py_typed_marker_ships():

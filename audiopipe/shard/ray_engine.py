@@ -41,9 +41,7 @@ def local_cpus(workers: int, job: Job) -> int:
 def _runtime_env(address: str | None) -> dict[str, Any]:
     env: dict[str, Any] = {"env_vars": dict(THREAD_ENV)}
     if address:  # a cluster's workers run the driver's audiopipe, whatever is installed on their nodes
-        import audiopipe
-
-        env["py_modules"] = [os.path.dirname(audiopipe.__file__)]
+        env["py_modules"] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the audiopipe folder
     return env
 
 
