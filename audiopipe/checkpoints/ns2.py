@@ -27,7 +27,9 @@ from typing import Any, Mapping
 
 import torch
 
-from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only, write_safetensors, write_torch
+from audiopipe.checkpoints.files import (
+    CheckpointError, read_weights, run_checkpoint, tensors_only, write_safetensors, write_torch,
+)
 
 UPSTREAM_FILES = ("model.safetensors", "pytorch_model.bin")  # what accelerate.save_state writes (new, old)
 INFERENCE_FILE = "pytorch_model.bin"  # what Amphion's NS2Inference.build_model reads
@@ -357,12 +359,7 @@ def config_from_upstream(model: Mapping[str, Any]) -> dict[str, Any]:
 def read_run_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
     """Our NS2 weights from a run: a ckpt-*.pt of trainers/core, or a run folder (its latest ckpt-*.pt).
     Returns (state dict, the checkpoint file)."""
-    p = Path(path)
-    if p.is_dir():
-        cks = sorted(p.glob("ckpt-*.pt"))
-        if not cks:
-            raise CheckpointError(f"{p}: a folder without ckpt-*.pt; give a run folder or a checkpoint file")
-        p = cks[-1]
+    p = run_checkpoint(path)
     state = read_weights(p)
     if isinstance(state.get("model"), Mapping) and "step" in state:
         state = dict(state["model"])
