@@ -39,6 +39,16 @@ SUBST = {
                   (', cache_dir="/scratch/shards", max_cache_bytes=200 << 30)', ")"), ("range(10)", "range(2)")],
     "docs/corpus.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
     "docs/api.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
+    # the budget file the doc shows just above the block, and lengths to plan (the doc's prose names them)
+    "docs/sampler.md": [('budget = BucketBudget.read("f5_budget.json")',
+                         'import json, numpy as np\n'
+                         'from audiopipe.sampler.bucket import BucketBatchSampler\n'
+                         'from audiopipe.reader.loader import make_loader\n'
+                         'lengths = np.arange(100, 1000)\n'
+                         'open("f5_budget.json", "w").write(json.dumps(dict(format="audiopipe.bucket_budget/1", '
+                         'buckets=[dict(max_len=400, max_frames=150000, max_items=600), '
+                         'dict(max_len=1200, max_frames=160000, max_items=200)])))\n'
+                         'budget = BucketBudget.read("f5_budget.json")')],
     # nccl and .cuda() need a GPU: the same loop on gloo and the CPU
     "docs/loader.md": [('"nccl"', '"gloo"'), (".cuda(non_blocking=True)", ".to('cpu', non_blocking=True)"), ('"/data/libritts"', '"{shards}"'), ('"/data/emilia"', '"{shards2}"')],
 }

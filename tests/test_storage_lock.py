@@ -64,9 +64,11 @@ from audiopipe.storage.lock import FolderLock
 lock = FolderLock(sys.argv[1], "forking holder")
 pid = os.fork()  # as a DataLoader worker or a multiprocessing child is started: fork, no exec
 if pid == 0:
+    # The child says its pid itself: fork handlers run before any of its Python code, so once this line is read
+    # the child has done whatever it does with the lock at fork (the parent printing could race it).
+    print(os.getpid(), flush=True)
     sys.stdin.read()  # the child outlives its parent until the test closes its stdin
     os._exit(0)
-print(pid, flush=True)
 sys.stdin.read()
 """
 

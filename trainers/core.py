@@ -76,7 +76,7 @@ FLAG_HELP = {
     "max_items": "at most this many utterances per batch",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
                      "benchmarks/gpu_proof.py; docs/sampler.md) used instead of --batch-frames; --max-items "
-                     "still caps every bucket",
+                     "still caps every bucket (default: none, one global --batch-frames budget)",
     "grad_accum": "micro-batches per optimizer step (each rank needs at least this many batches per epoch)",
     "lr": "peak learning rate",
     "weight_decay": "weight decay of the trainer's optimizer",
