@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
 import pytest
@@ -106,7 +107,8 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     args = p.parse_args(["--shards", str(w.root), "--batch-frames", str(BUDGET), "--workers", "0",
                          "--seconds", "0.2", "--min-batches", "1", "--loaders", "mmap,npy_per_utt",
-                         "--cache", str(root / "cache"), "--json", str(out_json), "--plot", str(out_png)])
+                         "--cache", str(root / "cache"), "--json", str(out_json), "--plot", str(out_png),
+                         "--step-ms", "20", "--step-batches", "6"])
     assert loader_bench.run(args) == 0
     report = json.loads(out_json.read_text())
     assert set(report) >= {"command", "machine", "corpus", "config", "loaders", "memcpy", "targets", "skipped"}
@@ -126,8 +128,11 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     assert t["mmap_vs_memcpy"]["ratio"] > 0 and len(t["mmap_vs_memcpy"]["rounds"]) == 1
     assert t["mmap_vs_npy_per_utt"]["ratio"] > 0 and npy["audio_s_per_s"] > 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for r in report["loaders"]:  # the data-wait loop ran its batches, each with its 20 ms step
+        assert r["stepped_batches"] == 6 and r["stepped_s"] - r["data_wait_s"] >= 6 * 0.020, r
     table = capsys.readouterr().out
     assert "| mmap |" in table and "| memcpy |" in table and "mmap MB/s / memcpy MB/s" in table
+    assert "of a 20 ms step |" in table
 
 
 def test_bad_arguments_are_refused_clearly(corpus, tmp_path):
@@ -171,3 +176,28 @@ def test_bench_copy_breaks_the_loader_down_per_batch_and_compare_stages_tabulate
     bad = subprocess.run([sys.executable, str(bench / "compare_stages.py"), "--run", "nolabel"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "LABEL=file.json" in bad.stderr
+
+
+class _SlowLoader:
+    """Batches that take a known time to arrive: the input whose data wait is known."""
+
+    def __init__(self, delay: float, per_epoch: int):
+        self.delay, self.per_epoch = delay, per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __iter__(self):
+        for _ in range(self.per_epoch):
+            time.sleep(self.delay)
+            yield {}
+
+
+def test_data_wait_measures_a_known_delay_apart_from_the_step():
+    w = loader_bench.data_wait(_SlowLoader(0.03, per_epoch=4), 0, step_ms=10, batches=6)
+    assert w["stepped_batches"] == 6  # across two epochs: each epoch's first batch is not counted
+    assert w["data_wait_s"] >= 6 * 0.03  # every counted batch blocked at least its delay
+    assert w["stepped_s"] - w["data_wait_s"] >= 6 * 0.01  # and every step slept apart from it
+    assert w["data_wait_share"] > 0.5  # 30 ms of waiting per 10 ms step
+    fast = loader_bench.data_wait(_SlowLoader(0.0, per_epoch=4), 0, step_ms=10, batches=6)
+    assert fast["data_wait_share"] < w["data_wait_share"]
