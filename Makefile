@@ -7,10 +7,14 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU wheel of torch must go in first: any looser torch requirement resolved by pip pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
+# Two test processes, one test file each (module fixtures stay in one process): most of the suite waits on
+# subprocesses (torchrun ranks, Ray, S3 servers), so two overlap well even on a 2-core machine (~9 min, not ~15).
+# `make test PYTEST_ARGS=` runs it in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-core-sounds-ru-wav \
            asterisk-prompt-it-menardi-wav asterisk-prompt-es-co alsa-utils
 
-.PHONY: demo test sysdeps venv upstream bench clean-demo
+.PHONY: demo test sysdeps venv upstream bench clean-demo gpu-bundle
 
 $(BIN)/.ok: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,3 +69,10 @@ bench: venv
 
 clean-demo:
 	rm -rf demo
+
+# What benchmarks/gpu_proof.py needs on a GPU machine, in one folder that travels with the repository
+# (docs/gpu-proof.md gives the exact device call): real-speech shards for every trainer, the audio F5's own loading
+# rule decodes, and cp312 wheels of soundfile/soxr. Rebuilt whole (~5 min on 2 cores).
+gpu-bundle: sysdeps venv
+	rm -rf .gpu-bundle
+	RAY_AUTH_MODE=disabled $(BIN)/python benchmarks/gpu_bundle.py --out .gpu-bundle

@@ -3,8 +3,17 @@
 The flow, one sub-package per stage:
     corpus -> decode -> features -> shard (writer) -> index -> reader -> sampler -> collate -> (trainers/)
 
-`import audiopipe as ap` offers the names users hold (docs/api.md); each is imported on first use, so
-`import audiopipe` stays cheap (no torch, Arrow or Ray until a name that needs them is touched).
+`import audiopipe as ap` offers what a user calls (docs/api.md):
+
+    ap.shard(corpus, out, preset=...)       the `audiopipe shard` job; returns its summary
+    ap.verify(shards) / ap.inspect(shards)  check every checksum and row / a summary dict of a shard folder
+    ap.make_loader(shards, features, max_frames=...)   the training loader (ap.Reading: how it reads)
+    ap.export_hf / ap.export_lhotse / ap.export_nemo / ap.export_f5   shards out to other tools' formats
+    ap.BucketBatchSampler, ap.PadCollator   the loader's sampler and collate, to compose your own
+    ap.AudiopipeError                       the base of every error audiopipe raises on purpose
+
+Each name is imported on first use, so `import audiopipe` stays cheap (no torch, Arrow or Ray until a name that
+needs them is touched).
 """
 
 from __future__ import annotations
@@ -12,32 +21,39 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from audiopipe.version import __version__
 
-# public name -> module that defines it
+# public name -> (module, attribute)
 _EXPORTS = {
-    "make_loader": "audiopipe.reader.loader",
-    "Loader": "audiopipe.reader.loader",
-    "Reading": "audiopipe.reader.reading",
-    "open_dataset": "audiopipe.reader.open_dataset",
-    "BucketBatchSampler": "audiopipe.sampler.bucket",
-    "PadCollator": "audiopipe.collate.pad",
-    "reset_after_fork": "audiopipe.after_fork",
-    "AudiopipeError": "audiopipe.errors",
-    # shard(): reserved for the shard-writing entry point (added with audiopipe/shard's API, not here)
+    "verify": ("audiopipe.shard.verify", "verify"),
+    "inspect": ("audiopipe.shard.inspect", "summarize"),
+    "make_loader": ("audiopipe.reader.loader", "make_loader"),
+    "Loader": ("audiopipe.reader.loader", "Loader"),
+    "Reading": ("audiopipe.reader.reading", "Reading"),
+    "BucketBatchSampler": ("audiopipe.sampler.bucket", "BucketBatchSampler"),
+    "PadCollator": ("audiopipe.collate.pad", "PadCollator"),
+    "export_hf": ("audiopipe.export.hf", "export_hf"),
+    "export_lhotse": ("audiopipe.export.lhotse", "export_lhotse"),
+    "export_nemo": ("audiopipe.export.nemo", "export_nemo"),
+    "export_f5": ("audiopipe.export.f5", "export_f5"),
+    "AudiopipeError": ("audiopipe.errors", "AudiopipeError"),
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# `shard` is the sub-package audiopipe.shard, which can be called: ap.shard(corpus, out, ...) runs the job.
+__all__ = sorted([*_EXPORTS, "shard"]) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name == "shard":
+        return importlib.import_module("audiopipe.shard")  # binds itself on this package as it is imported
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'audiopipe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(where[0]), where[1])
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(__all__))
+

@@ -135,15 +135,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
                         "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
                         "line (a manifest/Emilia `language` field, else the script). See docs/features.md")
-    s.add_argument("--workers", type=int, default=None, help="local Ray worker processes (default: all cores)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per CPU; more than the CPUs here is capped, and said). "
+                        "0: build in this process only, no other process and no Ray (small jobs, debugging; "
+                        "the same bytes)")
+    s.add_argument("--engine", default="auto", choices=("auto", "local", "ray"),
+                   help="where shards are built: auto (default) runs a small local job on local processes, "
+                        "which start in about a second, and a large one (over 10 h of audio per worker), a "
+                        "cluster (--ray-address) or a codec stage on Ray; local or ray to choose. See "
+                        "docs/shard.md")
     s.add_argument("--nice", type=int, default=None,
-                   help="niceness of the Ray worker processes, -20..19 (default: this command's own niceness, "
+                   help="niceness of the worker processes, -20..19 (default: this command's own niceness, "
                         "0 from a normal shell; Ray's own default would be 15, which lets any other busy process "
                         "on the machine starve extraction). Use e.g. --nice 10 to yield to a trainer; on a "
                         "cluster, going below the cluster's setting needs CAP_SYS_NICE")
-    s.add_argument("--ray-address", default=None, help="join a running Ray cluster (e.g. ray://head:10001 "
-                                                       "or auto); paths must be on shared storage")
-    s.add_argument("--shard-size", type=_size, default=0,
+    s.add_argument("--ray-address", default=None,
+                   help="join a running Ray cluster (e.g. HEAD:6379); paths must be on shared storage. A cluster "
+                        "with token authentication needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN (or "
+                        "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token), as on its nodes (docs/shard.md). Without it, a "
+                        "private Ray (when the engine is Ray) listens on 127.0.0.1 only, with a token")
+    s.add_argument("--shard-size", type=_size, default=None,
                    help="target shard size, e.g. 256MB (default: 256MB, or smaller for small corpora so there "
                         "are up to 64 shards of at least 16MB)")
     s.add_argument("--shard-seed", type=_shard_seed, default=0,
@@ -201,91 +212,25 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _cmd_shard(a: argparse.Namespace) -> int:
-    # Check the command line before importing torch, Ray and friends: a typo should cost milliseconds.
-    from audiopipe.presets import resolve
-    from audiopipe.shard.job import CodecSettings, Job, JobError
+    # A thin layer over audiopipe.shard.api.shard: the options are checked there (before torch or Ray is
+    # imported: a typo costs milliseconds), the same for the command line and for Python.
+    from audiopipe.shard.worker import THREAD_ENV
 
-    manifests = [str(Path(m).resolve()) for m in a.manifest or []]
-    for m in manifests:
-        if not Path(m).exists():
-            raise JobError(f"manifest not found: {m}")
-    if a.corpus is None and not manifests:
-        raise JobError("give --corpus FOLDER (a folder of audio), or --manifest PATH (a manifest that lists it)")
-    first = Path(manifests[0]) if manifests else None
-    corpus = Path(a.corpus) if a.corpus is not None else (first if first.is_dir() else first.parent)
-    if not corpus.is_dir():
-        raise JobError(f"corpus folder not found: {corpus}")
-    if a.workers is not None and a.workers < 1:
-        raise JobError("--workers must be at least 1")
-    if a.nice is not None and not -20 <= a.nice <= 19:
-        raise JobError(f"--nice must be between -20 and 19, got {a.nice}")
-    try:
-        preset = resolve([n.strip() for n in a.preset.split(",") if n.strip()])
-    except ValueError as e:
-        raise JobError(str(e)) from e
-    features = list(preset.features)
-    if a.features:
-        from audiopipe.features.registry import FEATURE_KINDS
+    for k, v in THREAD_ENV.items():  # this process builds shards too (the local engine): one thread each
+        os.environ.setdefault(k, v)
+    from audiopipe.shard.api import shard
 
-        kinds = [k.strip() for k in a.features.split(",") if k.strip()]
-        bad = [k for k in kinds if k not in FEATURE_KINDS]
-        if bad:
-            raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
-        features = [(k, {}) for k in kinds]
-    if a.language != "en" and preset.codec:
-        raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
-                       "(MFA TextGrids), so it takes --language en only")
-    bert = None
-    if a.bert_checkpoint:
-        if not preset.phones or a.language == "en":
-            raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
-                           "phones (gpt_sovits) and --language zh or auto")
-        if not Path(a.bert_checkpoint).is_dir():
-            raise JobError(f"BERT checkpoint folder not found: {a.bert_checkpoint}")
-        from audiopipe.shard.job import BertSettings
-
-        bert = BertSettings(checkpoint=str(Path(a.bert_checkpoint).resolve()))
-    codec = None
-    if preset.codec:
-        if not a.codec_checkpoint and not a.codec_random_init:
-            raise JobError("preset ns2 needs codec weights: --codec-checkpoint DIR (a local EnCodec 24 kHz "
-                           "folder), or --codec-random-init for a demo")
-        if a.codec_checkpoint and not Path(a.codec_checkpoint).is_dir():
-            raise JobError(f"codec checkpoint folder not found: {a.codec_checkpoint}")
-        codec = CodecSettings(checkpoint=str(Path(a.codec_checkpoint).resolve()) if a.codec_checkpoint else None,
-                              random_init=a.codec_random_init and not a.codec_checkpoint,
-                              batch_size=a.codec_batch_size)
-    keep = [c.strip() for c in (a.keep_columns or "").split(",") if c.strip()]
-    _check_keep_columns(keep, features, preset)
-    from audiopipe.corpus.options import CorpusOptions
-    from audiopipe.decode.audio import DecodeLimits
-    from audiopipe.shard.run import run_job
-
-    corpus_options = CorpusOptions(text_column=a.text_column, speaker_column=a.speaker_column,
-                                   audio_column=a.audio_column, id_column=a.id_column, vctk_mic=a.vctk_mic,
-                                   keep_columns=tuple(keep), require_text=a.require_text,
-                                   text_for=f"--preset {a.preset}" if preset.transcripts and not a.features
-                                   else None)
-
-    limits = DecodeLimits(min_duration=a.min_duration, max_duration=a.max_duration,
-                          max_channels=a.max_channels, silence_dbfs=a.silence_dbfs)
-    from dataclasses import asdict
-
-    from audiopipe.storage.s3 import is_s3, parse_s3
-
-    out = str(parse_s3(a.out)) if is_s3(a.out) else str(Path(a.out).resolve())
-    if (a.staging or a.break_lock) and not is_s3(out):
-        raise JobError("--staging and --break-lock are for an s3:// --out (a local folder is written in place "
-                       "and its lock is released by the kernel when its holder dies)")
-    job = Job(corpus=str(corpus.resolve()), out=out,
-              presets=["custom"] if a.features else preset.description.split("+"),
-              features=features, limits=asdict(limits), trim=preset.trim, phones=preset.phones, codec=codec,
-              align_to=preset.align_to if preset.codec else None, shard_bytes=a.shard_size,
-              write_tar=not a.no_tar, language=a.language if preset.phones else "en",  # only phones read it
-              checksum=a.checksum, keep_columns=keep, shard_seed=a.shard_seed, bert=bert)
-    summary = run_job(job, workers=a.workers, ray_address=a.ray_address, manifest=manifests or None,
-                      speaker=a.speaker, show_progress=not a.no_progress, layout=a.layout, nice=a.nice,
-                      staging=a.staging, break_lock=a.break_lock, corpus_options=corpus_options)
+    summary = shard(a.corpus, a.out, preset=a.preset, features=a.features, manifest=a.manifest,
+                    speaker=a.speaker, layout=a.layout, language=a.language, workers=a.workers, engine=a.engine,
+                    nice=a.nice, ray_address=a.ray_address, shard_size=a.shard_size, shard_seed=a.shard_seed,
+                    min_duration=a.min_duration, max_duration=a.max_duration, max_channels=a.max_channels,
+                    silence_dbfs=a.silence_dbfs, tar=not a.no_tar, checksum=a.checksum,
+                    codec_checkpoint=a.codec_checkpoint, codec_random_init=a.codec_random_init,
+                    codec_batch_size=a.codec_batch_size, bert_checkpoint=a.bert_checkpoint,
+                    keep_columns=a.keep_columns, text_column=a.text_column, speaker_column=a.speaker_column,
+                    audio_column=a.audio_column, id_column=a.id_column, vctk_mic=a.vctk_mic,
+                    require_text=a.require_text, staging=a.staging, break_lock=a.break_lock,
+                    progress=not a.no_progress)
     for line in summary.lines():
         print(line)
     if a.timings:
@@ -293,31 +238,6 @@ def _cmd_shard(a: argparse.Namespace) -> int:
 
         Path(a.timings).write_text(json.dumps(summary.timeline, indent=1) + "\n")
     return 0
-
-
-_KEEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _check_keep_columns(keep: list[str], features: list[tuple[str, dict]], preset) -> None:
-    """--keep-columns names that cannot clash with a column the shards already have (their features, the length
-    index's `<feature>_frames`, trimming and phones)."""
-    from audiopipe.shard.job import JobError
-
-    if not keep:
-        return
-    from audiopipe.shard.build import make_feature
-
-    taken = {"id", "speaker", "text", "source", "duration", "trim_start", "trim_end", "phones", "durations",
-             "codes", "shard", "row"}
-    taken |= {s.name for kind, params in features for s in make_feature(kind, params).specs}
-    for name in keep:
-        if not _KEEP_NAME.fullmatch(name) or name.endswith("_frames"):
-            raise JobError(f"--keep-columns: {name!r} is not a column name (letters, digits and _, not ending "
-                           f"in _frames)")
-        if name in taken:
-            raise JobError(f"--keep-columns: {name!r} is already a column of these shards")
-    if len(set(keep)) != len(keep):
-        raise JobError("--keep-columns names a column twice")
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
@@ -356,6 +276,35 @@ def _refuse_urls(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit code. Called as the program (no `argv`), a `shard` run then ends the
+    process itself (see _leave)."""
+    rc = _main(argv)
+    if argv is None and sys.argv[1:2] == ["shard"] and not os.environ.get("AUDIOPIPE_DEBUG"):
+        _leave(rc)
+    return rc
+
+
+def _leave(rc: int) -> None:
+    """End the process as the interpreter would, without its teardown of every module (with torch & co.
+    loaded, 1.5 s median at load 10 on the 2-core VM against 0.1 s; benchmarks/bench_extract.py's whole runs
+    include it). Every file of the job is written and closed by now.
+
+    The steps are the interpreter's own shutdown, in its order, up to the teardown: first the threads
+    (threading._shutdown: non-daemon threads joined, and concurrent.futures' exit hook, whose worker pool
+    manager sends its workers their stop and joins them), then the atexit handlers (Ray's shutdown,
+    multiprocessing's finalizers: they close the pool's queues, so they must come after the stop was sent, or
+    the workers never get it and both sides wait for ever), then the streams."""
+    import atexit
+    import threading
+
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser(argv).parse_args(argv)
     handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
     try:

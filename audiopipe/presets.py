@@ -61,7 +61,13 @@ PRESETS: dict[str, Preset] = {
 
 
 def resolve(names: list[str]) -> Preset:
-    """Merge presets; identical feature requests collapse, conflicting ones are an error."""
+    """Merge presets into one job.
+
+    Identical feature requests collapse into one. Two requests for the same feature kind and column name with
+    different parameters are an error (one column cannot hold both). Front-end steps apply to the whole job:
+    a preset that trims silence (ns2) trims it before every feature, and its `align_to` crops every same-hop
+    feature, so `f5tts,ns2` computes the f5tts mel on the trimmed audio.
+    """
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
         raise ValueError(f"unknown preset {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
@@ -73,8 +79,15 @@ def resolve(names: list[str]) -> Preset:
     for n in names:
         p = PRESETS[n]
         for f in p.features:
-            if f not in feats:
-                feats.append(f)
+            if f in feats:
+                continue
+            clash = [g for g in feats if g[0] == f[0] and g[1].get("name") == f[1].get("name")]
+            if clash:
+                raise ValueError(
+                    f"presets {', '.join(names)} ask for feature {f[0]!r} twice with different parameters "
+                    f"({clash[0][1]} and {f[1]}); shard them into separate folders"
+                )
+            feats.append(f)
         trim = trim or p.trim
         phones |= p.phones
         codec |= p.codec

@@ -141,24 +141,27 @@ def run_job(*a, **k):
     print({_SUMMARY_MARK!r} + json.dumps({{k: v for k, v in dataclasses.asdict(s).items() if isinstance(v, float)}}))
     return s
 run.run_job = run_job
-sys.exit(audiopipe.cli.main(sys.argv[1:]))
+sys.exit(audiopipe.cli.main())  # as the program: it ends the process itself
 """
 
 
 def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path = ROOT,
-                  shard_size: str = "4MB") -> dict[str, float]:
+                  shard_size: str = "4MB", engine: str | None = None) -> dict[str, float]:
     """One `audiopipe shard` run from source tree `tree` (this checkout, or an older one exported with
     `git archive` for a before/after comparison in the same run)."""
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
            "--preset", "f5tts", "--workers", str(workers), "--shard-size", shard_size, "--no-progress",
            "--nice", "0"]
     if not tar:
         cmd.append("--no-tar")
+    if engine:
+        cmd += ["--engine", engine]
     timings = out.parent / "timings.json"
     has_timings = "--timings" in (tree / "audiopipe" / "cli.py").read_text()
     if has_timings:
         cmd += ["--timings", str(timings)]
+    launched = time.time()
     t0 = time.perf_counter()
     # cwd: `python -c` puts the working folder first on sys.path, ahead of PYTHONPATH, and Ray gives its workers
     # the driver's folder too; run from this checkout, a "before" run imported this checkout's audiopipe.
@@ -175,7 +178,10 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
     res = {"wall_s": wall, "job_s": total, "startup_s": startup, "discovery_s": disc, "ray_start_s": ray_s,
            "warmup_s": warm, "extract_s": total - startup}
     if has_timings:
-        res.update(extraction_breakdown(json.loads(timings.read_text()), workers))
+        tl = json.loads(timings.read_text())
+        res.update(extraction_breakdown(tl, workers))
+        if "clock" in tl and tl["tasks"]:  # from the launch of the command to its first shard's first decode
+            res["first_decode_s"] = tl["clock"] + min(t["start"] for t in tl["tasks"]) - launched
         timings.unlink()
     return res
 
@@ -196,6 +202,133 @@ def extraction_breakdown(timeline: dict, workers: int) -> dict[str, float]:
     return {"tasks": len(tasks), "tasks_busy_s": busy, "idle_s": workers * (last - first) - busy,
             "lead_in_s": first - ph["started"], "tail_s": ph["manifest"] - last,
             "extract_phase_s": ph["manifest"] - ph["started"]}
+
+
+# ------------------------------------------------------------------ whole runs, start-up included
+
+_HANDWRITTEN_SCRIPT = """
+import sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[4])
+import numpy, soundfile, soxr, torch  # what the script imports at its top, as a user's script would
+import audiopipe.features.mel  # the mel filterbank the loop uses
+from pathlib import Path
+from bench_extract import corpus_files, run_handwritten
+files = corpus_files(Path(sys.argv[1]))
+pool_s = run_handwritten(files, Path(sys.argv[2]), int(sys.argv[3]))
+print("POOL", pool_s, time.perf_counter() - t0)
+"""
+
+
+def run_handwritten_process(root: Path, out: Path, workers: int) -> dict[str, float]:
+    """The hand-written loop as a user runs it: a fresh `python` that imports its libraries, lists the files and
+    runs the Pool (fork: its processes inherit the imports). Wall time from launch to exit, and the Pool's part."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", _HANDWRITTEN_SCRIPT, str(root), str(out), str(workers),
+                        str(Path(__file__).resolve().parent)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"the hand-written loop failed:\n{r.stderr}")
+    pool_s = float(r.stdout.split("POOL ")[1].split()[0])
+    shutil.rmtree(out, ignore_errors=True)
+    return {"wall_s": wall, "pool_s": pool_s}
+
+
+def whole_run(corpora: dict[str, Path], audio_s: dict[str, float], workers: list[int], rounds: int,
+              engines: list[str], tmp: Path) -> list[dict]:
+    """Per round and corpus, side by side in rotating order: the hand-written loop in a fresh process, and
+    `audiopipe shard` (tars on and off) on each engine; every figure from launch to exit."""
+    out: list[dict] = []
+    for rnd in range(rounds):
+        res: dict = {}
+        for c, root in corpora.items():
+            steps = [(kind, w, tar, eng) for w in workers for kind, tar, eng in
+                     [("handwritten", None, None)] + [("audiopipe", t, e) for e in engines for t in (True, False)]]
+            k = rnd % len(steps)
+            r: dict = {}
+            for kind, w, tar, eng in steps[k:] + steps[:k]:
+                if kind == "handwritten":
+                    key = f"handwritten_w{w}"
+                    r[key] = run_handwritten_process(root, tmp / "npy", w)
+                else:
+                    key = f"{eng}_w{w}_{'tar' if tar else 'notar'}"
+                    r[key] = run_audiopipe(root, tmp / "out", w, tar, engine=eng)
+                r[key]["x_rt"] = audio_s[c] / r[key]["wall_s"]
+                print(f"round {rnd} {c} {key}: " + json.dumps({k2: round(v, 3) for k2, v in r[key].items()
+                                                                if isinstance(v, float)}), flush=True)
+            r["load_1m"] = os.getloadavg()[0]
+            res[c] = r
+        out.append(res)
+    return out
+
+
+def summarise_whole(rounds: list[dict], workers: list[int], engines: list[str]) -> dict:
+    out: dict = {}
+    for c in rounds[0]:
+        rs = [r[c] for r in rounds]
+        d: dict = {}
+        for w in workers:
+            hw = [r[f"handwritten_w{w}"] for r in rs]
+            for eng in engines:
+                for tar in ("tar", "notar"):
+                    ap = [r[f"{eng}_w{w}_{tar}"] for r in rs]
+                    d[f"{eng}_w{w}_{tar}"] = {
+                        "whole_run_vs_handwritten": _ratio_stats([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
+                        "extraction_vs_handwritten_pool": _ratio_stats(
+                            [h["pool_s"] / a["extract_s"] for h, a in zip(hw, ap)]),
+                        "audiopipe_wall_s": _ratio_stats([a["wall_s"] for a in ap]),
+                        "handwritten_wall_s": _ratio_stats([h["wall_s"] for h in hw]),
+                        "first_decode_s": _ratio_stats([a.get("first_decode_s", float("nan")) for a in ap]),
+                        "startup_s": _ratio_stats([a["startup_s"] for a in ap]),
+                    }
+        d["load_1m"] = _ratio_stats([r["load_1m"] for r in rs])
+        out[c] = d
+    return out
+
+
+def whole_table(summary: dict, workers: list[int], engines: list[str]) -> str:
+    lines = ["| corpus | workers | engine | tars | whole run: hand-written / audiopipe | extraction only: "
+             "hand-written Pool / audiopipe | audiopipe launch to first decode (s) | audiopipe wall (s) | "
+             "hand-written wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for c, d in summary.items():
+        for w in workers:
+            for eng in engines:
+                for tar in ("tar", "notar"):
+                    e = d[f"{eng}_w{w}_{tar}"]
+                    lines.append(f"| {c} | {w} | {eng} | {'on' if tar == 'tar' else 'off'} | "
+                                 f"{_cell(e['whole_run_vs_handwritten'])} | {_cell(e['extraction_vs_handwritten_pool'])}"
+                                 f" | {_cell(e['first_decode_s'])} | {_cell(e['audiopipe_wall_s'], '.1f')} | "
+                                 f"{_cell(e['handwritten_wall_s'], '.1f')} |")
+    return "\n".join(lines)
+
+
+def plot_whole(summary: dict, workers: list[int], engines: list[str], path: Path, machine: str) -> None:
+    """Bars: the whole run's ratio hand-written / audiopipe (median, whiskers min-max over rounds), one bar per
+    worker count, engine and tars on/off; the dashed line is 1 (as fast as the hand-written loop)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summary), figsize=(7 * len(summary), 4.4), squeeze=False)
+    for ax, (c, d) in zip(axes[0], summary.items()):
+        labels, med, lo, hi = [], [], [], []
+        for w in workers:
+            for eng in engines:
+                for tar in ("tar", "notar"):
+                    e = d[f"{eng}_w{w}_{tar}"]["whole_run_vs_handwritten"]
+                    labels.append(f"{w}w {eng}\ntars {'on' if tar == 'tar' else 'off'}")
+                    med.append(e["median"]), lo.append(e["median"] - e["min"]), hi.append(e["max"] - e["median"])
+        ax.bar(range(len(med)), med, yerr=[lo, hi], capsize=4, color="#4c72b0")
+        ax.axhline(1.0, ls="--", c="k", lw=1)
+        ax.set_xticks(range(len(med)), labels, fontsize=8)
+        ax.set_ylabel("hand-written wall / audiopipe wall (higher: audiopipe faster)")
+        ax.set_title(f"{c}: whole run, launch to exit (load {d['load_1m']['median']:.1f})", fontsize=10)
+    fig.suptitle(machine, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 # ------------------------------------------------------------------ where a worker's time goes
@@ -567,12 +700,19 @@ def main() -> int:
                         "names (same audio, new ids and speakers)")
     p.add_argument("--corpora", default="WAV,OGG", help="which corpora to run (WAV, OGG or both)")
     p.add_argument("--shard-size", default="4MB", help="audiopipe's --shard-size (default 4MB)")
+    p.add_argument("--whole-run", action="store_true",
+                   help="whole runs from launch to exit, start-up included: the hand-written loop in a fresh "
+                        "process against `audiopipe shard` (tars on and off) on each of --engines")
+    p.add_argument("--engines", default="local", help="with --whole-run: local, ray or local,ray")
     a = p.parse_args()
     if a.quick:
         a.files, a.rounds = 40, 1
     workers = [int(w) for w in a.workers.split(",")]
     if a.replot:
         saved = json.loads(Path(a.json).read_text())
+        if "engines" in saved:  # a --whole-run result
+            plot_whole(saved["summary"], workers, saved["engines"], Path(a.plot), saved["machine"])
+            return 0
         plot(saved["summary"], workers, Path(a.plot), saved["machine"])
         return 0
     if a.discovery_files:  # moved to its own benchmark (issue 12 at 1M files)
@@ -615,6 +755,22 @@ def main() -> int:
         if a.repeat > 1:
             repeat_corpus(corpora[name], a.repeat)
     audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
+    if a.whole_run:
+        engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+        try:
+            rounds_w = whole_run(corpora, audio_s, workers, a.rounds, engines, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        summary = summarise_whole(rounds_w, workers, engines)
+        out = {"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})", "command": " ".join(sys.argv),
+               "files_per_corpus": a.files, "repeat": a.repeat, "engines": engines,
+               "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds_w}
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=1))
+        print(whole_table(summary, workers, engines))
+        if a.plot != p.get_default("plot"):
+            plot_whole(summary, workers, engines, Path(a.plot), out["machine"])
+        return 0
     rounds: list[dict] = []
     try:
         for rnd in range(a.rounds):

@@ -87,7 +87,8 @@ def test_scaling_ceiling_runs_every_file_in_every_process(tmp_path):
     got = json.loads(out.read_text())
     (rnd,) = got["rounds"]
     assert got["files"] == 3 and got["procs"] == 2
-    assert rnd["scaling"] == rnd["t1_s"] / rnd["t2_s"] and got["scaling_median"] == rnd["scaling"]
+    one, *two = rnd["processes"]  # each phase's wall time holds the stage time its processes measured inside
+    assert rnd["t1_s"] >= one["floor_s"] > 0 and rnd["t2_s"] >= max(p["floor_s"] for p in two) > 0
     procs = rnd["processes"]
     assert [p["files"] for p in procs] == [3, 3, 3]  # 1 alone, then 2 at once: each ran every file
     assert len({p["pid"] for p in procs}) == 3  # three processes of their own
@@ -113,7 +114,9 @@ def test_a_before_run_imports_the_before_tree_in_the_driver_and_in_the_workers(a
                     f"with open({str(log)!r}, 'a') as _f:\n"
                     "    _f.write(f'{_os.getpid()} {_os.path.basename(_sys.argv[0])} {__file__}\\n')\n")
     monkeypatch.chdir(ROOT)
-    res = run_audiopipe(asterisk_corpus.root, tmp_path / "out", 1, False, tree=tree)
+    # engine ray: a job this small would run on local processes forked from the driver, and Ray's workers are
+    # the ones that could import another tree
+    res = run_audiopipe(asterisk_corpus.root, tmp_path / "out", 1, False, tree=tree, engine="ray")
     assert res["tasks"] >= 1
     lines = [line.split(" ") for line in log.read_text().splitlines()]
     assert {path for _, _, path in lines} == {str(init)}

@@ -15,7 +15,7 @@ from audiopipe.reader.blocks import block_rows, cut_blocks
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
-from test_reader import ROWS_PER_SHARD, write_shards
+from reader_helpers import ROWS_PER_SHARD, write_shards
 
 pytest_plugins = ["s3server"]
 

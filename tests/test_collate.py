@@ -332,7 +332,7 @@ def test_make_loader_first_batch_does_not_wait_for_the_kernel(tmp_path):
     import sys
     import textwrap
 
-    from test_reader import write_shards
+    from reader_helpers import write_shards
 
     w = write_shards(tmp_path / "s", (6, 5), seed=3, tars=False)
     script = textwrap.dedent(f"""

@@ -1,5 +1,5 @@
 """Corrupt or huge shard sets while training: on_corrupt fail/skip, a shard truncated under its mapping, and a
-bounded number of open mappings (issue 9, section 5). Shards come from the real writer (tests/test_reader.py)."""
+bounded number of open mappings (issue 9, section 5). Shards come from the real writer (tests/reader_helpers.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
-from test_reader import ROWS_PER_SHARD, _global_of, _mapped_ranges, copy_shards, run_torchrun, write_shards
+from reader_helpers import ROWS_PER_SHARD, copy_shards, global_of, mapped_ranges, run_torchrun, write_shards
 
 pytest_plugins = ["s3server"]
 
@@ -45,7 +45,7 @@ def _break(w, tmp_path: Path):
 
 
 def _rows_of(*shard_ids: int) -> list[int]:
-    return [_global_of(k, r) for k in shard_ids for r in range(ROWS_PER_SHARD[k])]
+    return [global_of(k, r) for k in shard_ids for r in range(ROWS_PER_SHARD[k])]
 
 
 def _env() -> dict[str, str]:
@@ -95,7 +95,7 @@ def test_skip_drops_the_rows_before_planning_and_says_so_once(shards, tmp_path, 
                          rank=0, world_size=1, on_corrupt="skip")
     assert sorted(i for b in loader for i in b["index"]) == _rows_of(2)
     with pytest.raises(CorruptShardError, match="shard-000001 was skipped as corrupt"):
-        loader.dataset[_global_of(1, 0)]
+        loader.dataset[global_of(1, 0)]
 
 
 _DISAGREE = textwrap.dedent("""
@@ -177,7 +177,7 @@ def test_open_mappings_are_bounded_and_reopened_on_demand(shards):
         assert ds.diagnostics()["open_mappings"] <= 2
         assert len(os.listdir("/proc/self/fd")) <= fds + 2
     del item
-    mapped = [k for k in range(len(ROWS_PER_SHARD)) if _mapped_ranges(shards.shard_path(k))]
+    mapped = [k for k in range(len(ROWS_PER_SHARD)) if mapped_ranges(shards.shard_path(k))]
     assert mapped == [0, 1]  # evicted shards are unmapped once no view of them is left
     assert ds.diagnostics()["mappings_made"] == 7  # 0 and 1 were mapped again after eviction
     with pytest.raises(ValueError, match="max_open"):
@@ -212,7 +212,7 @@ def test_two_thousand_shards_under_ulimit_256_with_two_workers(tmp_path):
     from audiopipe.shard.checksum import sha256_file
     from audiopipe.shard.manifest import assemble_manifest
     from audiopipe.shard.writer import ArrayColumn, write_arrow
-    from test_reader import SPECS
+    from reader_helpers import SPECS
 
     root = tmp_path / "many"
     mel = SPECS["mel"]
@@ -357,7 +357,7 @@ def test_a_shrunk_buffer_length_is_a_named_error(shards, tmp_path):
     # Without the open-time scan, mapping the shard names it (it was a bare numpy ValueError).
     ds = ShardDataset(c.root, ["mel"], check_shards=False)
     with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*is unreadable: .*too small"):
-        ds.__getitems__([_global_of(1, 0)])
+        ds.__getitems__([global_of(1, 0)])
 
 
 def test_a_shrunk_buffer_length_is_a_named_error_from_s3(shards, tmp_path, s3):
@@ -374,7 +374,7 @@ def test_a_shrunk_buffer_length_is_a_named_error_from_s3(shards, tmp_path, s3):
         RemoteShardDataset(url, ["mel"])
     ds = RemoteShardDataset(url, ["mel"], check_shards=False)
     with pytest.raises(CorruptShardError, match=r"shard shard-000001 .*is unreadable: column mel: buffer 1"):
-        ds.__getitems__([_global_of(1, 0)])
+        ds.__getitems__([global_of(1, 0)])
 
 
 _ALONE = textwrap.dedent("""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import soundfile as sf
@@ -85,11 +86,20 @@ def test_reads_stay_a_few_blocks_ahead_of_the_caller(monkeypatch):
             done[0] += 1
         return c
 
+    submitted = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(super().submit(*args, **kwargs))
+            return submitted[-1]
+
     monkeypatch.setattr(discover_mod, "_read_one", counted)
+    monkeypatch.setattr(discover_mod, "ThreadPoolExecutor", Recording)
     reads = discover_mod._read_all(list(range(50_000)), 4)
     assert next(reads) == 0
-    time.sleep(0.3)  # let the pool run as far ahead as it will
-    assert done[0] <= 3 * 4 * 256  # blocks of at most 256, two per thread queued, one per thread running
+    # The caller now holds: the pool runs as far ahead as it will, i.e. until every block handed to it is read.
+    wait(submitted)
+    assert 0 < done[0] <= 2 * 4 * 256  # blocks of at most 256, at most two per thread handed out
     assert list(reads) == list(range(1, 50_000)) and done[0] == 50_000
 
 

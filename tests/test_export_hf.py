@@ -14,7 +14,8 @@ import pytest
 import soundfile as sf
 
 from audiopipe.export.errors import ExportError
-from audiopipe.export.hf import add_arguments, export_hf, main, run
+from audiopipe.cli import main as cli_main
+from audiopipe.export.hf import add_arguments, export_hf, run
 from export_helpers import built, shard_items, shard_order
 
 datasets = pytest.importorskip("datasets")
@@ -111,10 +112,10 @@ def test_refusals_and_overwrite(mixed, tmp_path, capsys):
     assert run(p.parse_args(["--shards", str(mixed.shards), "--out", str(out), "--audio", "none",
                              "--no-progress"])) == 0
     assert capsys.readouterr().out.startswith(f"exported 14 rows to {out} as ")
-    assert main(["--shards", str(mixed.shards), "--out", str(out), "--no-progress"]) == 2
+    assert cli_main(["export-hf", "--shards", str(mixed.shards), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--overwrite" in err[0]
-    assert main(["--shards", str(mixed.shards), "--out", str(out), "--no-progress", "--overwrite",
+    assert cli_main(["export-hf", "--shards", str(mixed.shards), "--out", str(out), "--no-progress", "--overwrite",
                  "--features", "fbank"]) == 0
     assert datasets.load_from_disk(str(out)).column_names == ["id", "speaker", "text", "source", "duration",
                                                               "audio", "fbank", "language", "pnc"]

@@ -13,7 +13,8 @@ import pytest
 
 from audiopipe.decode.audio import resample_to
 from audiopipe.export.errors import ExportError
-from audiopipe.export.lhotse import add_arguments, export_lhotse, main, run
+from audiopipe.cli import main as cli_main
+from audiopipe.export.lhotse import add_arguments, export_lhotse, run
 from audiopipe.features.fbank import KaldiFbank
 from export_helpers import built, shard_items, shard_order, webdataset_samples
 
@@ -167,7 +168,7 @@ def test_refusals_are_one_line_and_leave_nothing(mixed, whole, tmp_path, capsys)
         export_lhotse(tmp_path / "nowhere", out)
     p = argparse.ArgumentParser()
     add_arguments(p)
-    assert main(["--shards", str(mixed.shards), "--out", str(out), "--features", "nope", "--no-progress"]) == 2
+    assert cli_main(["export-lhotse", "--shards", str(mixed.shards), "--out", str(out), "--features", "nope", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("audiopipe: error:") and "no feature nope" in err[0]
 

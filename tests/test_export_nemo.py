@@ -12,7 +12,8 @@ import pytest
 import soundfile as sf
 
 from audiopipe.export.errors import ExportError
-from audiopipe.export.nemo import add_arguments, export_nemo, main, nemo_duration, run
+from audiopipe.cli import main as cli_main
+from audiopipe.export.nemo import add_arguments, export_nemo, nemo_duration, run
 from export_helpers import built, shard_items, shard_order
 
 
@@ -93,7 +94,7 @@ def test_source_paths_for_whole_files_and_refusals(whole, mixed, tmp_path, capsy
     capsys.readouterr()
     assert run(p.parse_args(["--shards", str(mixed.shards), "--out", str(out), "--overwrite", "--no-progress"])) == 0
     assert "exported 14 utterances" in capsys.readouterr().out and (out / "audio").is_dir()
-    assert main(["--shards", str(mixed.shards), "--out", str(out), "--no-progress"]) == 2
+    assert cli_main(["export-nemo", "--shards", str(mixed.shards), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("audiopipe: error:") and "--overwrite" in err[0]
 

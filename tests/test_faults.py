@@ -50,7 +50,7 @@ def _cmd(corpus: Path, out: Path, workers: int = 2) -> list[str]:
 def _spawn(corpus: Path, out: Path) -> subprocess.Popen:
     # Its own session, so that kill -9 of the group takes the driver and every Ray process it started.
     return subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *_cmd(corpus, out, 1)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+                            stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 

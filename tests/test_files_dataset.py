@@ -7,7 +7,7 @@ import pytest
 
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance, files_loader
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 
 @pytest.fixture(scope="module")

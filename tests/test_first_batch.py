@@ -92,25 +92,38 @@ def test_lengths_are_fingerprinted_for_a_state_only(monkeypatch):
 def test_make_loader_first_batch_is_built_before_the_copy_kernel_loads(tmp_path):
     """In a fresh process: the kernel load begins only once the first batch is collated (it held the GIL while
     the first batch was planned and read, 2-3x its time), and the batches are the same bytes either way."""
-    from test_reader import write_shards
+    from reader_helpers import write_shards
 
     w = write_shards(tmp_path / "s", (6, 5), seed=3, tars=False)
     script = textwrap.dedent(f"""
-        import time
+        import threading
         import numpy as np
         from audiopipe.collate import kernels
         from audiopipe.reader.arrow_dataset import ShardDataset
         from audiopipe.reader.loader import make_loader
 
-        events = []
+        events, state, waiting = [], threading.Condition(), []
         load = kernels._load_kernels
         def recorded_load(*args, **kwargs):
-            events.append("kernel load")
+            with state:
+                events.append("kernel load")
+                state.notify_all()
             return load(*args, **kwargs)
         kernels._load_kernels = recorded_load
 
+        class Watched(type(kernels._warm["go"])):  # says when the load thread starts waiting for its release
+            def wait(self, timeout=None):
+                with state:
+                    waiting.append(1)
+                    state.notify_all()
+                return super().wait(timeout)
+        kernels._warm["go"] = Watched()
+
         def slow_transform(batch):
-            time.sleep(0.3)  # the old loader's load thread starts (and is recorded) meanwhile
+            # Until the load thread has either begun loading (the old loader) or is held until its release (a
+            # failure deadline, not a pause: one of the two happens at once after make_loader started it).
+            with state:
+                assert state.wait_for(lambda: events or waiting, timeout=60), "the load thread never ran"
             events.append("first batch built")
             return batch
 

@@ -31,7 +31,7 @@ from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
 from launch import run_group
 from shard_helpers import shard
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 HERE = Path(__file__).resolve().parent
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

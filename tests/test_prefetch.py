@@ -13,8 +13,9 @@ import torch
 
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
+from audiopipe.reader import prefetch as prefetch_mod
 from audiopipe.reader.prefetch import PrefetchIterator
-from test_reader import write_shards
+from reader_helpers import write_shards
 
 ROWS = (40, 35, 50, 25)
 BUDGET = 1500
@@ -131,7 +132,7 @@ def test_an_error_in_the_thread_reaches_the_consumer():
 
 
 def test_a_corrupt_shard_surfaces_through_prefetch(shards, tmp_path):
-    from test_reader import copy_shards
+    from reader_helpers import copy_shards
 
     w = copy_shards(shards, tmp_path / "s")
     loader = make_loader(w.root, ["mel"], max_frames=BUDGET, seed=0, prefetch=2)
@@ -188,15 +189,26 @@ def test_bad_prefetch_and_device_arguments(shards):
             make_loader(shards.root, ["mel"], max_frames=BUDGET, device="cuda")
 
 
-def test_device_alone_builds_one_batch_ahead_without_overwriting_a_held_batch(shards):
+def test_device_alone_builds_one_batch_ahead_without_overwriting_a_held_batch(shards, monkeypatch):
+    copies, copied = [0], threading.Event()
+    copy = prefetch_mod._copy_to_device
+
+    def counted(*args, **kwargs):
+        out = copy(*args, **kwargs)
+        copies[0] += 1
+        if copies[0] >= 3:
+            copied.set()
+        return out
+
+    monkeypatch.setattr(prefetch_mod, "_copy_to_device", counted)
     loader = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=6, device="cpu")
     plain = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=6)
     assert loader.collate.ring_size >= 3  # 1 queued + 1 being built + 1 held
     it = iter(loader)
     held = next(it)
     want = next(iter(plain))
-    _wait_yielded(loader, 3)  # the thread has built the next batch and started the one after
-    time.sleep(0.5)  # ...and copied it (it then blocks on the full queue)
+    # The held batch, the queued one, and the one after: built and copied (the thread then blocks on the full queue).
+    assert copied.wait(timeout=60), f"the thread copied {copies[0]} batches, not 3"
     assert _summary(held) == _summary(want)
     del it
     _wait_no_thread()

@@ -1,18 +1,13 @@
-"""The mmap reader (ShardDataset, make_loader) on shards written by the real writer from known arrays.
-
-`write_shards` builds a shard folder in-process with audiopipe.shard.writer / index / manifest (no Ray, no
-audio), so every test knows exactly what each row holds; tests/test_wds_stream.py reuses it.
-"""
+"""The mmap reader (ShardDataset, make_loader) on shards written by the real writer from known arrays
+(tests/reader_helpers.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,119 +15,18 @@ import pyarrow as pa
 import pytest
 import torch
 
-from launch import run_group
-from audiopipe.decode.audio import resampler_info
-from audiopipe.features.registry import build_feature
-from audiopipe.index.lengths import build_index
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch, CorruptShardError, ShardError
 from audiopipe.reader.loader import make_loader
-from audiopipe.shard.checksum import checksum_of, file_checksum
-from audiopipe.shard.manifest import assemble_manifest
-from audiopipe.shard.writer import ArrayColumn, write_arrow, write_tar
-
-SPECS = {s.name: s for kind, params in (("vocos_mel", {}), ("f0", {"sample_rate": 16000, "hop_length": 160}),
-                                          ("pcm", {"sample_rate": 16000}))
-         for s in build_feature(kind, **params).specs}
-ROWS_PER_SHARD = (5, 9, 1, 7, 6)
-
-
-@dataclass
-class Written:
-    root: Path
-    rows: list[dict]  # in global index order: id, speaker, text, duration, arrays
-
-    def shard_path(self, k: int, kind: str = "arrow") -> Path:
-        m = json.loads((self.root / "manifest.json").read_text())
-        return self.root / m["shards"][k][kind]["path"]
-
-
-def write_shards(out: Path, rows_per_shard=ROWS_PER_SHARD, seed: int = 0, mel_frames=(20, 400),
-                 tars: bool = True) -> Written:
-    """A shard folder of random rows (mel [100, T], f0/voiced [T'], int16 pcm [N]) via the real writer."""
-    rng = np.random.default_rng(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    acols = [ArrayColumn(s.name, s.dtype, s.channels) for s in SPECS.values()]
-    features = {s.name: {**s.to_dict(), "hash": s.config_hash} for s in SPECS.values()}
-    records, everything = [], []
-    for k, n in enumerate(rows_per_shard):
-        rows = []
-        for j in range(n):
-            t = int(rng.integers(*mel_frames))
-            seconds = t * 256 / 24000
-            t16 = int(seconds * 100)
-            rows.append({
-                # a dot and a slash in the id: the tar key replaces the dot, the folder stays
-                "id": f"spk{k % 2}/utt{k:02d}.{j:03d}", "speaker": f"spk{k % 2}", "text": f"text {k} {j} é",
-                "source": f"spk{k % 2}/utt{k:02d}.{j:03d}.wav", "duration": float(np.float32(seconds)),
-                "arrays": {"mel": rng.standard_normal((100, t)).astype(np.float32),
-                           "f0": rng.uniform(80, 300, t16).astype(np.float32),
-                           "voiced": rng.integers(0, 2, t16).astype(np.uint8),
-                           "pcm": rng.integers(-32768, 32767, int(seconds * 16000)).astype(np.int16)},
-                "scalars": {}})
-        name = f"shard-{k:06d}"
-        arrow = out / "arrow" / f"{name}.arrow"
-        digest = write_arrow(arrow, rows, acols, [], {"features": features, "job": "test"})
-        rec = {"name": name, "rows": n, "duration": sum(r["duration"] for r in rows), "rejects": [],
-               "arrow": digest.entry(f"arrow/{name}.arrow")}
-        if tars:
-            tar = out / "wds" / f"{name}.tar"
-            rec["tar"] = write_tar(tar, rows, acols, [], 16000).entry(f"wds/{name}.tar")
-        records.append(rec)
-        everything += rows
-    index = build_index(out, [r["arrow"]["path"] for r in records])
-    assemble_manifest(out, records, features, resampler_info(), {"presets": ["test"]}, len(everything), 0, index)
-    return Written(out, everything)
-
-
-def copy_shards(w: Written, dst: Path) -> Written:
-    shutil.copytree(w.root, dst)
-    return Written(dst, w.rows)
-
-
-def set_manifest_entry(root: Path, k: int, kind: str = "arrow") -> None:
-    """Make the manifest agree with a shard file's current size and hash (a 'replaced' shard)."""
-    m = json.loads((root / "manifest.json").read_text())
-    e = m["shards"][k][kind]
-    algorithm = checksum_of(e).algorithm
-    e.update({"bytes": (root / e["path"]).stat().st_size, algorithm: file_checksum(root / e["path"], algorithm)})
-    (root / "manifest.json").write_text(json.dumps(m))
-
-
-def as_sha256_shards(root: Path) -> None:
-    """Give the manifest the sha256 entries of shards made before xxh3 (same files, older records)."""
-    m = json.loads((root / "manifest.json").read_text())
-    for sh in m["shards"]:
-        for kind in ("arrow", "tar"):
-            if kind in sh:
-                sh[kind].pop(checksum_of(sh[kind]).algorithm)
-                sh[kind]["sha256"] = file_checksum(root / sh[kind]["path"], "sha256")
-    (root / "manifest.json").write_text(json.dumps(m))
+from audiopipe.shard.checksum import checksum_of
+from reader_helpers import (ROWS_PER_SHARD, SPECS, Written, as_sha256_shards, copy_shards, global_of,
+                            mapped_ranges, run_torchrun, set_manifest_entry, write_shards)
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Written:
     return write_shards(tmp_path_factory.mktemp("reader") / "shards")
 
-
-def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
-    """Address ranges of this process's mappings of `path` (from /proc/self/maps)."""
-    target = os.path.realpath(path)
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].strip() == target:
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                out.append((lo, hi))
-    return out
-
-
-def _global_of(shard: int, row: int) -> int:
-    return sum(ROWS_PER_SHARD[:shard]) + row
-
-
-# ---- samples ---------------------------------------------------------------------------------------------------
 
 
 def test_samples_equal_what_was_written(shards):
@@ -188,14 +82,14 @@ def test_a_rows_metadata_is_decoded_once_not_per_batch(shards):
         sh = ds._shard(k)
         real = sh.meta_values
         sh.meta_values = lambda c, rows, k=k, real=real: decoded.append((k, c, rows.tolist())) or real(c, rows)
-    idx = [_global_of(1, 0), _global_of(3, 2), _global_of(1, 4)]
+    idx = [global_of(1, 0), global_of(3, 2), global_of(1, 4)]
     first = ds.__getitems__(idx)
     assert sorted(decoded) == [(1, "text", [0, 4]), (3, "text", [2])]
     decoded.clear()
     again = ds.__getitems__(idx[::-1])
-    more = ds.__getitems__([_global_of(1, 4), _global_of(1, 5)])
+    more = ds.__getitems__([global_of(1, 4), global_of(1, 5)])
     assert decoded == [(1, "text", [5])]
-    for batch, order in ((first, idx), (again, idx[::-1]), (more, [_global_of(1, 4), _global_of(1, 5)])):
+    for batch, order in ((first, idx), (again, idx[::-1]), (more, [global_of(1, 4), global_of(1, 5)])):
         for got, i in zip(batch, order):
             want = shards.rows[i]
             assert (got["id"], got["speaker"], got["text"], got["duration"], got["index"]) == (
@@ -285,9 +179,9 @@ def test_the_index_is_one_record_batch_so_its_columns_are_zero_copy(shards):
 def test_arrays_are_zero_copy_views_into_the_mapped_shard(shards):
     ds = ShardDataset(shards.root, ["mel", "pcm"])
     for shard in (0, 1, 3):
-        i = _global_of(shard, 0)
+        i = global_of(shard, 0)
         item = ds[i]
-        ranges = _mapped_ranges(shards.shard_path(shard))
+        ranges = mapped_ranges(shards.shard_path(shard))
         assert ranges, "the shard must be memory-mapped once an item of it is read"
         for f in ("mel", "pcm"):
             a = item[f]
@@ -315,10 +209,10 @@ def test_opening_touches_no_shard_whatever_the_corpus_size(tmp_path):
         w = write_shards(tmp_path / f"n{len(rows)}", rows, mel_frames=(5, 20), tars=False)
         ds = ShardDataset(w.root, ["mel"])
         len(ds), ds.lengths()
-        mapped = [k for k in range(len(rows)) if _mapped_ranges(w.shard_path(k))]
+        mapped = [k for k in range(len(rows)) if mapped_ranges(w.shard_path(k))]
         assert mapped == []
         ds[len(ds) - 1]
-        mapped = [k for k in range(len(rows)) if _mapped_ranges(w.shard_path(k))]
+        mapped = [k for k in range(len(rows)) if mapped_ranges(w.shard_path(k))]
         assert mapped == [len(rows) - 1]  # exactly the shard of that row, however many there are
         del ds
 
@@ -351,7 +245,7 @@ def test_a_shard_whose_schema_hash_differs_from_the_manifest_is_refused(shards, 
     ds = ShardDataset(w.root, ["mel"], check_shards=False)  # and again when mapped, had it changed since
     ds[0]  # other shards are fine
     with pytest.raises(CorruptShardError, match="shard-000002: feature mel hash differs"):
-        ds[_global_of(2, 0)]
+        ds[global_of(2, 0)]
 
 
 def test_truncated_shard_is_named_never_garbage(shards, tmp_path):
@@ -364,12 +258,12 @@ def test_truncated_shard_is_named_never_garbage(shards, tmp_path):
     ds = ShardDataset(w.root, ["mel"], check_shards=False)  # the same check again when the shard is mapped
     np.testing.assert_array_equal(ds[0]["mel"], w.rows[0]["arrays"]["mel"])
     with pytest.raises(CorruptShardError, match=r"shard-000001 .*bytes, manifest says .*truncated"):
-        ds[_global_of(1, 2)]
+        ds[global_of(1, 2)]
     set_manifest_entry(w.root, 1)  # sizes agree now: the Arrow reader itself must refuse the file
     with pytest.raises(CorruptShardError, match=r"shard-000001 .*unreadable"):
         ShardDataset(w.root, ["mel"])
     with pytest.raises(CorruptShardError, match=r"shard-000001 .*unreadable"):
-        ShardDataset(w.root, ["mel"], check_shards=False)[_global_of(1, 2)]
+        ShardDataset(w.root, ["mel"], check_shards=False)[global_of(1, 2)]
 
 
 def _offsets_position(path: Path, column: str, row: int) -> int:
@@ -391,7 +285,7 @@ def test_flipped_offsets_are_a_structural_error_naming_the_shard(shards, tmp_pat
     p.write_bytes(bytes(data))  # same size: the manifest's size check passes
     ds = ShardDataset(w.root, ["mel"])
     with pytest.raises(ShardError, match="shard-000003: column mel offsets do not match frame counts"):
-        ds[_global_of(3, 0)]
+        ds[global_of(3, 0)]
 
 
 def test_shard_files_carry_an_xxh3_checksum():
@@ -414,7 +308,7 @@ def test_checksum_verify_catches_any_flip(shards, tmp_path, algorithm):
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x40  # somewhere in the mel values: structure stays valid
     p.write_bytes(bytes(data))
-    i = _global_of(4, 0)
+    i = global_of(4, 0)
     ShardDataset(w.root, ["mel"])[i]  # structure intact: only the hash can tell
     with pytest.raises(CorruptShardError, match=f"shard shard-000004 .*fails its {algorithm} checksum"):
         ShardDataset(w.root, ["mel"], verify="checksum")
@@ -497,14 +391,6 @@ _DDP_SCRIPT = textwrap.dedent("""
     dist.barrier()
     dist.destroy_process_group()
 """)
-
-
-def run_torchrun(script: Path, *args: str, timeout: float = 150) -> None:
-    """Two CPU ranks under torchrun; kills the whole process group on timeout."""
-    # --standalone picks a free rendezvous port (--master_port=0 hangs the ranks with this torch).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
-    r = run_group(cmd, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_torchrun_two_ranks_read_every_sample_exactly_once(shards, tmp_path):

@@ -3,7 +3,7 @@ server on 127.0.0.1 (moto's server mode, tests/s3server.py) gives the same batch
 rows by byte range, fetches the batches to come ahead, survives a server restart, names (or skips) a corrupt
 object, keeps a bounded local cache, and works with DataLoader workers and under torchrun.
 
-Shards come from the real writer (tests/test_reader.py's write_shards) and are copied to the bucket with
+Shards come from the real writer (tests/reader_helpers.py's write_shards) and are copied to the bucket with
 pyarrow.fs.copy_files: the layout under the prefix is the local folder's.
 """
 
@@ -25,7 +25,7 @@ from audiopipe.reader.reading import Reading
 from audiopipe.reader.remote_dataset import RemoteShardDataset
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, parse_s3
 from audiopipe.storage.s3_ranges import RetryPolicy
-from test_reader import ROWS_PER_SHARD, write_shards
+from reader_helpers import ROWS_PER_SHARD, write_shards
 
 pytest_plugins = ["s3server"]
 

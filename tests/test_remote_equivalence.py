@@ -25,7 +25,7 @@ from audiopipe.reader.remote_dataset import RemoteShardDataset
 from audiopipe.shard.checksum import file_checksum
 from audiopipe.shard.manifest import assemble_manifest
 from audiopipe.shard.writer import ArrayColumn, shard_schema
-from test_reader import SPECS
+from reader_helpers import SPECS
 
 pytest_plugins = ["s3server"]
 

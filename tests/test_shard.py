@@ -186,9 +186,8 @@ def test_verify_names_the_corrupted_shard(synth_shards, tmp_path):
 
 
 def _cli(*args, **kw):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True,
-                          env=env, **kw)
+                          **kw)
 
 
 def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus, tmp_path):
@@ -201,9 +200,8 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     assert n_shards >= 5
 
     crashed = tmp_path / "crashed"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *args, "--out", str(crashed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list((crashed / "done").glob("*.json"))) < 2:
         time.sleep(0.05)
@@ -229,7 +227,7 @@ def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(espeak_corpus
     (["--features", "mel,zzz"], "unknown feature"),
     (["--out", "/proc/audiopipe-cannot-write"], "cannot write to output folder"),
     (["--preset", "ns2"], "needs codec weights"),
-    (["--workers", "0"], "--workers must be at least 1"),
+    (["--workers", "-1"], "--workers must be at least 0"),
     (["--nice", "25"], "--nice must be between -20 and 19"),
 ])
 def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path, capsys):
@@ -314,15 +312,15 @@ import json, os, sys
 from shard_helpers import make_job
 from audiopipe.shard.run import run_job
 import ray
-run_job(make_job(sys.argv[1], sys.argv[2], [("vocos_mel", {})]), workers=1, show_progress=False, nice=int(sys.argv[3]))
+run_job(make_job(sys.argv[1], sys.argv[2], [("vocos_mel", {})]), workers=1, show_progress=False, nice=int(sys.argv[3]),
+        engine="ray")
 seen = ray.get([ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote() for _ in range(2)])
 print(json.dumps(seen))
 """
 
 
 def test_workers_run_at_the_niceness_asked_for_not_rays_15(asterisk_corpus, tmp_path):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
     r = subprocess.run([sys.executable, "-c", _NICE_PROBE, str(asterisk_corpus.root), str(tmp_path / "o"), "3"],
                        capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from audiopipe.corpus.discover import discover
 from audiopipe.decode.audio import DecodeLimits
-from audiopipe.shard.groups import MAX_GROUP, build_group, group_units
+from audiopipe.shard.groups import MAX_GROUP, Orphaned, build_group, group_units
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import PlannedUtt, WorkUnit
 
@@ -128,8 +128,11 @@ def test_an_orphaned_group_stops_before_its_next_shard_and_leaves_no_done_record
     units = _units(espeak_corpus.root, 3)
     out = tmp_path / "out"
     reported = []
-    for item in build_group(units, _job(espeak_corpus.root, out), orphaned=lambda: len(reported) >= 1):
-        reported.append(item["record"]["name"])
+    # It raises rather than ending quietly: a task that ends early must never look finished (a driver still
+    # alive, whose node's raylet died, sends what it left again).
+    with pytest.raises(Orphaned, match=units[2].name):
+        for item in build_group(units, _job(espeak_corpus.root, out), orphaned=lambda: len(reported) >= 1):
+            reported.append(item["record"]["name"])
     assert reported == [units[0].name]  # shard 1 was in flight when the job went away, shard 2 never started
     assert sorted(p.name for p in (out / "done").iterdir()) == [f"{units[0].name}.json"]
     assert not any(units[2].name in p.name for p in out.rglob("*"))
@@ -163,8 +166,9 @@ def test_an_orphaned_group_on_s3_uploads_nothing_more_of_the_shard_in_flight(esp
             return True
         return False
 
-    for item in build_group(units, job, staging=str(tmp_path / "staging"), orphaned=orphaned):
-        reported.append(item["record"]["name"])
+    with pytest.raises(Orphaned):
+        for item in build_group(units, job, staging=str(tmp_path / "staging"), orphaned=orphaned):
+            reported.append(item["record"]["name"])
     assert gate.is_set() and reported == [units[0].name]
     fs = filesystem()
     root = parse_s3(job.out)

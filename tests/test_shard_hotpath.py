@@ -147,7 +147,7 @@ from audiopipe.decode.audio import DecodeLimits
 from audiopipe.shard.build import build_shard
 from audiopipe.shard.job import Job
 from audiopipe.shard.plan import PlannedUtt, WorkUnit
-from audiopipe.shard.run import _load_table_support, _warm_worker
+from audiopipe.shard.worker import load_table_support as _load_table_support, warm_worker as _warm_worker
 root, out = sys.argv[1], sys.argv[2]
 utts = [PlannedUtt(u.id, u.path, u.source, u.speaker, u.text, u.duration) for u in discover(root).utterances][:2]
 job = Job(corpus=root, out=out, presets=["f5tts"], features=[("vocos_mel", {})], limits=asdict(DecodeLimits()))

@@ -22,8 +22,8 @@ import pytest
 
 from audiopipe.storage.lock import LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
-from test_shard_cluster import lose_node_mid_job
-from test_shard_cluster import two_node_cluster  # noqa: F401  (a fixture: the 2-node Ray cluster)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_chaos import Cluster, job_env  # noqa: E402  (the 2-node Ray cluster of the chaos benchmark)
 
 pytest_plugins = ["s3server"]
 
@@ -32,8 +32,7 @@ ARGS = ["--features", FEATURES, "--shard-size", "200kB", "--workers", "1", "--no
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "audiopipe.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -151,10 +150,9 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
 
         return sum(1 for i in fs.get_file_info(pafs.FileSelector(done_prefix, allow_not_found=True)))
 
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root),
-                             "--out", out, "--staging", str(staging), *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)  # kill -9 of the group takes the driver and its Ray
+                             "--out", out, "--staging", str(staging), *ARGS], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)  # kill -9 of the group: all of it
     deadline = time.monotonic() + 240
     while done() < 2:
         assert proc.poll() is None, proc.communicate()[1]
@@ -324,24 +322,30 @@ def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, reference,
-                                                                         two_node_cluster):
-    """Two Ray nodes on this machine (tests/test_shard_cluster.py; started after `s3` set the AWS_* environment,
-    which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each worker
-    uploads from its own staging; SIGKILL of the second node mid-job loses nothing, and the objects are a local
-    run's bytes."""
+def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, reference):
+    """Two Ray nodes on this machine with a token (benchmarks/bench_chaos.py; started after `s3` set the AWS_*
+    environment, which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each
+    worker uploads from its own staging; SIGKILL of the second node mid-job, while it builds a shard, loses
+    nothing, and the objects are a local run's bytes."""
     _, root = s3
     _, want = reference
-    address, second_raylet, env = two_node_cluster
     n_shards = sum(k.startswith("done/") for k in want)
     out = f"{root}/cluster"
-    cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS,
-           "--ray-address", address]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
-    lose_node_mid_job(proc, second_raylet, lambda: sum(k.startswith("done/") for k in _keys(out)), n_shards,
-                      timeout=180)
-    stdout, stderr = proc.communicate(timeout=240)
+    cluster = Cluster().start()
+    try:
+        cmd = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(espeak_corpus.root), "--out", out,
+               *ARGS, "--ray-address", cluster.address]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=job_env(cluster))
+        deadline = time.monotonic() + 180
+        while not (sum(k.startswith("done/") for k in _keys(out)) >= n_shards // 4 and cluster.busy_on_worker()):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the worker node never held a shard past a quarter of the job"
+            time.sleep(0.02)
+        cluster.lose_worker("node")
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        cluster.stop()
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
     assert _objects(out) == want
 

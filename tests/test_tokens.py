@@ -213,6 +213,21 @@ def test_kmeans_needs_a_float_feature_with_channels(tmp_path):
         resolve_feature(m, "pcm", tmp_path)
 
 
+def test_kmeans_feature_auto_picks_what_the_shards_hold(tmp_path):
+    def spec(name, kind, channels=80, dtype="float32"):
+        return name, {"name": name, "kind": kind, "channels": channels, "dtype": dtype}
+
+    f5 = {"features": dict([spec("mel", "vocos_mel", 100), spec("pcm", "pcm", 0, "int16")])}  # the f5tts preset
+    assert resolve_feature(f5, "auto", tmp_path)["name"] == "mel"
+    both = {"features": dict([spec("mel", "vocos_mel", 100), spec("fbank", "kaldi_fbank"), spec("f0", "f0", 0)])}
+    assert resolve_feature(both, "auto", tmp_path)["name"] == "fbank"  # a filterbank first
+    odd = {"features": dict([spec("codes", "encodec", 8, "int16"), spec("emb", "custom", 4)])}
+    assert resolve_feature(odd, "auto", tmp_path)["name"] == "emb"  # any float [C, T] feature
+    none = {"features": dict([spec("pcm", "pcm", 0, "int16")])}
+    with pytest.raises(ValueError, match="no float \\[channels, T\\] feature"):
+        resolve_feature(none, "auto", tmp_path)
+
+
 def test_kmeans_tokens_on_real_speech_load_and_reuse_the_codebook(ast_shards, tmp_path, capsys):
     out = tmp_path / "km"
     assert cli("--shards", ast_shards, "--out", out, "--kmeans", "16", "--steps", "40", "--batch-size", "512") == 0

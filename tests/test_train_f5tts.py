@@ -258,7 +258,7 @@ def test_torchrun_two_ranks_and_exact_resume(f5_shards, tmp_path):
     _torchrun(f5_shards, resumed, 4, "--resume")
     log = _log(straight)
     assert [r["step"] for r in log] == [1, 2, 3, 4]
-    assert all(r["world"] == 2 and r["data_wait_share"] == pytest.approx(r["data_wait"] / r["step_time"]) and np.isfinite(r["loss"]) for r in log)
+    assert all(r["world"] == 2 and np.isfinite(r["loss"]) for r in log)
     assert [r["loss"] for r in _log(resumed)] == [r["loss"] for r in log[2:]]  # bit-identical, step by step
     a = torch.load(straight / "ckpt-00000004.pt", weights_only=True)
     b = torch.load(resumed / "ckpt-00000004.pt", weights_only=True)

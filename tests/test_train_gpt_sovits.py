@@ -263,8 +263,7 @@ def test_two_process_run_and_exact_resume(token_dir, tmp_path):
     assert "phones: gpt_sovits table, 322 symbols" in r.stdout and "loss mean (audiopipe); AdamW" in r.stdout
     recs = log(straight)
     assert [x["step"] for x in recs] == [1, 2, 3, 4]
-    assert all(x["world"] == 2 and x["data_wait_share"] == pytest.approx(x["data_wait"] / x["step_time"])
-               and "top3_acc" in x and "ce" in x for x in recs)
+    assert all(x["world"] == 2 and "top3_acc" in x and "ce" in x for x in recs)
 
     # Resume: start a second run from the straight run's step-2 checkpoint; steps 3-4 must be bit-identical.
     resumed = tmp_path / "resumed"

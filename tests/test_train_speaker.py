@@ -374,8 +374,6 @@ def test_torchrun_two_processes_from_an_upstream_checkpoint(spk_shards, tmp_path
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["world"] == 2 and math.isfinite(r["loss"]) for r in recs)
-    # The share is the logged wait over the logged step time (a range check could not fail).
-    assert all(r["data_wait_share"] == pytest.approx(r["data_wait"] / r["step_time"]) for r in recs)
     res = json.loads((out / "eer.json").read_text())
     assert res["target_trials"] == 30 and res["nontarget_trials"] == 36 and res["step"] == 3
     # The artifact and the log line report the same evaluation (only rank 0 evaluates: one line).

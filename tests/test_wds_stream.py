@@ -13,7 +13,7 @@ from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch, ShardError
 from audiopipe.reader.wds import WdsStream, make_wds_loader, round_robin_taken, water_fill
 from audiopipe.sampler.plan import BatchBudget
-from test_reader import as_sha256_shards, copy_shards, run_torchrun, set_manifest_entry, write_shards
+from reader_helpers import as_sha256_shards, copy_shards, run_torchrun, set_manifest_entry, write_shards
 
 ROWS = (6, 9, 3, 7, 8)  # 5 tars, 33 utterances
 

@@ -4,9 +4,10 @@ exact checkpoints, and the one number this project exists for, the share of each
 A trainer file defines a config, a model and `loss_fn(model, batch) -> (loss, {name: number})`, then calls
 `train(...)`. Run under torchrun; a plain `python trainers/train_x.py` is a world of one.
 
-Imports: trainers/ is a folder of scripts, not a package. `torchrun trainers/train_x.py` puts trainers/ first on
-sys.path, so a trainer imports its siblings by name (`import core`, `from core import train`) and imports `core`
-before anything from audiopipe; this file is the one place that puts the repository root on sys.path.
+Imports: trainers/ is a folder of scripts, not a package. `torchrun trainers/train_x.py` (or `python ...`) puts
+trainers/ first on sys.path, so a trainer imports its siblings by name (`import core`, `from core import train`);
+audiopipe comes from the installed package (`pip install -e .`, as the README's set-up does). No file here edits
+sys.path, so the imports may stand in any order an import sorter gives them.
 """
 
 from __future__ import annotations
@@ -27,21 +28,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# The one sanctioned sys.path edit of trainers/: a checkout run without `pip install -e .` (as the README shows,
-# `torchrun trainers/train_ns2.py`) has only trainers/ on the path, so audiopipe would not import. With the root
-# first, a checkout's trainer always runs against that same checkout's library, installed or not.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only  # noqa: E402
-from audiopipe.checkpoints.load import load_matching  # noqa: E402
-from audiopipe.reader.errors import ConfigMismatch, ShardError  # noqa: E402
-from audiopipe.reader.loader import Loader, make_loader  # noqa: E402
-from audiopipe.sampler.corpus_weights import check_weights  # noqa: E402
-from audiopipe.storage.s3 import ObjectStoreError, is_s3  # noqa: E402
-from audiopipe.shard.manifest import read_manifest  # noqa: E402
-from audiopipe.storage.atomic import atomic_path, write_text_atomic  # noqa: E402
+from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only
+from audiopipe.checkpoints.load import load_matching
+from audiopipe.reader.errors import ConfigMismatch, ShardError
+from audiopipe.reader.loader import Loader, make_loader
+from audiopipe.sampler.corpus_weights import check_weights
+from audiopipe.storage.s3 import ObjectStoreError, is_s3
+from audiopipe.shard.manifest import read_manifest
+from audiopipe.storage.atomic import atomic_path, write_text_atomic
 
 
 # ----------------------------------------------------------------------------- config and command line
@@ -55,6 +49,7 @@ class RunConfig:
     config: str = "default"
     max_steps: int = 100_000
     batch_frames: int = 38_400  # padded frames per batch per rank
+    bucket_budget: str = ""  # a per-length-bucket budget file (audiopipe/sampler/bucket_budget.py) instead
     quadratic: float = 0.0  # attention cost term of the batch budget (see BucketBatchSampler)
     max_items: int | None = None
     grad_accum: int = 1
@@ -79,6 +74,9 @@ class RunConfig:
 FLAG_HELP = {
     "quadratic": "attention term of the batch budget: cost = n*m + quadratic*n*m^2 (0 = padded frames only)",
     "max_items": "at most this many utterances per batch",
+    "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
+                     "benchmarks/gpu_proof.py; docs/sampler.md) used instead of --batch-frames; --max-items "
+                     "still caps every bucket (default: none, one global --batch-frames budget)",
     "grad_accum": "micro-batches per optimizer step (each rank needs at least this many batches per epoch)",
     "lr": "peak learning rate",
     "weight_decay": "weight decay of the trainer's optimizer",
@@ -506,9 +504,17 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
     dirs = shard_dirs(cfg)
     # prefetch: the next batches are padded in a background thread (and, on CUDA, copied on a side stream) while
     # this step runs, so the step waits only for a batch that is truly late; the loader hands them on d.device.
-    common = dict(max_frames=cfg.batch_frames, length_feature=length_feature, quadratic=cfg.quadratic,
+    budget: Any = cfg.batch_frames
+    if cfg.bucket_budget:  # a budget per length bucket instead of one global one; a bad file is a ValueError
+        from audiopipe.sampler.bucket_budget import BucketBudget
+
+        budget = BucketBudget.read(cfg.bucket_budget)
+    # --prefetch 0 is off: given a device, make_loader would still build one batch ahead in a thread; without,
+    # the batch is built when the step asks and moved by the loop.
+    common = dict(max_frames=budget, length_feature=length_feature, quadratic=cfg.quadratic,
                   max_items=cfg.max_items, seed=cfg.seed, num_workers=cfg.num_workers, rank=d.rank,
-                  world_size=d.world, expect=expect, prefetch=cfg.prefetch, device=d.device, **loader_kw)
+                  world_size=d.world, expect=expect, prefetch=cfg.prefetch,
+                  device=d.device if cfg.prefetch else None, **loader_kw)
     if cfg.reader == "files":  # the benchmark baseline: one .npy per utterance, exported once next to the run
         # Both checks before rank 0 starts an export the others would wait for.
         if len(dirs) > 1:
@@ -550,6 +556,10 @@ def _no_step_message(loader: Loader, cfg: RunConfig, epoch: int, batches: int, n
             return (f"{name}: error: epoch {epoch} has no batch: all {lengths.size} utterances are empty "
                     f"(0 frames); check the shards with `audiopipe inspect`")
         m = int(real.min())
+        if cfg.bucket_budget:
+            return (f"{name}: error: epoch {epoch} has no batch: every one of the {real.size} utterances (the "
+                    f"shortest {m} frames) is longer than --bucket-budget {cfg.bucket_budget} allows alone "
+                    f"({loader.sampler.budget.longest_alone()} frames); calibrate it for these lengths")
         need = int(math.ceil(m + cfg.quadratic * m * m))
         return (f"{name}: error: epoch {epoch} has no batch: every one of the {real.size} utterances is longer "
                 f"than the --batch-frames budget of {cfg.batch_frames} (the shortest alone costs {need}); "
@@ -590,18 +600,36 @@ class _Window:
             self.terms[k] = self.terms.get(k, 0.0) + (v.detach().float() if torch.is_tensor(v) else float(v))
 
 
+class _HostEvent:
+    """torch.cuda.Event's timing interface on the host's clock: _Clock runs the same code on CPU as on CUDA, so a
+    CPU run exercises every line of it but the event class."""
+
+    __slots__ = ("t",)
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.t - self.t) * 1e3  # milliseconds, as torch.cuda.Event's
+
+
 class _Clock:
     """Step time and data wait of a log window.
 
-    On CPU: the wall clock. On CUDA: events on the GPU's own timeline, read only when a log line is due (reading
-    them waits for the GPU, so no other step synchronises). There, the wait of a batch is the time between the
-    GPU reaching an event recorded before the batch was asked for and one recorded once it was on the device:
-    nearly 0 when the GPU still had queued work to run while the batch was built, the whole gap when the GPU
-    sat idle waiting for it. That is the honest data wait: time the step waited for a batch that was not ready.
+    Marks are events: on CUDA on the GPU's own timeline, read only when a log line is due (reading them waits for
+    the GPU, so no other step synchronises); on CPU the wall clock (_HostEvent). On CUDA, the wait of a batch is
+    the time between the GPU reaching an event recorded before the batch was asked for and one recorded once it
+    was on the device: nearly 0 when the GPU still had queued work to run while the batch was built, the whole
+    gap when the GPU sat idle waiting for it. That is the honest data wait: time the step waited for a batch that
+    was not ready.
     """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self._event: Callable[[], Any] = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else _HostEvent
         self.steps: list[tuple[Any, Any]] = []
         self.waits: list[tuple[Any, Any]] = []
         self._step_waits: list[tuple[Any, Any]] = []
@@ -609,11 +637,9 @@ class _Clock:
         self._w0: Any = None
 
     def _mark(self) -> Any:
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
+        e = self._event()
+        e.record()
+        return e
 
     def start_pass(self) -> None:
         # A pass's first wait and step count from here; a partial accumulation left by the last pass is not timed.
@@ -633,14 +659,10 @@ class _Clock:
 
     def read(self) -> tuple[float, float]:
         """(step seconds, wait seconds) summed over the steps since the last read."""
-        if self.cuda:
-            if self.steps:
-                self.steps[-1][1].synchronize()
-            span = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731
-        else:
-            span = lambda a, b: b - a  # noqa: E731
-        step_s = sum(span(a, b) for a, b in self.steps)
-        wait_s = sum(span(a, b) for a, b in self.waits)
+        if self.steps:
+            self.steps[-1][1].synchronize()  # the last mark is the latest: every earlier one has completed too
+        step_s = sum(a.elapsed_time(b) for a, b in self.steps) / 1e3
+        wait_s = sum(a.elapsed_time(b) for a, b in self.waits) / 1e3
         self.steps, self.waits = [], []
         return step_s, wait_s
 

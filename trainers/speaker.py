@@ -18,13 +18,13 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-import core
 from audiopipe.checkpoints import speaker as ckpt
 from audiopipe.checkpoints.files import CheckpointError
 from audiopipe.storage.atomic import write_json_atomic
+
+import core
 from speaker_data import SAMPLE_RATE, SpeakerData, fbank_batch
 from speaker_eval import AAMSoftmax, evaluate_eer
-
 
 # ----------------------------------------------------------------------------- the recipe and its flags
 

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import soxr
 import torch
 
-import core  # first: core puts the repo root on sys.path for audiopipe
 from audiopipe.features.fbank import kaldi_fbank_torch, mean_normalize
 from audiopipe.features.pcm import INT16_SCALE
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
+
+import core
 
 SAMPLE_RATE = 16000
 NUM_MEL_BINS = 80
@@ -118,6 +118,8 @@ def crop_with_speed(pcm: np.ndarray, n: int, speed: float, rng: np.random.Genera
     """
     if speed == 1.0:
         return take_segment(pcm, n, rng).astype(np.float32) / np.float32(INT16_SCALE)
+    import soxr  # here: only speed perturbation resamples, and the reader and trainers import without it
+
     need = int(math.ceil(n * speed)) + 2 * _RESAMPLE_MARGIN + 2
     seg = take_segment(pcm, need, rng).astype(np.float32) / np.float32(INT16_SCALE)
     out = soxr.resample(seg, speed * SAMPLE_RATE, SAMPLE_RATE)
@@ -155,6 +157,8 @@ class AudioFolder:
                 raise RuntimeError(f"{self.what} file {self.files[i]} is unreadable: {e}") from e
             x = data.mean(axis=1)
             if sr != SAMPLE_RATE:
+                import soxr
+
                 x = soxr.resample(x, sr, SAMPLE_RATE)
             if x.size == 0 or not np.isfinite(x).all():
                 raise RuntimeError(f"{self.what} file {self.files[i]} is empty or holds NaN/inf")

@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import core  # noqa: F401  first: core puts the repo root on sys.path for audiopipe
 from audiopipe.features.pcm import INT16_SCALE
 from audiopipe.reader.open_dataset import open_dataset
-from speaker_data import SpeakerSplit, fbank_batch
 
+from speaker_data import SpeakerSplit, fbank_batch
 
 # ----------------------------------------------------------------------------- AAM-softmax
 

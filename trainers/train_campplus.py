@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import core  # first: core puts the repository root on sys.path for audiopipe
+import core
 import speaker
 from speaker_data import speaker_data
 

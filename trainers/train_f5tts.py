@@ -34,13 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import (count_parameters, latest_checkpoint, load_model_config, parse_args, setup_dist,  # first: core
-                  shard_dirs, train)  # finds audiopipe
 from audiopipe.checkpoints import f5tts as f5ckpt
 from audiopipe.checkpoints.f5tts import CheckpointError, F5Checkpoint
 from audiopipe.features.mel import VocosMel
 from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
 
+from core import count_parameters, latest_checkpoint, load_model_config, parse_args, setup_dist, shard_dirs, train
 
 # ----------------------------------------------------------------------------- config
 
@@ -577,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                                "warmup_steps": "linear warmup updates, then the decay of --lr-schedule",
                                "min_lr_ratio": "with --lr-schedule cosine: final LR as a fraction of --lr"})
     if args.tokenizer == "pinyin":
-        from audiopipe.text.f5_pinyin import f5_pinyin_tokens
         from audiopipe.reader.texts import shard_texts
+        from audiopipe.text.f5_pinyin import f5_pinyin_tokens
         from audiopipe.text.f5_vocab import pinyin_vocab_for
 
         try:

@@ -44,12 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train  # first: core finds audiopipe
-from scaled_adam import ScaledAdam, upstream_lr
-from audiopipe.checkpoints.files import CheckpointError, read_weights
 from audiopipe.checkpoints import gpt_sovits as ckpt_io
+from audiopipe.checkpoints.files import CheckpointError, read_weights
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.tokens import token_spec
+
+from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train
+from scaled_adam import ScaledAdam, upstream_lr
 
 BERT_DIM = 1024  # chinese-roberta-wwm-ext-large's hidden size: the input of bert_proj in every GPT-SoVITS model
 
@@ -114,9 +115,9 @@ def select_utterances(shards: str, c: ModelConfig, max_sec: float, min_ps: float
 
 
 def _extra(p) -> None:
-    p.add_argument("--max-sec", type=float, default=54.0, help="drop utterances with more seconds of tokens")
-    p.add_argument("--min-ps-ratio", type=float, default=3.0, help="drop utterances with fewer phones per second")
-    p.add_argument("--max-ps-ratio", type=float, default=25.0, help="drop utterances with more phones per second")
+    p.add_argument("--max-sec", type=float, default=54.0, help="drop utterances with more seconds of tokens (default %(default)s)")
+    p.add_argument("--min-ps-ratio", type=float, default=3.0, help="drop utterances with fewer phones per second (default %(default)s)")
+    p.add_argument("--max-ps-ratio", type=float, default=25.0, help="drop utterances with more phones per second (default %(default)s)")
     p.add_argument("--optimizer", choices=("auto", "scaled_adam", "adamw"), default="auto",
                    help="scaled_adam: GPT-SoVITS's (LR 0.01 on the first step then 0.002, one step per 4 batches, "
                         "no --clip, unless --lr/--warmup-steps/--grad-accum/--clip are given); adamw: AdamW with "
@@ -128,7 +129,7 @@ def _extra(p) -> None:
                         "--init-from is a GPT-SoVITS .ckpt, else mean (default %(default)s)")
     p.add_argument("--export", default="",
                    help="when training ends, also write the weights as a GPT-SoVITS s1 .ckpt here (what its WebUI "
-                        "and TTS inference load; see docs/trainers/gpt_sovits.md)")
+                        "and TTS inference load; see docs/trainers/gpt_sovits.md; default: no export)")
     p.add_argument("--export-format", choices=ckpt_io.FORMATS, default="fp16",
                    help="weights of --export: fp16 as GPT-SoVITS's WebUI writes them, or fp32 (default %(default)s)")
 

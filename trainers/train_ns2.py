@@ -1,11 +1,16 @@
-"""NaturalSpeech 2 on audiopipe ns2 shards: latent diffusion over codec codes, with a speech prompt.
+"""NaturalSpeech 2 on audiopipe ns2 shards: latent diffusion in EnCodec's latent space, with a speech prompt.
 
-    torchrun --nproc_per_node=2 trainers/train_ns2.py --shards ./shards --config tiny --out runs/ns2 --max-steps 20
+    torchrun --nproc_per_node=2 trainers/train_ns2.py --shards ./shards --config tiny --out runs/ns2 --max-steps 20 \
+        --codec-checkpoint /models/encodec_24khz
 
 Reads `codes` (EnCodec 24 kHz, 16 x 1024, 75 Hz), `f0` (interpolated, > 0, same frames) and `phones` (ids in
-audiopipe.text.en_phones.PHONES) of the `ns2` preset. Follows Amphion's recipe (models/tts/naturalspeech2):
-  - a random prefix of each utterance (10-50 % of its frames) is the speech prompt, the rest the target
-    (PromptSplit, the loader's batch_transform);
+audiopipe.text.en_phones.PHONES) of the `ns2` preset. Amphion's model (models/tts/naturalspeech2), parameter
+for parameter, so Amphion's checkpoints load (--init-from) and ours export to Amphion (audiopipe.checkpoints.ns2):
+  - the latent: codes decoded by EnCodec's own frozen quantizer (the codebooks of the codec checkpoint the shards
+    were made with), not renormalised, so EnCodec's decoder turns a predicted latent into audio;
+  - the speech prompt: a prefix of each utterance (PromptSplit, the loader's batch_transform). `frames` rule:
+    10-50 % of its frames, the rest is the target and the phone encoder reads all phones. `phones` rule
+    (Amphion's): 10-50 % of its phones cut from the start, with their frames; the target keeps the other phones;
   - prompt encoder: a Transformer over the prompt latent; 32 learned query tokens attend to it (query_attn);
   - phone encoder: a Transformer (self-attention + conv FFN) whose layer norms are style-adaptive, conditioned
     on the prompt; duration and pitch predictors: conv stacks with cross-attention to the prompt every 3 layers;
@@ -15,28 +20,27 @@ audiopipe.text.en_phones.PHONES) of the `ns2` preset. Follows Amphion's recipe (
   - losses: L1 on log-pitch, L1 on log(1 + duration), L1 on x0, L1 on the noise implied by x0,
     0.5 x cross-entropy of the RVQ indices from the predicted latent (distances to each codebook, residual
     after each layer, as Amphion's latent_to_code).
-Simplified or changed:
-  - the latent: Amphion decodes codes with the frozen EnCodec quantizer. With codes only (no codec checkpoint in
-    the trainer) each codebook gets a learned embedding table and the latent is their sum; rows are kept at a
-    fixed norm (sqrt(latent_dim / 16), so the latent has unit scale per channel, as the VP-SDE expects) and the
-    diffusion target is that latent without gradient (the frozen quantizer's role): the tables learn through
-    the prompt path and the cross-entropy, which reads codes back from the denoised latent by distance to them;
-  - durations: Amphion reads MFA durations. Utterances whose shard row has them (a TextGrid beside the audio)
-    use them; the others (our corpora: no TextGrids) learn them with monotonic alignment search (trainers/mas.py)
-    between the phone encodings (projected to the latent) and the utterance's latent, as Glow-TTS/VITS do, with
-    Glow-TTS's Gaussian prior loss (`align`) to train that projection. The alignment covers the whole utterance
-    (prompt + target, since the phones do), and the target's frames take their part of it; Amphion instead cuts
-    the prompt at a phone boundary and drops its phones;
-  - padding is masked everywhere (conv inputs, attention keys, the style statistics), so padded frames change
-    nothing for real ones; the transformer positions are per time step (Amphion's index the batch axis);
-  - no inference/sampler here (training only); trainers/core's warmup + cosine schedule.
+Where it differs (docs/trainers/ns2.md has the table, and what each choice measured):
+  - durations: utterances whose shard row has MFA durations use them; the others learn them with monotonic
+    alignment search (trainers/mas.py) between the phone encodings (projected to the latent) and the latent, with
+    Glow-TTS's prior loss (`align`) to train that projection;
+  - `--forward audiopipe` (default) masks padding everywhere (conv inputs, attention keys, style statistics) and
+    gives the Transformers one position per time step; `--forward amphion` is Amphion's forward exactly: one
+    sinusoid position per batch item, convs and style means that read padding, and code labels of the
+    cross-entropy re-quantised from the target latent;
+  - `--phone-table amphion` maps the shards' phone ids to Amphion's 89-entry table;
+  - no inference sampler here (training only); trainers/core's warmup + cosine schedule.
+With --init-from an Amphion checkpoint, the three `auto` choices take Amphion's (phones, amphion, amphion).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +49,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import (  # first: core finds audiopipe
-    corpus_offsets, count_parameters, load_model_config, parse_args, setup_dist, shard_dirs, train,
-)
-from audiopipe.text.en_phones import PHONES
+from audiopipe.checkpoints.files import CheckpointError
+from audiopipe.checkpoints.ns2 import amphion_phone_map, from_codec, is_upstream_state, looks_upstream, read_upstream
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
-from mas import mas_durations
+from audiopipe.text.en_phones import PHONES
 
+from core import (
+    corpus_offsets,
+    count_parameters,
+    latest_checkpoint,
+    load_model_config,
+    parse_args,
+    read_own_weights,
+    setup_dist,
+    shard_dirs,
+    train,
+)
+from mas import mas_durations
 
 # ----------------------------------------------------------------------------- config
 
 @dataclass
 class NS2Config:
-    n_codebooks: int = 16
+    n_codebooks: int = 16  # codebooks that make the latent (EnCodec at 12 kbps)
     codebook_size: int = 1024
-    latent_dim: int = 128
-    vocab_size: int = 100  # phone ids (audiopipe's PHONES has 99)
+    codec_layers: int = 32  # quantizer layers kept, frozen (EnCodec 24 kHz has 32; Amphion's checkpoint holds all)
+    latent_dim: int = 128  # EnCodec's codebook dimension
+    vocab_size: int = 100  # phone ids (audiopipe's PHONES has 99, Amphion's table 89; Amphion's config says 100)
     hidden: int = 512  # encoders, predictors, WaveNet, query tokens
     heads: int = 8
     enc_layers: int = 6  # phone encoder
@@ -89,39 +104,112 @@ class NS2Config:
     noise_loss_weight: float = 1.0
     ce_loss_weight: float = 0.5
     align_loss_weight: float = 1.0
-    prompt_min_frac: float = 0.1  # prompt length as a fraction of the utterance (Amphion: 10-50 % of phones)
+    prompt_min_frac: float = 0.1  # prompt share of the utterance's frames or phones (Amphion: 10-50 % of phones)
     prompt_max_frac: float = 0.5
+    prompt_rule: str = "frames"  # or "phones": Amphion's (cut at a phone boundary, the target drops its phones)
+    phone_table: str = "audiopipe"  # or "amphion": ids of Amphion's 89-entry table
+    positions: str = "time"  # or "batch": Amphion's sinusoid indexes the batch item, one position per item
+    mask_padding: bool = True  # False: Amphion's convs, encoder outputs and style means read padding
+    ce_labels: str = "codes"  # or "requantized": Amphion's, the greedy RVQ of the target latent
 
+
+CHOICES = {"prompt_rule": ("frames", "phones"), "phone_table": ("audiopipe", "amphion"),
+           "positions": ("time", "batch"), "ce_labels": ("codes", "requantized")}
 
 CONFIGS = {
-    "tiny": NS2Config(latent_dim=16, hidden=32, heads=2, enc_layers=1, prompt_layers=1, enc_filter=64,
-                      enc_kernel=3, dur_layers=3, pitch_layers=3, query_tokens=4, wn_layers=4, pitch_bins=64),
-    "small": NS2Config(latent_dim=64, hidden=128, heads=4, enc_layers=3, prompt_layers=2, enc_filter=256,
-                       enc_kernel=5, dur_layers=6, pitch_layers=6, query_tokens=8, wn_layers=12),
+    "tiny": NS2Config(hidden=32, heads=2, enc_layers=1, prompt_layers=1, enc_filter=64, enc_kernel=3, dur_layers=3,
+                      pitch_layers=3, query_tokens=4, wn_layers=4, pitch_bins=64),
+    "small": NS2Config(hidden=128, heads=4, enc_layers=3, prompt_layers=2, enc_filter=256, enc_kernel=5,
+                       dur_layers=6, pitch_layers=6, query_tokens=8, wn_layers=12),
     "default": NS2Config(),  # Amphion config/ns2.json
 }
 # Amphion's exp_config_base: max_tokens 7500 frames per GPU, lr 7.5e-5, 5000 warmup steps, grad clip 0.5.
 RUN_DEFAULTS = dict(batch_frames=7500, lr=7.5e-5, warmup_steps=5000, clip=0.5)
 FEATURES = ["codes", "f0", "phones"]
+AMPHION_FORWARD = dict(positions="batch", mask_padding=False, ce_labels="requantized")
+AUDIOPIPE_FORWARD = dict(positions="time", mask_padding=True, ce_labels="codes")
 
 
-# ----------------------------------------------------------------------------- data: usable utterances, prompt split
+def check_config(cfg: NS2Config) -> NS2Config:
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise SystemExit(f"config {name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
+    if cfg.n_codebooks > cfg.codec_layers:
+        raise SystemExit(f"config n_codebooks {cfg.n_codebooks} > codec_layers {cfg.codec_layers}")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- data: phone table, prompt split
+
+class Chain:
+    """Batch transforms applied in order (picklable, for loader workers)."""
+
+    def __init__(self, *steps):
+        self.steps = [s for s in steps if s is not None]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        for step in self.steps:
+            batch = step(batch)
+        return batch
+
+
+class PhoneRemap:
+    """Loader batch_transform: phone ids of the shards' vocabulary -> another table (Amphion's), dropping the
+    tokens it has no entry for (the word boundary "|"); `phones`, its lengths and mask, and MFA `durations` are
+    rewritten. A dropped token that holds frames of an MFA alignment is refused (its frames would be lost)."""
+
+    def __init__(self, lut: list[int]):
+        self.lut = torch.tensor([max(v, -1) for v in lut] + [-1], dtype=torch.long)  # the last: out-of-table
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        ids = batch["phones"].long().clamp(0, len(self.lut) - 1)
+        mask = batch["phones_mask"]
+        new = self.lut[ids]
+        keep = mask & (new >= 0)
+        d_lens = batch.get("durations_lengths")
+        if d_lens is not None:  # collate pads durations to the longest row that has them (0 wide when none has)
+            batch["durations"] = F.pad(batch["durations"], (0, ids.shape[1] - batch["durations"].shape[1]))
+            lost = (batch["durations"].long() * (mask & ~keep)).sum(1) * (d_lens > 0)
+            if lost.any():
+                i = int(lost.nonzero()[0])
+                raise ValueError(f"utterance {batch.get('id', ['?'] * len(lost))[i]!r}: a phone with no entry in "
+                                 f"the phone table holds {int(lost[i])} frames of its MFA alignment")
+        n = keep.sum(1)
+        p = max(int(n.max()), 1)
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :p]  # kept tokens first, in order
+        out_mask = torch.arange(p)[None] < n[:, None]
+        batch["phones"] = torch.gather(new, 1, order).clamp(min=0).to(batch["phones"].dtype) * out_mask
+        batch["phones_mask"], batch["phones_lengths"] = out_mask, n
+        if d_lens is not None:
+            dur = torch.gather(batch["durations"], 1, order) * out_mask
+            batch["durations"] = dur
+            batch["durations_lengths"] = torch.where(d_lens > 0, n, torch.zeros_like(n))
+        return batch
+
 
 class PromptSplit:
-    """Loader batch_transform: a random prefix of each utterance is the prompt, the rest the target.
+    """Loader batch_transform: checks each utterance, then draws its speech prompt.
 
-    Adds prompt_codes [B, Q, Tp] / prompt_mask / prompt_lengths, and target_codes [B, Q, Tt] / target_f0 /
-    target_mask / target_lengths (both left-aligned; the target starts at frame prompt_lengths[b] of `codes`).
-    The full `codes`, `phones` and their masks stay (the alignment needs the whole utterance).
+    `frames` rule: a random prefix of 10-50 % of each utterance's frames is the prompt, the rest the target. Adds
+    prompt_codes [B, Q, Tp] / prompt_mask / prompt_lengths, and target_codes [B, Q, Tt] / target_f0 / target_mask
+    / target_lengths (both left-aligned; the target starts at frame prompt_lengths[b] of `codes`). The full
+    `codes`, `phones` and their masks stay (the alignment needs the whole utterance).
+    `phones` rule (Amphion's get_target_and_reference, clip_mode "start"): k = randint(int(0.1 n), int(0.5 n))
+    of the n phones (at least 1) are the prompt; adds prompt_phones [B]. The model cuts there once it knows the
+    durations (MFA, or MAS when the shards have none). For rows with MFA durations a k whose prompt would hold no
+    frame grows until it holds one, and one that leaves the target no frame is refused.
     The draw is a pure function of (seed, the batch's utterance indices): a resumed run, with or without
     workers, draws what the uninterrupted one did. (A batch that recurs identically in a later epoch, only
     likely in a tiny corpus, gets the same split again.)
     """
 
-    def __init__(self, min_frac: float = 0.1, max_frac: float = 0.5, seed: int = 0, vocab_size: int | None = None):
+    def __init__(self, min_frac: float = 0.1, max_frac: float = 0.5, seed: int = 0, vocab_size: int | None = None,
+                 rule: str = "frames"):
         if not 0.0 < min_frac <= max_frac < 1.0:
             raise ValueError(f"need 0 < min_frac <= max_frac < 1, got {min_frac}, {max_frac}")
-        self.min_frac, self.max_frac, self.seed, self.vocab_size = min_frac, max_frac, seed, vocab_size
+        if rule not in CHOICES["prompt_rule"]:
+            raise ValueError(f"prompt rule {rule!r}: use frames or phones")
+        self.min_frac, self.max_frac, self.seed, self.vocab_size, self.rule = min_frac, max_frac, seed, vocab_size, rule
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         lengths = batch["codes_lengths"]
@@ -133,6 +221,9 @@ class PromptSplit:
                 raise ValueError(f"utterance {ids[i]!r} has {t} codec frame(s): a prompt/target split needs >= 2")
             if p_lens is None:
                 continue
+            if self.rule == "phones" and int(p_lens[i]) < 2:
+                raise ValueError(f"utterance {ids[i]!r} has {int(p_lens[i])} phone(s): the phones prompt rule "
+                                 f"needs >= 2; leave it out")
             if d_lens is not None and int(d_lens[i]) > 0:  # MFA durations: checked, not searched
                 dur = batch["durations"][i, :int(d_lens[i])]
                 if int(d_lens[i]) != int(p_lens[i]) or int(dur.sum()) != t:
@@ -146,9 +237,38 @@ class PromptSplit:
             if top >= self.vocab_size:
                 raise ValueError(f"phone id {top} is outside the model's vocabulary of {self.vocab_size}")
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, *map(int, batch.get("index", []))]))
+        if self.rule == "phones":
+            return self._phones(batch, rng, ids)
         frac = rng.uniform(self.min_frac, self.max_frac, size=len(lengths))
         tp = torch.from_numpy(np.floor(frac * lengths.numpy()).astype(np.int64))
         return split_at(batch, torch.minimum(tp.clamp(min=1), lengths - 1))
+
+    def _phones(self, batch: dict[str, Any], rng: np.random.Generator, ids: list[str]) -> dict[str, Any]:
+        n = batch["phones_lengths"].tolist()
+        k = [max(int(rng.integers(int(m * self.min_frac), int(m * self.max_frac) + 1)), 1) for m in n]
+        d_lens = batch.get("durations_lengths")
+        for i in range(len(n)):
+            if d_lens is None or int(d_lens[i]) == 0:
+                continue  # MAS: every phone gets >= 1 frame, so any 1 <= k < n leaves both sides frames
+            dur = batch["durations"][i, :n[i]].long()
+            while prompt_frames(dur, k[i]) == 0 and k[i] < n[i] - 1:
+                k[i] += 1
+            if not 0 < prompt_frames(dur, k[i]) < int(batch["codes_lengths"][i]):
+                raise ValueError(f"utterance {ids[i]!r}: its MFA durations leave no frame for the prompt or the "
+                                 f"target under the phones prompt rule; leave it out")
+        batch["prompt_phones"] = torch.tensor(k, dtype=torch.long)
+        return batch
+
+
+def prompt_start(dur0: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Amphion's first prompt phone: 1 when the first phone has no frame and the prompt is one phone, else 0."""
+    return ((dur0 == 0) & (k == 1)).long()
+
+
+def prompt_frames(dur: torch.Tensor, k: int) -> int:
+    """Frames of an utterance's prompt under the phones rule (dur: its phone durations)."""
+    s = int(prompt_start(dur[0], torch.tensor(k)))
+    return int(dur[:s + k].sum())
 
 
 def split_at(batch: dict[str, Any], tp: torch.Tensor) -> dict[str, Any]:
@@ -159,11 +279,12 @@ def split_at(batch: dict[str, Any], tp: torch.Tensor) -> dict[str, Any]:
     tt = lengths - tp
     b, q, _ = codes.shape
     tp_max, tt_max = int(tp.max()), int(tt.max())
-    prompt_mask = torch.arange(tp_max)[None] < tp[:, None]
-    target_mask = torch.arange(tt_max)[None] < tt[:, None]
+    dev = codes.device
+    prompt_mask = torch.arange(tp_max, device=dev)[None] < tp[:, None]
+    target_mask = torch.arange(tt_max, device=dev)[None] < tt[:, None]
     # New tensors (never views): the collated batch lives in a reused ring buffer.
     prompt = codes[..., :tp_max].long() * prompt_mask[:, None]
-    idx = (tp[:, None] + torch.arange(tt_max)[None]).clamp(max=codes.shape[-1] - 1)
+    idx = (tp[:, None] + torch.arange(tt_max, device=dev)[None]).clamp(max=codes.shape[-1] - 1)
     target = torch.gather(codes, 2, idx[:, None].expand(b, q, tt_max)).long() * target_mask[:, None]
     f0 = torch.gather(batch["f0"], 1, idx).masked_fill(~target_mask, 1.0)  # log-safe padding
     batch.update(prompt_codes=prompt, prompt_mask=prompt_mask, prompt_lengths=tp,
@@ -171,16 +292,21 @@ def split_at(batch: dict[str, Any], tp: torch.Tensor) -> dict[str, Any]:
     return batch
 
 
-def usable_subset(shards: str | Path) -> tuple[np.ndarray, list[str], int]:
-    """Utterances a prompt/target split and an alignment can use: >= 2 frames, >= 1 phone, and either MFA
-    durations or at least one frame per phone (for MAS). Returns (indices, ids left out, how many have durations)."""
+def usable_subset(shards: str | Path, min_phones: int = 1) -> tuple[np.ndarray, list[str], int]:
+    """Utterances a prompt/target split and an alignment can use: >= 2 frames, >= min_phones phones, and either
+    MFA durations or at least one frame per phone (for MAS). Returns (indices, ids left out, how many have
+    durations)."""
     idx = LengthIndex.open(shards)
     frames, phones = idx.frames("codes").astype(np.int64), idx.frames("phones").astype(np.int64)
     cols = idx.table.column_names
     has_d = idx.frames("durations") > 0 if "durations_frames" in cols else np.zeros(len(frames), dtype=bool)
-    ok = (frames >= 2) & (phones >= 1) & (has_d | (frames >= phones))
+    ok = (frames >= 2) & (phones >= min_phones) & (has_d | (frames >= phones))
     ids = idx.table.column("id").to_pylist()
     return np.flatnonzero(ok), [ids[i] for i in np.flatnonzero(~ok)], int((has_d & ok).sum())
+
+
+def shard_vocab(shards: str | Path) -> list[str]:
+    return list(read_manifest(shards).get("phones", {}).get("vocab", PHONES))  # older shards: ours
 
 
 def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
@@ -190,21 +316,49 @@ def check_shards(shards: str | Path, cfg: NS2Config) -> bool:
     if "codes" not in feats or "f0" not in feats:
         raise SystemExit(f"{shards} has no codes/f0 columns ({sorted(feats)}): make it with `--preset ns2`")
     spec = feats["codes"]
-    if spec["channels"] != cfg.n_codebooks or spec["params"].get("codebook_size") != cfg.codebook_size:
+    if spec["channels"] < cfg.n_codebooks or spec["params"].get("codebook_size") != cfg.codebook_size:
         raise SystemExit(f"{shards}: codes have {spec['channels']} codebooks of {spec['params'].get('codebook_size')}"
                          f", the config expects {cfg.n_codebooks} of {cfg.codebook_size}")
     if feats["f0"].get("hop_length") != spec.get("hop_length"):
         raise SystemExit(f"{shards}: f0 hop {feats['f0'].get('hop_length')} differs from the codes' "
                          f"{spec.get('hop_length')}; use the ns2 preset (align_to codes)")
-    vocab = m.get("phones", {}).get("vocab", PHONES)  # older shards do not record it: ours then
-    if len(vocab) > cfg.vocab_size:
-        raise SystemExit(f"{shards}: the phone vocabulary has {len(vocab)} entries, the config's vocab_size is "
-                         f"{cfg.vocab_size}")
+    vocab = shard_vocab(shards)
+    size = len(vocab) if cfg.phone_table == "audiopipe" else max(amphion_phone_map(vocab)) + 1
+    if size > cfg.vocab_size:
+        raise SystemExit(f"{shards}: the phone table ({cfg.phone_table}) has {size} entries, the config's "
+                         f"vocab_size is {cfg.vocab_size}")
     if not feats["f0"].get("params", {}).get("interpolate"):
         raise SystemExit(f"{shards}: f0 was made without interpolate=True, so unvoiced frames hold 0 and log-pitch "
                          f"is undefined there; use the ns2 preset")
     return "durations_frames" in LengthIndex.open(shards).table.column_names
 
+
+def codec_identity(dirs: list[str]) -> str:
+    """The codec checkpoint every --shards folder's codes were made with (they must agree)."""
+    ids = {str(read_manifest(s)["features"]["codes"]["params"].get("checkpoint")) for s in dirs}
+    if len(ids) > 1:
+        raise SystemExit(f"the --shards folders were made with different EnCodec checkpoints ({sorted(ids)}): their "
+                         f"codes mean different latents; shard them with one codec")
+    return ids.pop()
+
+
+def codec_quantizer(identity: str, folder: str) -> dict[str, torch.Tensor] | None:
+    """Our `quantizer.*` tensors from the codec the shards were made with: the --codec-checkpoint folder (checked
+    against the shards' record of it), or the seeded random-init codec the shards record. None: not available."""
+    from audiopipe.features.codec import CodecCheckpointError, checkpoint_identity, quantizer_state
+
+    if folder:
+        try:
+            got = checkpoint_identity(folder)
+            if got != identity:
+                raise SystemExit(f"--codec-checkpoint {folder} is {got}, but the shards' codes were made with "
+                                 f"{identity}: give the codec the shards were made with")
+            return from_codec(quantizer_state(checkpoint=folder))
+        except (CodecCheckpointError, CheckpointError) as e:
+            raise SystemExit(f"--codec-checkpoint: {e}") from None
+    if identity.startswith("random-init:"):
+        return from_codec(quantizer_state(random_init_seed=int(identity.split(":", 1)[1])))
+    return None
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -216,6 +370,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def sinusoid_positions(n: int, dim: int, device) -> torch.Tensor:
+    """[n, dim]: the sinusoid table of Amphion's PositionalEncoding, row p for position p."""
     pos = torch.arange(n, device=device, dtype=torch.float32)[:, None]
     div = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
     pe = torch.zeros(n, dim, device=device)
@@ -225,17 +380,20 @@ def sinusoid_positions(n: int, dim: int, device) -> torch.Tensor:
 
 
 class StyleAdaptiveLayerNorm(nn.Module):
-    """LayerNorm whose gain and bias come from the (masked) mean of a condition sequence."""
+    """LayerNorm whose gain and bias come from the mean of a condition sequence (over its real frames when
+    masked, over all of them as Amphion when not)."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, masked: bool = True):
         super().__init__()
+        self.masked = masked
         self.norm = nn.LayerNorm(dim, elementwise_affine=False)
         self.style = nn.Linear(dim, 2 * dim)
         nn.init.constant_(self.style.bias[:dim], 1.0)
         nn.init.zeros_(self.style.bias[dim:])
 
     def forward(self, x, cond, cond_mask):
-        gamma, beta = self.style(masked_mean(cond, cond_mask)).chunk(2, dim=-1)
+        mean = masked_mean(cond, cond_mask) if self.masked else cond.mean(1, keepdim=True)
+        gamma, beta = self.style(mean).chunk(2, dim=-1)
         return gamma * self.norm(x) + beta
 
 
@@ -245,9 +403,9 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: NS2Config, style: bool):
         super().__init__()
         h = cfg.hidden
-        self.style = style
-        self.ln1 = StyleAdaptiveLayerNorm(h) if style else nn.LayerNorm(h)
-        self.ln2 = StyleAdaptiveLayerNorm(h) if style else nn.LayerNorm(h)
+        self.style, self.masked = style, cfg.mask_padding
+        self.ln1 = StyleAdaptiveLayerNorm(h, cfg.mask_padding) if style else nn.LayerNorm(h)
+        self.ln2 = StyleAdaptiveLayerNorm(h, cfg.mask_padding) if style else nn.LayerNorm(h)
         self.attn = nn.MultiheadAttention(h, cfg.heads, batch_first=True)
         self.ffn1 = nn.Conv1d(h, cfg.enc_filter, cfg.enc_kernel, padding=cfg.enc_kernel // 2)
         self.ffn2 = nn.Linear(cfg.enc_filter, h)
@@ -262,7 +420,9 @@ class EncoderLayer(nn.Module):
         y = self._norm(self.ln1, x, cond, cond_mask)
         y, _ = self.attn(y, y, y, key_padding_mask=~mask, need_weights=False)
         x = x + self.drop(y)
-        y = self._norm(self.ln2, x, cond, cond_mask) * mask[..., None]  # the conv must not read padding
+        y = self._norm(self.ln2, x, cond, cond_mask)
+        if self.masked:
+            y = y * mask[..., None]  # the conv must not read padding
         y = F.relu(self.ffn1(y.transpose(1, 2))).transpose(1, 2)
         return x + self.ffn2(self.drop(y))
 
@@ -270,27 +430,34 @@ class EncoderLayer(nn.Module):
 class TransformerEncoder(nn.Module):
     def __init__(self, cfg: NS2Config, layers: int, style: bool):
         super().__init__()
-        self.style = style
+        self.style, self.masked, self.positions = style, cfg.mask_padding, cfg.positions
         self.layers = nn.ModuleList(EncoderLayer(cfg, style) for _ in range(layers))
-        self.last_ln = StyleAdaptiveLayerNorm(cfg.hidden) if style else nn.LayerNorm(cfg.hidden)
+        self.last_ln = StyleAdaptiveLayerNorm(cfg.hidden, cfg.mask_padding) if style else nn.LayerNorm(cfg.hidden)
         self.drop = nn.Dropout(cfg.enc_dropout)
 
     def forward(self, x, mask, cond=None, cond_mask=None):
-        x = self.drop(x + sinusoid_positions(x.shape[1], x.shape[2], x.device).to(x.dtype))
+        if self.positions == "batch":  # Amphion: its table is [max_len, 1, d] sliced by x.size(0), the batch
+            pe = sinusoid_positions(x.shape[0], x.shape[2], x.device)[:, None]
+        else:
+            pe = sinusoid_positions(x.shape[1], x.shape[2], x.device)[None]
+        x = self.drop(x + pe.to(x.dtype))
         for layer in self.layers:
             x = layer(x, mask, cond, cond_mask)
         x = self.last_ln(x, cond, cond_mask) if self.style else self.last_ln(x)
-        return x * mask[..., None]
+        return x * mask[..., None] if self.masked else x
 
 
 class Predictor(nn.Module):
     """Conv stack (conv, ReLU, LayerNorm, dropout; residual after the first), with cross-attention to the prompt
-    before every `every`-th layer; one value per position (log duration or log pitch)."""
+    before every `every`-th layer; one value per position (log duration or log pitch).
 
-    def __init__(self, cfg: NS2Config, layers: int, kernel: int):
+    Unmasked (Amphion), only the duration predictor zeroes padding after each layer (`mask_layers`); its pitch
+    predictor never does."""
+
+    def __init__(self, cfg: NS2Config, layers: int, kernel: int, mask_layers: bool):
         super().__init__()
         h = cfg.hidden
-        self.every = cfg.pred_cross_attn_every
+        self.every, self.masked, self.mask_layers = cfg.pred_cross_attn_every, cfg.mask_padding, mask_layers
         self.convs = nn.ModuleList(nn.Conv1d(h, h, kernel, padding=kernel // 2) for _ in range(layers))
         self.lns = nn.ModuleList(nn.LayerNorm(h) for _ in range(layers))
         n_attn = (layers + self.every - 1) // self.every
@@ -303,17 +470,21 @@ class Predictor(nn.Module):
 
     def forward(self, x, mask, ref, ref_mask):
         m = mask[..., None].to(x.dtype)
-        x = x * m
+        if self.masked:
+            x = x * m
         for i, (conv, ln) in enumerate(zip(self.convs, self.lns)):
             res = x
             if i % self.every == 0:
                 k = i // self.every
                 y, _ = self.attns[k](self.attn_lns[k](x), ref, ref, key_padding_mask=~ref_mask, need_weights=False)
-                x = (self.attn_drop(y) + x) / math.sqrt(2.0) * m
+                x = (self.attn_drop(y) + x) / math.sqrt(2.0)
+                if self.masked:
+                    x = x * m
             x = self.drop(ln(F.relu(conv(x.transpose(1, 2)).transpose(1, 2))))
             if i > 0:
                 x = x + res
-            x = x * m
+            if self.masked or self.mask_layers:
+                x = x * m
         return self.out(x).squeeze(-1)
 
 
@@ -366,7 +537,7 @@ class WaveNet(nn.Module):
     def __init__(self, cfg: NS2Config):
         super().__init__()
         h = cfg.hidden
-        self.h = h
+        self.h, self.masked = h, cfg.mask_padding
         self.in_proj = nn.Conv1d(cfg.latent_dim, h, 1)
         self.step_mlp = nn.Sequential(nn.Linear(h, 4 * h), nn.Mish(), nn.Linear(4 * h, h))
         self.cond_ln = nn.LayerNorm(h)
@@ -394,8 +565,28 @@ class WaveNet(nn.Module):
         for layer in self.layers:
             x, skip = layer(x, m, cond, step, query)
             skips = skips + skip
-        x = F.relu(self.skip_proj(skips / math.sqrt(len(self.layers))))
-        return self.out_proj(x) * m
+        x = self.out_proj(F.relu(self.skip_proj(skips / math.sqrt(len(self.layers)))))
+        return x * m if self.masked else x
+
+
+class CodecQuantizer(nn.Module):
+    """EnCodec's residual quantizer, frozen: its tensors as buffers (every layer the codec has, as Amphion's model
+    keeps them), never trained. The latent of a frame is the sum of its codes' rows in the first n codebooks,
+    exactly what EnCodec's own quantizer decodes before its decoder."""
+
+    def __init__(self, layers: int, size: int, dim: int):
+        super().__init__()
+        self.register_buffer("embed", torch.zeros(layers, size, dim))
+        self.register_buffer("embed_avg", torch.zeros(layers, size, dim))
+        self.register_buffer("cluster_size", torch.zeros(layers, size))
+        self.register_buffer("inited", torch.zeros(layers, 1))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, T] -> latent [B, D, T]; summed layer by layer in order, as EnCodec does."""
+        z = 0
+        for q in range(codes.shape[1]):
+            z = z + F.embedding(codes[:, q].long(), self.embed[q])
+        return z.transpose(1, 2)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -410,17 +601,25 @@ def masked_l1(pred, target, mask) -> torch.Tensor:
     return (err * m).sum() / m.sum().clamp(min=1)
 
 
+def durations_to_path(durations: torch.Tensor, n_frames: int) -> torch.Tensor:
+    """durations [B, P] -> path [B, P, T]: phone p covers frames [cumsum_{p-1}, cumsum_p)."""
+    end = durations.cumsum(-1)
+    start = end - durations
+    pos = torch.arange(n_frames, device=durations.device)[None, None]
+    return ((pos >= start[..., None]) & (pos < end[..., None])).float()
+
+
 class NaturalSpeech2(nn.Module):
-    """forward(**batch tensors) -> {loss terms, accuracy}; see the module docstring for what is simplified."""
+    """forward(**batch tensors) -> {loss terms, accuracy, outputs}; amphion_forward(...) takes Amphion's inputs."""
 
     def __init__(self, cfg: NS2Config):
         super().__init__()
         self.cfg = cfg
         h, d = cfg.hidden, cfg.latent_dim
-        self.code_emb = nn.Parameter(torch.randn(cfg.n_codebooks, cfg.codebook_size, d))
-        self.code_norm = math.sqrt(d / cfg.n_codebooks)
-        self.prompt_lin = nn.Linear(d, h)
-        nn.init.normal_(self.prompt_lin.weight, 0.0, 0.02)
+        self.quantizer = CodecQuantizer(cfg.codec_layers, cfg.codebook_size, d)
+        self.prompt_lin = nn.Linear(d, h) if d != h else None  # Amphion has it only when the sizes differ
+        if self.prompt_lin is not None:
+            nn.init.normal_(self.prompt_lin.weight, 0.0, 0.02)
         self.prompt_encoder = TransformerEncoder(cfg, cfg.prompt_layers, style=False)
         self.query_emb = nn.Embedding(cfg.query_tokens, h)
         self.query_attn = nn.MultiheadAttention(h, cfg.heads, batch_first=True)
@@ -430,48 +629,72 @@ class NaturalSpeech2(nn.Module):
             self.phone_emb.weight[0].zero_()
         self.phone_encoder = TransformerEncoder(cfg, cfg.enc_layers, style=True)
         self.align_proj = nn.Linear(h, d)  # phone encoding -> Gaussian mean in latent space, for MAS
-        self.duration_predictor = Predictor(cfg, cfg.dur_layers, cfg.dur_kernel)
-        self.pitch_predictor = Predictor(cfg, cfg.pitch_layers, cfg.pitch_kernel)
+        self.duration_predictor = Predictor(cfg, cfg.dur_layers, cfg.dur_kernel, mask_layers=True)
+        self.pitch_predictor = Predictor(cfg, cfg.pitch_layers, cfg.pitch_kernel, mask_layers=False)
         bins = torch.exp(torch.linspace(math.log(cfg.pitch_min), math.log(cfg.pitch_max), cfg.pitch_bins - 1))
-        self.register_buffer("pitch_bin_edges", bins, persistent=False)
+        self.register_buffer("pitch_bin_edges", bins)
         self.pitch_emb = nn.Embedding(cfg.pitch_bins, h)
         self.wavenet = WaveNet(cfg)
+        # Constants, identical on every rank (read from one file): DDP need not broadcast them every step.
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            self, [f"quantizer.{n}" for n, _ in self.quantizer.named_buffers()] + ["pitch_bin_edges"])
 
     # -- latent
 
-    def codebooks(self) -> torch.Tensor:
-        """[Q, K, D]: learned rows at a fixed norm, so the summed latent has about unit scale per channel."""
-        return F.normalize(self.code_emb, dim=-1) * self.code_norm
+    def set_codec(self, state: dict[str, torch.Tensor]) -> None:
+        """Fill the frozen quantizer from our `quantizer.*` tensors (audiopipe.checkpoints.ns2.from_codec)."""
+        for name, buf in self.quantizer.named_buffers():
+            src = state[f"quantizer.{name}"]
+            if tuple(src.shape) != tuple(buf.shape):
+                raise SystemExit(f"the codec's quantizer {name} is {list(src.shape)}, the config expects "
+                                 f"{list(buf.shape)} (codec_layers, codebook_size, latent_dim)")
+            with torch.no_grad():
+                buf.copy_(src)
 
     def latent(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, Q, T] -> latent [B, D, T] = sum over codebooks of their embeddings."""
-        books = self.codebooks()
-        z = sum(F.embedding(codes[:, q].long(), books[q]) for q in range(books.shape[0]))
-        return z.transpose(1, 2)
+        """codes [B, Q, T] -> EnCodec's latent [B, D, T] (its quantizer's decode of the first n_codebooks)."""
+        return self.quantizer.decode(codes[:, : self.cfg.n_codebooks])
+
+    def _logits(self, r: torch.Tensor, q: int) -> torch.Tensor:
+        e = self.quantizer.embed[q].float()  # [K, D]
+        # -|r - e|^2 without the -|r|^2 term, which is the same for every row: same softmax, same argmax.
+        return F.linear(r, 2 * e, -(e * e).sum(-1))
+
+    def requantize(self, latent: torch.Tensor) -> torch.Tensor:
+        """latent [B, D, T] -> codes [B, Q, T] by greedy residual search (Amphion's latent_to_code)."""
+        b, d, t = latent.shape
+        r = latent.transpose(1, 2).reshape(-1, d).float()
+        out = []
+        for q in range(self.cfg.n_codebooks):
+            pick = self._logits(r, q).argmax(-1)
+            out.append(pick)
+            r = r - F.embedding(pick, self.quantizer.embed[q].float())
+        return torch.stack(out, 1).reshape(b, t, -1).transpose(1, 2)
 
     def code_ce(self, x0_pred: torch.Tensor, codes: torch.Tensor, mask: torch.Tensor):
         """Cross-entropy of the codes given the predicted latent: logits are minus squared distances to codebook
         q's rows; the row picked is subtracted before codebook q + 1 (Amphion's latent_to_code)."""
-        books = self.codebooks()
+        nq = self.cfg.n_codebooks
         keep = mask.reshape(-1)
         r = x0_pred.transpose(1, 2).reshape(-1, x0_pred.shape[1])[keep].float()  # real frames only: [N, D]
-        target = codes.transpose(1, 2).reshape(-1, codes.shape[1])[keep].long()  # [N, Q]
+        target = codes[:, :nq].transpose(1, 2).reshape(-1, nq)[keep].long()  # [N, Q]
         ce, correct = 0.0, 0.0
-        for q in range(books.shape[0]):
-            e = books[q].float()  # [K, D]
-            # -|r - e|^2 without the -|r|^2 term, which is the same for every row: same softmax, same argmax.
-            logits = F.linear(r, 2 * e, -(e * e).sum(-1))
+        for q in range(nq):
+            logits = self._logits(r, q)
             ce = ce + F.cross_entropy(logits, target[:, q], reduction="sum")
             pred = logits.argmax(-1)
             correct = correct + (pred == target[:, q]).sum().detach().float()
-            r = r - F.embedding(pred, e)
-        n = max(len(target), 1) * books.shape[0]
+            r = r - F.embedding(pred, self.quantizer.embed[q].float())
+        n = max(len(target), 1) * nq
         return ce / n, correct / n
 
     # -- conditioning
 
     def encode_prompt(self, prompt_codes, prompt_mask):
-        ref = self.prompt_encoder(self.prompt_lin(self.latent(prompt_codes).transpose(1, 2)), prompt_mask)
+        ref = self.latent(prompt_codes).transpose(1, 2)
+        if self.prompt_lin is not None:
+            ref = self.prompt_lin(ref)
+        ref = self.prompt_encoder(ref, prompt_mask)
         query = self.query_emb.weight[None].expand(ref.shape[0], -1, -1)
         query, _ = self.query_attn(query, ref, ref, key_padding_mask=~prompt_mask, need_weights=False)
         return ref, query
@@ -482,7 +705,7 @@ class NaturalSpeech2(nn.Module):
         Items with durations (durations_lengths > 0, from an MFA TextGrid) use them; the others get the
         monotonic alignment search (MAS) path on the Gaussian log-likelihood of the latent frames."""
         mu = self.align_proj(enc)  # [B, P, D]
-        zt = z.transpose(1, 2).detach()  # [B, T, D]: a target, like the frozen codec latent
+        zt = z.transpose(1, 2).detach()  # [B, T, D]: a target, the frozen codec latent
         b, p, t = mu.shape[0], mu.shape[1], zt.shape[1]
         given = torch.zeros(b, dtype=torch.bool, device=mu.device)
         if durations is not None:
@@ -493,73 +716,133 @@ class NaturalSpeech2(nn.Module):
             path[given] = durations_to_path(d, t)
         if not given.all():
             with torch.no_grad():
-                m, zm = mu[~given], zt[~given]
+                m, zm = mu[~given].float(), zt[~given].float()
                 logp = -0.5 * ((m * m).sum(-1)[:, :, None] - 2 * m @ zm.transpose(1, 2)
                                + (zm * zm).sum(-1)[:, None, :])
-            path[~given] = mas_durations(logp.float(), phones_mask[~given], frames_mask[~given])[0].float()
+            path[~given] = mas_durations(logp, phones_mask[~given], frames_mask[~given])[0].float()
         path = path.to(mu.dtype)
         mu_frames = path.transpose(1, 2) @ mu  # [B, T, D]
         fm = frames_mask[..., None].to(mu.dtype)
         loss = 0.5 * (((zt - mu_frames) ** 2) * fm).sum() / (fm.sum().clamp(min=1) * zt.shape[-1])
         return path, path.sum(-1).round().long(), loss
 
+    def condition(self, enc, path, ref, ref_mask, mask, pitch):
+        """Frame-level condition: phone encodings expanded by the path [B, P, T], the pitch predicted from them,
+        plus the embedding of the true pitch's bucket. Returns (condition [B, T, h], log-pitch prediction)."""
+        x = (path.transpose(1, 2).to(enc.dtype) @ enc) * mask[..., None]  # Amphion's length regulator
+        pitch_log = self.pitch_predictor(x, mask, ref, ref_mask)
+        x = (x + self.pitch_emb(torch.bucketize(pitch, self.pitch_bin_edges))) * mask[..., None]
+        return x, pitch_log
+
     # -- diffusion (Amphion's VP-SDE)
 
     def cum_beta(self, t):
         return self.cfg.beta_min * t + 0.5 * (self.cfg.beta_max - self.cfg.beta_min) * t * t
 
-    def forward(self, codes, codes_mask, phones, phones_mask, f0, prompt_codes, prompt_mask, prompt_lengths,
-                target_codes, target_mask, target_f0, durations=None, durations_lengths=None, t=None,
-                noise=None, **_: Any) -> dict[str, torch.Tensor]:
+    def diffuse(self, x0, cond, mask, query, t=None, noise=None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        ref, query = self.encode_prompt(prompt_codes, prompt_mask)
-        enc = self.phone_encoder(self.phone_emb(phones.long()), phones_mask, ref, prompt_mask)  # [B, P, h]
-
-        z_full = self.latent(codes)
-        path, durations, align_loss = self.align(enc, phones_mask, z_full, codes_mask, durations, durations_lengths)
-        dur_log = self.duration_predictor(enc, phones_mask, ref, prompt_mask)
-        dur_loss = masked_l1(dur_log, torch.log1p(durations.to(dur_log.dtype)), phones_mask)
-
-        # Frame-level phone encodings of the whole utterance, then the target's part.
-        frames = path.transpose(1, 2).to(enc.dtype) @ enc  # [B, T, h]
-        tt = target_mask.shape[1]
-        idx = (prompt_lengths[:, None] + torch.arange(tt, device=frames.device)[None]).clamp(max=frames.shape[1] - 1)
-        x = torch.gather(frames, 1, idx[..., None].expand(-1, -1, frames.shape[2])) * target_mask[..., None]
-
-        pitch_log = self.pitch_predictor(x, target_mask, ref, prompt_mask)
-        pitch_loss = masked_l1(pitch_log, torch.log(target_f0.float()), target_mask)
-        x = (x + self.pitch_emb(torch.bucketize(target_f0, self.pitch_bin_edges))) * target_mask[..., None]
-
-        x0 = self.latent(target_codes).detach()  # [B, D, Tt]
-        b = x0.shape[0]
         if t is None:
-            t = torch.rand(b, device=x0.device, dtype=x0.dtype)
+            t = torch.rand(x0.shape[0], device=x0.device, dtype=x0.dtype)
         t = t.clamp(1e-5, 1.0 - 1e-5)
         if noise is None:
             noise = torch.randn_like(x0)
         cb = self.cum_beta(t)[:, None, None]
         keep = torch.exp(-0.5 * cb / cfg.sigma ** 2)
         std = torch.sqrt(cfg.sigma ** 2 * (1.0 - torch.exp(-cb / cfg.sigma ** 2))) * cfg.noise_factor
-        xt = (x0 * keep + noise * std) * target_mask[:, None]
-        x0_pred = self.wavenet(xt, target_mask, x, t, query)
+        xt = x0 * keep + noise * std
+        if cfg.mask_padding:
+            xt = xt * mask[:, None]
+        x0_pred = self.wavenet(xt, mask, cond, t, query)
         noise_pred = (xt - x0_pred * keep) / std
-        x0_loss = masked_l1(x0_pred, x0, target_mask)
-        noise_loss = masked_l1(noise_pred, noise, target_mask)
-        ce_loss, acc = self.code_ce(x0_pred, target_codes, target_mask)
+        return {"x0_pred": x0_pred, "noise_pred": noise_pred, "noise": noise,
+                "x0": masked_l1(x0_pred, x0, mask), "noise_loss": masked_l1(noise_pred, noise, mask)}
 
-        total = (pitch_loss + dur_loss + x0_loss + cfg.noise_loss_weight * noise_loss + cfg.ce_loss_weight * ce_loss
-                 + cfg.align_loss_weight * align_loss)
-        return {"loss": total, "pitch": pitch_loss, "duration": dur_loss, "x0": x0_loss, "noise": noise_loss,
-                "ce": ce_loss, "align": align_loss, "code_acc": acc,
-                "x0_pred": x0_pred, "dur_log": dur_log, "pitch_log": pitch_log, "durations": durations}
+    def _finish(self, out: dict[str, Any], x0, target_codes, mask, pitch_loss, dur_loss, align_loss, extra):
+        cfg = self.cfg
+        labels = self.requantize(x0) if cfg.ce_labels == "requantized" else target_codes
+        ce_loss, acc = self.code_ce(out["x0_pred"], labels, mask)
+        total = (pitch_loss + dur_loss + out["x0"] + cfg.noise_loss_weight * out["noise_loss"]
+                 + cfg.ce_loss_weight * ce_loss + cfg.align_loss_weight * align_loss)
+        return {"loss": total, "pitch": pitch_loss, "duration": dur_loss, "x0": out["x0"], "noise": out["noise_loss"],
+                "ce": ce_loss, "align": align_loss, "code_acc": acc, "x0_pred": out["x0_pred"],
+                "noise_pred": out["noise_pred"], **extra}
 
+    def amphion_forward(self, code, pitch, duration, phone_id, ref_code, phone_mask, mask, ref_mask, t=None,
+                        noise=None) -> dict[str, torch.Tensor]:
+        """Amphion's NaturalSpeech2.forward and its trainer's losses on Amphion's inputs: target codes [B, Q, T],
+        pitch [B, T], target phones [B, N] with durations [B, N], prompt codes [B, Q, T'], and the masks."""
+        phone_mask, mask, ref_mask = phone_mask.bool(), mask.bool(), ref_mask.bool()
+        ref, query = self.encode_prompt(ref_code, ref_mask)
+        enc = self.phone_encoder(self.phone_emb(phone_id.long()), phone_mask, ref, ref_mask)
+        dur_log = self.duration_predictor(enc, phone_mask, ref, ref_mask)
+        dur_loss = masked_l1(dur_log, torch.log1p(duration.float()), phone_mask)
+        x, pitch_log = self.condition(enc, durations_to_path(duration.long(), mask.shape[1]), ref, ref_mask, mask,
+                                      pitch)
+        pitch_loss = masked_l1(pitch_log, torch.log(pitch.float()), mask)
+        x0 = self.latent(code).detach()
+        out = self.diffuse(x0, x, mask, query, t, noise)
+        align = sum(p.sum() for p in self.align_proj.parameters()) * 0.0  # unused here; DDP needs a gradient
+        return self._finish(out, x0, code, mask, pitch_loss, dur_loss, align,
+                            {"dur_log": dur_log, "pitch_log": pitch_log, "durations": duration.long()})
 
-def durations_to_path(durations: torch.Tensor, n_frames: int) -> torch.Tensor:
-    """durations [B, P] -> path [B, P, T]: phone p covers frames [cumsum_{p-1}, cumsum_p)."""
-    end = durations.cumsum(-1)
-    start = end - durations
-    pos = torch.arange(n_frames, device=durations.device)[None, None]
-    return ((pos >= start[..., None]) & (pos < end[..., None])).float()
+    def forward(self, codes, codes_mask, phones, phones_mask, f0, prompt_codes=None, prompt_mask=None,
+                prompt_lengths=None, target_codes=None, target_mask=None, target_f0=None, durations=None,
+                durations_lengths=None, prompt_phones=None, t=None, noise=None, **_: Any) -> dict[str, torch.Tensor]:
+        if self.cfg.prompt_rule == "phones":
+            return self._forward_phones(codes, codes_mask, phones, phones_mask, f0, prompt_phones, durations,
+                                        durations_lengths, t, noise)
+        ref, query = self.encode_prompt(prompt_codes, prompt_mask)
+        enc = self.phone_encoder(self.phone_emb(phones.long()), phones_mask, ref, prompt_mask)  # [B, P, h]
+        path, dur, align_loss = self.align(enc, phones_mask, self.latent(codes), codes_mask, durations,
+                                           durations_lengths)
+        dur_log = self.duration_predictor(enc, phones_mask, ref, prompt_mask)
+        dur_loss = masked_l1(dur_log, torch.log1p(dur.to(dur_log.dtype)), phones_mask)
+        # The target's frames of the whole utterance's path.
+        b, p, tt = path.shape[0], path.shape[1], target_mask.shape[1]
+        idx = (prompt_lengths[:, None] + torch.arange(tt, device=path.device)[None]).clamp(max=path.shape[2] - 1)
+        path_t = torch.gather(path, 2, idx[:, None].expand(b, p, tt)) * target_mask[:, None]
+        x, pitch_log = self.condition(enc, path_t, ref, prompt_mask, target_mask, target_f0)
+        pitch_loss = masked_l1(pitch_log, torch.log(target_f0.float()), target_mask)
+        x0 = self.latent(target_codes).detach()  # [B, D, Tt]
+        out = self.diffuse(x0, x, target_mask, query, t, noise)
+        return self._finish(out, x0, target_codes, target_mask, pitch_loss, dur_loss, align_loss,
+                            {"dur_log": dur_log, "pitch_log": pitch_log, "durations": dur})
+
+    def _forward_phones(self, codes, codes_mask, phones, phones_mask, f0, k, durations, durations_lengths, t, noise):
+        """Amphion's prompt rule: the first k phones (k from PromptSplit) and their frames are the prompt; the
+        target is the other phones and frames. Durations: MFA where given; for the other rows an alignment pass
+        (the phone encoder over every phone, conditioned on the whole utterance) finds them by MAS first."""
+        b, p = phones.shape
+        given = (durations_lengths > 0) if durations is not None else torch.zeros(b, dtype=torch.bool,
+                                                                                  device=phones.device)
+        if given.all():
+            dur = F.pad(durations.long(), (0, p - durations.shape[1]))
+            align = sum(q.sum() for q in self.align_proj.parameters()) * 0.0  # DDP needs a gradient everywhere
+        else:
+            ref_all, _ = self.encode_prompt(codes, codes_mask)
+            enc_all = self.phone_encoder(self.phone_emb(phones.long()), phones_mask, ref_all, codes_mask)
+            _, dur, align = self.align(enc_all, phones_mask, self.latent(codes), codes_mask, durations,
+                                       durations_lengths)
+        s = prompt_start(dur[:, 0], k)
+        j = torch.arange(p, device=phones.device)[None]
+        in_prompt = (j >= s[:, None]) & (j < (s + k)[:, None])
+        fe = (dur * in_prompt).sum(1) + (dur * (j < s[:, None])).sum(1)  # frames before the prompt's end
+        if ((fe < 1) | (fe >= codes_mask.sum(1))).any():
+            raise ValueError(f"phones prompt rule: prompt frames {fe.tolist()} for utterances of "
+                             f"{codes_mask.sum(1).tolist()} frames")
+        cut = split_at({"codes": codes, "codes_lengths": codes_mask.sum(1), "f0": f0}, fe)
+        keep = phones_mask & ~in_prompt
+        n = keep.sum(1)
+        pt = int(n.max())
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :pt]
+        t_mask = torch.arange(pt, device=phones.device)[None] < n[:, None]
+        t_phones = torch.gather(phones.long(), 1, order) * t_mask
+        t_dur = torch.gather(dur, 1, order) * t_mask
+        out = self.amphion_forward(cut["target_codes"], cut["target_f0"], t_dur, t_phones, cut["prompt_codes"],
+                                   t_mask, cut["target_mask"], cut["prompt_mask"], t, noise)
+        out["loss"] = out["loss"] + self.cfg.align_loss_weight * align  # amphion_forward's own align term is 0
+        out["align"] = align
+        return out
 
 
 LOSS_TERMS = ("pitch", "duration", "x0", "noise", "ce", "align")
@@ -568,7 +851,7 @@ LOSS_TERMS = ("pitch", "duration", "x0", "noise", "ce", "align")
 # ----------------------------------------------------------------------------- loss
 
 MODEL_KEYS = ("codes", "codes_mask", "phones", "phones_mask", "f0", "prompt_codes", "prompt_mask", "prompt_lengths",
-              "target_codes", "target_mask", "target_f0", "durations", "durations_lengths")
+              "target_codes", "target_mask", "target_f0", "durations", "durations_lengths", "prompt_phones")
 
 
 def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -580,23 +863,118 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
 
 # ----------------------------------------------------------------------------- training
 
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codec-checkpoint", default="",
+                   help="the EnCodec save_pretrained folder the shards' codes were made with: its frozen quantizer "
+                        "makes the latent (checked against the shards' record of it). Not needed for shards made "
+                        "with --codec-random-init, nor when --init-from brings the quantizer")
+    p.add_argument("--prompt-rule", choices=("auto", "frames", "phones"), default="auto",
+                   help="frames: a prefix of 10-50%% of the frames is the prompt; phones: Amphion's, 10-50%% of the "
+                        "phones cut from the start with their frames (auto: phones with an Amphion --init-from, "
+                        "else the config's, frames by default)")
+    p.add_argument("--phone-table", choices=("auto", "audiopipe", "amphion"), default="auto",
+                   help="phone ids the model sees: the shards' (audiopipe) or Amphion's 89-entry table (auto: "
+                        "amphion with an Amphion --init-from, else the config's)")
+    p.add_argument("--forward", choices=("auto", "audiopipe", "amphion"), default="auto",
+                   help="audiopipe: padding masked everywhere, one position per time step; amphion: Amphion's "
+                        "forward exactly (one position per batch item, convs and style means read padding, "
+                        "re-quantised code labels) (auto: amphion with an Amphion --init-from, else the config's)")
+
+
+def resolve_modes(mcfg: NS2Config, args: argparse.Namespace, upstream: bool) -> NS2Config:
+    """The config with the three flags applied; `auto` takes Amphion's choices for an Amphion --init-from."""
+    changes: dict[str, Any] = {}
+    if args.prompt_rule != "auto" or upstream:
+        changes["prompt_rule"] = "phones" if args.prompt_rule == "auto" else args.prompt_rule
+    if args.phone_table != "auto" or upstream:
+        changes["phone_table"] = "amphion" if args.phone_table == "auto" else args.phone_table
+    if args.forward != "auto" or upstream:
+        changes.update(AMPHION_FORWARD if args.forward in ("auto", "amphion") else AUDIOPIPE_FORWARD)
+    return check_config(dataclasses.replace(mcfg, **changes))
+
+
+INIT_HINTS = {
+    "phone_emb.": "the phone tables differ in size: give a --config JSON with the checkpoint's vocab_size (an "
+                  "Amphion checkpoint also needs --phone-table amphion, the default with it)",
+    "quantizer.": "the checkpoint's codec quantizer has another shape: set codec_layers / codebook_size / "
+                  "latent_dim in a --config JSON to the codec's",
+    "pitch_emb.": "the checkpoint has another number of pitch bins: set pitch_bins in a --config JSON",
+    "pitch_bin_edges": "the checkpoint has another number of pitch bins: set pitch_bins in a --config JSON",
+    "query_emb.": "the checkpoint has another number of query tokens: set query_tokens in a --config JSON",
+}
+
+
+def make_init_reader(codec: dict[str, torch.Tensor] | None, n_codebooks: int):
+    """--init-from: an Amphion checkpoint (folder or file, converted) or one of ours; its codec codebooks must be
+    the shards' codec's when that is known."""
+
+    def read(path: str) -> dict[str, torch.Tensor]:
+        if looks_upstream(path):
+            state = read_upstream(path)
+        else:
+            state = read_own_weights(path)
+            if is_upstream_state(state):  # Amphion's tensors under another file name: its modes were not chosen
+                raise CheckpointError(f"{path} holds Amphion's NS2 tensors: give its folder, or name the file "
+                                      f"pytorch_model.bin or model.safetensors, so Amphion's prompt rule, phone "
+                                      f"table and forward are selected with it")
+        if codec is not None and "quantizer.embed" in state:
+            theirs, ours = state["quantizer.embed"], codec["quantizer.embed"]
+            if theirs.shape[1:] == ours.shape[1:] and len(theirs) >= n_codebooks:
+                gap = float((theirs[:n_codebooks].float() - ours[:n_codebooks]).abs().max())
+                if gap > 1e-6:
+                    raise CheckpointError(f"{path}: its EnCodec codebooks differ from those of the codec the shards "
+                                          f"were made with (max |difference| {gap:.3g}): shard with the codec the "
+                                          f"checkpoint was trained on")
+        return state
+
+    return read
+
+
 def main(argv: list[str] | None = None) -> int:
     # config
-    cfg, _ = parse_args("Train NaturalSpeech 2 on audiopipe ns2 shards.", defaults=RUN_DEFAULTS, argv=argv)
+    cfg, args = parse_args("Train NaturalSpeech 2 on audiopipe ns2 shards.", defaults=RUN_DEFAULTS, extra=add_flags,
+                           argv=argv)
     d = setup_dist(cfg.seed)
-    mcfg = load_model_config(cfg.config, CONFIGS, NS2Config)
+    upstream = bool(cfg.init_from) and looks_upstream(cfg.init_from)
+    mcfg = resolve_modes(check_config(load_model_config(cfg.config, CONFIGS, NS2Config)), args, upstream)
+    out = Path(cfg.out)
+    resuming = cfg.resume and latest_checkpoint(out) is not None
+    saved = out / "ns2_config.json"
+    if resuming and saved.is_file() and json.loads(saved.read_text()) != asdict(mcfg):
+        old = json.loads(saved.read_text())
+        diff = {k: (old.get(k), v) for k, v in asdict(mcfg).items() if old.get(k) != v}
+        raise SystemExit(f"--resume: this run was started with another model config ({diff}, as (then, now)); "
+                         f"give the same --config and flags")
     # data: the utterances a prompt/target split and an alignment can use, and the split itself
     # Per --shards folder (several are mixed): durations are read only when every folder has the column.
-    has_column = all([check_shards(s, mcfg) for s in shard_dirs(cfg)])
-    parts = [usable_subset(s) for s in shard_dirs(cfg)]
+    dirs = shard_dirs(cfg)
+    try:
+        has_column = all([check_shards(s, mcfg) for s in dirs])
+        vocabs = [shard_vocab(s) for s in dirs]
+        if any(v != vocabs[0] for v in vocabs):
+            raise SystemExit("the --shards folders use different phone vocabularies; shard them alike")
+        remap = PhoneRemap(amphion_phone_map(vocabs[0])) if mcfg.phone_table == "amphion" else None
+    except CheckpointError as e:
+        raise SystemExit(f"ns2: error: {e}") from None
+    parts = [usable_subset(s, 2 if mcfg.prompt_rule == "phones" else 1) for s in dirs]
     subset = np.concatenate([p[0] + off for p, off in zip(parts, corpus_offsets(cfg))])
     dropped = [x for p in parts for x in p[1]]
     n_durations = sum(p[2] for p in parts) if has_column else 0
     if len(subset) == 0:
         raise SystemExit(f"{cfg.shards}: no utterance has >= 2 frames and at least one frame per phone")
     features = FEATURES + (["durations"] if has_column else [])
-    split = PromptSplit(mcfg.prompt_min_frac, mcfg.prompt_max_frac, seed=cfg.seed, vocab_size=mcfg.vocab_size)
+    split = PromptSplit(mcfg.prompt_min_frac, mcfg.prompt_max_frac, seed=cfg.seed, vocab_size=mcfg.vocab_size,
+                        rule=mcfg.prompt_rule)
+    # the codec whose quantizer makes the latent
+    identity = codec_identity(dirs)
+    codec = codec_quantizer(identity, args.codec_checkpoint)
+    if codec is None and not cfg.init_from and not resuming:
+        raise SystemExit(f"the shards' codes were made with the EnCodec checkpoint {identity}; give that folder with "
+                         f"--codec-checkpoint DIR (its frozen quantizer turns codes into the latent)")
     if d.main:
+        print(f"[ns2] prompt rule {mcfg.prompt_rule}, phone table {mcfg.phone_table}, forward: positions per "
+              f"{'batch item' if mcfg.positions == 'batch' else 'time step'}, padding "
+              f"{'masked' if mcfg.mask_padding else 'read (Amphion)'}, code labels {mcfg.ce_labels}", flush=True)
         if dropped:
             print(f"[ns2] leaving out {len(dropped)} utterance(s) with < 2 frames or fewer frames than phones: "
                   f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", flush=True)
@@ -606,13 +984,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"latent, as Glow-TTS/VITS", flush=True)
         if n_durations:
             print(f"[ns2] {n_durations} of {len(subset)} utterances use the shards' MFA durations", flush=True)
+        if codec is None and not resuming:
+            print(f"[ns2] EnCodec codebooks from --init-from {cfg.init_from} (not checked against the shards' codec "
+                  f"{identity}: give --codec-checkpoint to check)", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(asdict(mcfg), indent=1) + "\n")
     # model
     model = NaturalSpeech2(mcfg)
+    if codec is not None:
+        model.set_codec(codec)
     if d.main:
         print(f"[ns2] config {cfg.config}: {count_parameters(model) / 1e6:.2f} M parameters", flush=True)
     # loss and training
     train(model, loss_fn, cfg, d, features=features, length_feature="codes",
-          loader_kw={"batch_transform": split, "subset": subset}, log_name="ns2")
+          loader_kw={"batch_transform": Chain(remap, split), "subset": subset}, log_name="ns2",
+          init_weights=make_init_reader(codec, mcfg.n_codebooks), init_hints=INIT_HINTS)
     return 0
 
 

@@ -56,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for the one-time npy-per-utterance and lhotse Shar copies (default: a temp folder)")
     p.add_argument("--cold", action="store_true",
                    help="evict each loader's files from the page cache first and time one pass (disk reads)")
+    p.add_argument("--step-ms", type=float, default=50.0,
+                   help="data wait: after the timed batches, each loader feeds this many more batches to a loop "
+                        "whose step sleeps this long (releasing the GIL, as a GPU step does) and reports the share "
+                        "of the loop spent waiting for data (default 50; 0: skip)")
+    p.add_argument("--step-batches", type=int, default=40, help="batches of the data-wait loop (default 40)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="a check in about a minute: 2 s per loader, 1 round (overrides --seconds and --rounds)")
@@ -137,10 +142,12 @@ def _preload_imports() -> None:
 
 
 def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: int = 10_000,
-                memcpy_bytes: int = 0) -> dict[str, Any]:
+                memcpy_bytes: int = 0, step_ms: float = 0.0, step_batches: int = 0) -> dict[str, Any]:
     """Build one loader and consume it; the first batch is timed alone, the rest give the rates.
 
-    memcpy_bytes: also time a memcpy of that many bytes for 1 s just before and just after (0: skip)."""
+    memcpy_bytes: also time a memcpy of that many bytes for 1 s just before and just after (0: skip).
+    step_ms, step_batches: then a training loop's view (data_wait): step_batches more batches, each followed by a
+    step of step_ms that releases the GIL as a GPU step does (a sleep), timing how long each next() blocks."""
     import torch
 
     _preload_imports()
@@ -198,6 +205,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
             raise RuntimeError(f"{spec.name}: an epoch without batches (budget too small for the corpus?)")
         epoch += 1
     elapsed = time.perf_counter() - start if start is not None else 0.0
+    wait = data_wait(loader, epoch, step_ms, step_batches) if step_ms > 0 and step_batches > 0 else {}
     del loader
     mem.stop()
     copy_after = time_memcpy(memcpy_bytes, 1.0)["mb_per_s"] if memcpy_bytes else 0.0
@@ -213,7 +221,39 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
         "loadavg": os.getloadavg()[0],
         "memcpy_local_mb_per_s": (copy_before + copy_after) / 2,
         "vs_memcpy_local": rate(nbytes) / 1e6 / ((copy_before + copy_after) / 2) if copy_before else 0.0,
+        **wait,
     }
+
+
+def data_wait(loader: Any, epoch: int, step_ms: float, batches: int) -> dict[str, Any]:
+    """The share of a training loop's time spent waiting for the next batch, under a synthetic step of step_ms
+    (a sleep: it releases the GIL as a CUDA step does, so the loader's threads and workers run meanwhile). The
+    loop starts on a fresh epoch after its first batch, as a trainer's steady state."""
+    waited = looped = 0.0
+    n = 0
+    while n < batches:
+        loader.set_epoch(epoch)
+        epoch += 1
+        it = iter(loader)
+        try:
+            next(it)  # the epoch's first batch: start-up, reported as first_batch_s
+        except StopIteration:
+            raise RuntimeError("an epoch without batches (budget too small for the corpus?)") from None
+        time.sleep(step_ms / 1e3)
+        t_loop = time.perf_counter()
+        for _ in it:
+            t_got = time.perf_counter()
+            waited += t_got - t_loop
+            time.sleep(step_ms / 1e3)
+            n += 1
+            t_loop = time.perf_counter()
+            looped += t_loop - t_got
+            if n >= batches:
+                break
+        del it
+    total = waited + looped
+    return {"step_ms": step_ms, "stepped_batches": n, "stepped_s": total, "data_wait_s": waited,
+            "data_wait_share": waited / total if total else 0.0}
 
 
 def time_memcpy(nbytes: int, seconds: float) -> dict[str, Any]:
@@ -238,7 +278,8 @@ def child_main(argv: list[str]) -> int:
         result = time_memcpy(job["bytes"], job["seconds"])
     else:
         result = time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
-                             max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0))
+                             max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0),
+                             step_ms=job.get("step_ms", 0.0), step_batches=job.get("step_batches", 0))
     print(RESULT_TAG + json.dumps(result), flush=True)
     return 0
 
@@ -357,7 +398,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 read_all(files_of(spec))
             job = {"kind": "loader", "spec": asdict(spec), "seconds": args.seconds, "min_batches": args.min_batches,
-                   "cold": args.cold, "memcpy_bytes": int(corpus["payload_mb"] * 1e6)}
+                   "cold": args.cold, "memcpy_bytes": int(corpus["payload_mb"] * 1e6),
+                   # one cold pass is all a --cold run reads: no stepped loop after it
+                   "step_ms": 0.0 if args.cold else args.step_ms, "step_batches": args.step_batches}
             try:
                 r = _spawn(job, timeout=max(600.0, 20 * args.seconds))
             except RuntimeError as e:
@@ -365,9 +408,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {spec.name:<12} FAILED: {e}", flush=True)
                 continue
             rounds[spec.name].append(r)
+            waits = (f"  data wait {100 * r['data_wait_share']:.2f}% of a {r['step_ms']:g} ms step"
+                     if "data_wait_share" in r else "")
             print(f"  [{k + 1}/{args.rounds}] {spec.name:<12} {r['batches_per_s']:9.2f} batches/s "
                   f"{r['audio_s_per_s']:10.0f} audio s/s {r['mb_per_s']:9.1f} MB/s  first {r['first_batch_s']:.2f} s  "
-                  f"peak RSS {r['peak_rss_mb']:.0f} MB  load {r['loadavg']:.1f}", flush=True)
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB  load {r['loadavg']:.1f}{waits}", flush=True)
         copies.append(_spawn({"kind": "memcpy", "bytes": int(corpus["payload_mb"] * 1e6),
                               "seconds": min(args.seconds, 3.0)}, timeout=300))
         print(f"  [{k + 1}/{args.rounds}] {'memcpy':<12} {copies[-1]['mb_per_s']:.0f} MB/s", flush=True)
@@ -376,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"command": "audiopipe bench-loader " + " ".join(_argv(args)), "machine": machine, "corpus": corpus,
               "config": {"batch_frames": args.batch_frames, "workers": args.workers, "seconds": args.seconds,
                          "min_batches": args.min_batches, "seed": args.seed, "feature": args.feature,
-                         "rounds": args.rounds,
+                         "rounds": args.rounds, "step_ms": args.step_ms, "step_batches": args.step_batches,
                          "page_cache": "cold (one pass)" if args.cold else "warm"},
               "loaders": results, "skipped": skipped, "memcpy": memcpy,
               "targets": targets({n: rs for n, rs in rounds.items() if rs and n not in skipped})}
@@ -464,15 +509,17 @@ def target_lines(t: dict[str, Any]) -> list[str]:
 def markdown_table(report: dict[str, Any]) -> str:
     mc = report["memcpy"]["mb_per_s"]
     rows = ["| loader | batches/s | utterances/s | audio s/s | MB/s | % of memcpy | first batch s | peak RSS MB "
-            "| private MB | padding eff. | over budget |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| private MB | padding eff. | over budget | data wait |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["loaders"]:
         rows.append(f"| {r['name']} | {r['batches_per_s']:.2f} | {r['utterances_per_s']:.0f} | "
                     f"{r['audio_s_per_s']:.0f} | {r['mb_per_s']:.1f} | "
                     f"{100 * r.get('vs_memcpy_local', r['mb_per_s'] / mc):.1f}% | "
                     f"{r['first_batch_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['peak_private_mb']:.0f} | "
-                    f"{100 * r['padding_efficiency']:.1f}% | {r['over_budget_batches']} |")
-    rows.append(f"| memcpy | | | | {mc:.0f} | 100% | | | | | |")
+                    f"{100 * r['padding_efficiency']:.1f}% | {r['over_budget_batches']} | "
+                    + (f"{100 * r['data_wait_share']:.2f}% of a {r['step_ms']:g} ms step |"
+                       if "data_wait_share" in r else "- |"))
+    rows.append(f"| memcpy | | | | {mc:.0f} | 100% | | | | | | |")
     return "\n".join(rows)
 
 
@@ -486,11 +533,16 @@ def plot(report: dict[str, Any], path: str) -> None:
     res = report["loaders"]
     names = [r["name"] for r in res]
     y = np.arange(len(res))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     panels = [("mb_per_s", "MB/s of real feature bytes (log)", True),
               ("first_batch_s", "time to first batch, s", False),
               ("peak_rss_mb", "peak RSS of the process tree, MB (black: private)", False),
               ("padding_efficiency", "padding efficiency", False)]
+    if res and all("data_wait_share" in r for r in res):
+        panels.append(("data_wait_share", f"data wait, share of a loop with a {res[0]['step_ms']:g} ms step",
+                       False))
+    fig, axes = plt.subplots(2, 3 if len(panels) > 4 else 2, figsize=(17 if len(panels) > 4 else 12, 7))
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
     for ax, (key, title, log) in zip(axes.ravel(), panels):
         vals = [r[key] for r in res]
         ours = ("mmap", "mmap_ring1", "mmap_btc", "wds")
@@ -509,7 +561,8 @@ def plot(report: dict[str, Any], path: str) -> None:
         if key == "padding_efficiency":
             ax.set_xlim(0, 1)
         for yi, v in zip(y, vals):
-            ax.text(v, yi, f" {v:.3g}" if key != "padding_efficiency" else f" {v:.1%}", va="center", fontsize=8)
+            share = key in ("padding_efficiency", "data_wait_share")
+            ax.text(v, yi, f" {v:.2%}" if share else f" {v:.3g}", va="center", fontsize=8)
     c = report["corpus"]
     fig.suptitle(f"bench-loader: {c['utterances']} utterances, {c['hours']:.1f} h, {c['feature']} "
                  f"{c['feature_shape']}, {report['config']['batch_frames']} frames/batch, "

@@ -38,7 +38,6 @@ from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
-from audiopipe.reader.wds import make_wds_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
 
@@ -325,6 +324,8 @@ def build(spec: LoaderSpec) -> Any:
             loader.collate.ring_size = 1  # before the first batch: the ring is created on first use
         return loader
     if spec.name == "wds":
+        from audiopipe.reader.wds import make_wds_loader  # webdataset: only this loader needs it
+
         return make_wds_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed)
     if spec.name in ("random", "f5_sort"):
         ds = ShardDataset(spec.shards, [f])

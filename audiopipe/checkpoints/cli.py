@@ -49,6 +49,9 @@ MODELS: dict[str, Converter] = {
                             "audiopipe.checkpoints.gpt_sovits:from_upstream",
                             "audiopipe.checkpoints.gpt_sovits:export_run", ("fp16", "fp32"),
                             "RVC-Boss/GPT-SoVITS stage 1 (its WebUI, TTS_infer_pack)"),
+    "ns2": Converter("audiopipe.checkpoints.ns2:to_upstream", "audiopipe.checkpoints.ns2:from_upstream",
+                     "audiopipe.checkpoints.ns2:export_cli", ("bin", "both"),
+                     "open-mmlab/Amphion NaturalSpeech2 (its inference, accelerate load_state)"),
 }
 
 
@@ -83,7 +86,8 @@ def _model_of(source: Path) -> str | None:
     folder = source if source.is_dir() else source.parent
     cfg = folder / "model_config.json"
     if not cfg.is_file():
-        return None
+        # the NS2 trainer records its model config as ns2_config.json
+        return "ns2" if (folder / "ns2_config.json").is_file() else None
     try:
         cfg_json = json.loads(cfg.read_text())
     except (ValueError, OSError):
@@ -105,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=sorted(MODELS), default=None,
                    help="which trainer made the run (default: as recorded in its model_config.json)")
     p.add_argument("--format", default=None, help="file format (default: the model's first; f5tts: safetensors, "
-                                                  "pt or both)")
+                                                  "pt or both; ns2: bin or both)")
     p.add_argument("--weights", choices=("ema", "online"), default=None,
                    help="which weights (default: the EMA copy where the model keeps one, as upstream inference "
                         "reads it; online: the weights as last trained)")

@@ -106,3 +106,15 @@ def write_torch(obj: Mapping[str, Any], path: str | Path) -> Path:
     with atomic_path(Path(path)) as tmp:
         torch.save(dict(obj), tmp)
     return Path(path)
+
+
+def run_checkpoint(path: str | Path, give: str = "a run folder or a checkpoint file") -> Path:
+    """The checkpoint file `path` names: the file itself, or a trainer run folder's latest ckpt-*.pt (the names
+    sort by step)."""
+    p = Path(path)
+    if p.is_dir():
+        cks = sorted(p.glob("ckpt-*.pt"))
+        if not cks:
+            raise CheckpointError(f"{p}: a folder without ckpt-*.pt; give {give}")
+        p = cks[-1]
+    return p

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 import torch
 
-from audiopipe.checkpoints.files import CheckpointError, read_weights, write_torch
+from audiopipe.checkpoints.files import CheckpointError, read_weights, run_checkpoint, write_torch
 
 PREFIX = "model."
 V1_PHONE_ROWS = 512  # configs/s1longer.yaml: the 322-symbol table in a 512-row embedding
@@ -214,12 +214,7 @@ def export_run(source: str | Path, out: str | Path, *, weights: str | None = Non
         raise CheckpointError(f"--weights {weights}: the GPT-SoVITS s1 trainer keeps no EMA copy; its weights are "
                               f"the online ones")
     src = Path(source)
-    ck = src
-    if src.is_dir():
-        cks = sorted(src.glob("ckpt-*.pt"))
-        if not cks:
-            raise CheckpointError(f"{src}: a folder without ckpt-*.pt; give a run folder of the gpt_sovits trainer")
-        ck = cks[-1]
+    ck = run_checkpoint(src, "a run folder of the gpt_sovits trainer")
     obj = read_weights(ck)
     if not (isinstance(obj.get("model"), Mapping) and "step" in obj):
         raise CheckpointError(f"{ck}: not a checkpoint of audiopipe's trainers (a ckpt-*.pt)"

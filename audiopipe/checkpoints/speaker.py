@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from audiopipe.checkpoints.files import CheckpointError, read_weights, tensors_only, write_torch
+from audiopipe.checkpoints.files import CheckpointError, read_weights, run_checkpoint, tensors_only, write_torch
 from audiopipe.storage.atomic import write_text_atomic
 
 MODELS = ("eres2net", "campplus")
@@ -399,12 +399,7 @@ def read_our_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict
     facts: step, epoch and the run's model_config.json when it lies beside the checkpoint."""
     import json
 
-    p = Path(path)
-    if p.is_dir():
-        cks = sorted(p.glob("ckpt-*.pt"))
-        if not cks:
-            raise CheckpointError(f"{p}: a folder without ckpt-*.pt; give a checkpoint file")
-        p = cks[-1]
+    p = run_checkpoint(path, "a checkpoint file")
     state = read_weights(p)
     facts: dict[str, Any] = {"checkpoint": str(p)}
     if isinstance(state.get("model"), Mapping):

@@ -10,21 +10,20 @@ import gc
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Iterable, Iterator
 
 import soundfile as sf
 
-from audiopipe.corpus.transcripts import (
-    METADATA_NAME,
-    MetadataIndex,
-    ManifestRow,
-    find_sidecar,
-    id_problem,
-    read_manifest,
-    read_text_file,
-)
+from audiopipe.corpus.entries import resolve
+from audiopipe.corpus.hints import finish
+from audiopipe.corpus.layouts import discover_layout, pick_layout
+from audiopipe.corpus.manifests import kind_of, read
+from audiopipe.corpus.manifests.plain import ManifestRow, read_manifest
+from audiopipe.corpus.options import CorpusOptions
+from audiopipe.corpus.records import Reject, Utterance, id_problem, unique_ids
+from audiopipe.corpus.transcripts import METADATA_NAME, MetadataIndex, find_sidecar, read_text_file
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
 from audiopipe.storage import guard
@@ -50,43 +49,6 @@ def audio_extensions() -> frozenset[str]:
             continue
         exts.update(_FORMAT_EXTENSIONS.get(fmt, (fmt.lower(),)))
     return frozenset(exts)
-
-
-# slots: a million utterances without a __dict__ each is ~150 MB less.
-@dataclass(slots=True)
-class Utterance:
-    """One usable audio file, described from its header (nothing decoded yet)."""
-
-    id: str  # path relative to the root, without extension, '/'-separated
-    path: str  # absolute path
-    source: str  # path relative to the root, with extension
-    speaker: str
-    text: str  # "" when no transcript was found
-    sample_rate: int
-    num_samples: int  # frames per channel, from the header
-    channels: int
-    duration: float  # seconds, from the header
-    extra: dict[str, Any] = field(default_factory=dict)  # manifest columns other than path/id/text/speaker
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def reject(self, reason: str, detail: str) -> Reject:
-        """A Reject for this utterance (used when a later stage refuses it)."""
-        return Reject(self.path, self.source, reason, detail)
-
-
-@dataclass(slots=True)
-class Reject:
-    """An input that will not be written, and why. `reason` is a short code from docs/corpus.md."""
-
-    path: str
-    source: str
-    reason: str
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -287,8 +249,6 @@ def discover(root: str | os.PathLike[str], *, manifest: Any = None, speaker: str
     once (1: one by one; the result is the same either way); options: audiopipe.corpus.options.CorpusOptions
     (column names, VCTK microphone, --keep-columns, --require-text).
     """
-    from audiopipe.corpus.options import CorpusOptions
-
     options = options if options is not None else CorpusOptions()
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -300,8 +260,6 @@ def discover(root: str | os.PathLike[str], *, manifest: Any = None, speaker: str
     gc.disable()
     try:
         d = _discover(root, manifest, rule, exts, layout, header_threads, options)
-        from audiopipe.corpus.hints import finish
-
         return finish(d, options, speaker_auto=rule == -1, manifest_given=manifest is not None)
     finally:
         if was_enabled:
@@ -314,29 +272,9 @@ def _manifest_paths(manifest: Any) -> list[str]:
     return [os.path.abspath(os.fspath(m)) for m in manifest]
 
 
-def unique_ids(utts: list[Utterance], rejects: list[Reject], what: str) -> list[Utterance]:
-    """The utterances whose id is safe and not taken by an earlier one (in (id, source) order); the others become
-    `bad_id` / `duplicate_id` rejects. Ids from index files and manifests become tar member and file names."""
-    kept: list[Utterance] = []
-    seen: dict[str, str] = {}
-    for u in sorted(utts, key=lambda u: (u.id, u.source)):
-        problem = id_problem(u.id)
-        if problem:
-            rejects.append(Reject(u.path, u.source, "bad_id", f"{what} id {u.id!r} {problem}"))
-            continue
-        if u.id in seen:
-            rejects.append(Reject(u.path, u.source, "duplicate_id", f"id {u.id!r} is already used by {seen[u.id]}"))
-            continue
-        seen[u.id] = u.source
-        kept.append(u)
-    return kept
-
-
 def _discover(root: str, manifest: Any, rule: int | None, exts: Iterable[str] | None, layout: str,
               header_threads: int, options: Any) -> Discovery:
     if manifest is None:
-        from audiopipe.corpus.layouts import discover_layout, pick_layout
-
         chosen = pick_layout(root, layout)
         if chosen is not None:  # a layout with its own index files (audiopipe/corpus/layouts/)
             utts, rejected, notes = discover_layout(chosen, root, rule, options)
@@ -345,9 +283,6 @@ def _discover(root: str, manifest: Any, rule: int | None, exts: Iterable[str] | 
         d = _discover_files(root, None, rule, exts, header_threads)
         d.walked = True
         return d
-    from audiopipe.corpus.entries import resolve
-    from audiopipe.corpus.manifests import kind_of, read
-
     by_kind: dict[str, list[str]] = {}
     for p in _manifest_paths(manifest):
         by_kind.setdefault(kind_of(p), []).append(p)

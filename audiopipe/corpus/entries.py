@@ -23,8 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, utterance
+from audiopipe.corpus.records import Reject, Utterance
+from audiopipe.decode.audio import RejectError
+from audiopipe.decode.members import member_info
 
 SEGMENT_SLACK_S = 0.01  # manifests round times to 10 ms (Kaldi) or 2-3 decimals (NeMo): a little past the end is the end
 T = TypeVar("T")
@@ -76,9 +78,6 @@ def ordered_map(fn: Callable[[T], R], items: list[T], threads: int = 16, block: 
 
 def _read_header(e: Entry) -> tuple[Any, Reject | None]:
     if "member_offset" in e.extra:
-        from audiopipe.decode.audio import RejectError
-        from audiopipe.decode.members import member_info
-
         try:
             info = member_info(e.path, e.extra["member_offset"], e.extra["member_size"])
         except RejectError as err:

@@ -18,6 +18,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from audiopipe.corpus.records import Reject
+
 SPLIT_NAME = re.compile(r"^(train|dev|test|valid|validation|val|eval|evaluation|devel|development)"
                         r"([-_.].*|\d+)?$", re.IGNORECASE)
 CORPUS_FOLDER = re.compile(r"^(libri(tts|speech|light)([-_]?r)?|vctk([-_].*)?|ljspeech([-_].*)?|wav48(_.*)?|"
@@ -46,8 +48,6 @@ def speaker_folder_note(speakers: set[str]) -> str | None:
 
 def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = False) -> Any:
     """The discovery with --require-text applied, its notes completed and its hint set."""
-    from audiopipe.corpus.discover import Reject
-
     if d.walked and speaker_auto:
         note = speaker_folder_note({u.speaker for u in d.utterances})
         if note:

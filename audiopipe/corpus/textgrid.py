@@ -16,6 +16,7 @@ import numpy as np
 
 from audiopipe.errors import AudiopipeError
 from audiopipe.storage import guard
+from audiopipe.errors import AudiopipeError
 
 SILENCE = "sil"  # MFA leaves silence intervals unlabelled ("")
 

@@ -1,18 +1,16 @@
-"""Transcript sources: LJSpeech metadata.csv, sidecar text files, and manifests (JSONL / CSV / TSV).
+"""Transcripts beside the audio: sidecar text files and LJSpeech / audiofolder metadata.csv, and the error that
+names a transcript source (or a manifest) that cannot be parsed.
 
-Precedence (highest first): manifest column > sidecar file > metadata.csv. See docs/corpus.md.
+Precedence (highest first): manifest column (audiopipe.corpus.manifests.plain) > sidecar file > metadata.csv.
+See docs/corpus.md.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from audiopipe.corpus.hints import LOCATION_EXTRA
 from audiopipe.storage import guard
 
 from audiopipe.errors import AudiopipeError
@@ -20,9 +18,6 @@ from audiopipe.errors import AudiopipeError
 METADATA_NAME = "metadata.csv"
 # Sidecar names tried beside `x.wav`, in order. LibriTTS ships x.normalized.txt and x.original.txt.
 SIDECAR_SUFFIXES = (".normalized.txt", ".txt", ".lab", ".original.txt")
-# Manifest columns with a meaning; every other column goes to Utterance.extra.
-MANIFEST_PATH_KEYS = ("path", "audio")
-MANIFEST_KNOWN_KEYS = ("path", "audio", "id", "text", "speaker")
 
 
 class TranscriptError(AudiopipeError, ValueError):
@@ -151,127 +146,3 @@ class MetadataIndex:
                     if k in table:
                         return table[k]
         return None
-
-
-def id_problem(uid: str) -> str | None:
-    """Why a manifest `id` cannot name an utterance, or None. Ids become tar member names and file names in
-    exports, so they must be relative '/'-separated paths that stay inside their folder."""
-    if not isinstance(uid, str):
-        return "is not a string"
-    if not uid.strip():
-        return "is empty"
-    if uid.startswith("/"):
-        return "is absolute (ids are relative, '/'-separated)"
-    if "\\" in uid:
-        return "contains a backslash (separate folders with '/')"
-    ctrl = next((c for c in uid if unicodedata.category(c) in ("Cc", "Cs")), None)
-    if ctrl is not None:
-        what = "control character" if unicodedata.category(ctrl) == "Cc" else "lone surrogate"
-        return f"contains the {what} U+{ord(ctrl):04X}"
-    parts = uid.split("/")
-    if "" in parts:
-        return "has an empty path segment ('//' or a trailing '/')"
-    if any(p in (".", "..") for p in parts):
-        return "has a '.' or '..' path segment"
-    return None
-
-
-@dataclass
-class ManifestRow:
-    """One listed audio file. `path` is absolute; missing columns are None. `problem` (reason, detail): a row
-    that names its audio but cannot be used as it is (a text that is a list, a line that is not UTF-8)."""
-
-    path: str
-    written_path: str  # as written in the manifest, for messages
-    line: int
-    id: str | None = None
-    text: str | None = None
-    speaker: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    problem: tuple[str, str] | None = None
-
-
-def _given(v: Any, name: str) -> str | None:
-    # An empty cell means "not given" in CSV; treat JSON null/"" the same so both formats agree. A list or an
-    # object is a guard.Refused (bad_value), never its Python repr.
-    from audiopipe.corpus.manifests import text_of
-
-    if v is None:
-        return None
-    s = text_of(v, name)  # checks the type; ids and speakers keep their own spacing, texts are collapsed
-    if isinstance(v, str) and name != "text":
-        s = v
-    return s if s.strip() else None
-
-
-def _row(rec: dict[str, Any], base: str, where: str, line: int) -> ManifestRow:
-    written = next((rec[k] for k in MANIFEST_PATH_KEYS if rec.get(k) is not None and rec.get(k) != ""), None)
-    if written is None:
-        raise TranscriptError(f"{where}:{line}: no 'path' (or 'audio') value; columns are "
-                              f"{sorted(k for k in rec if k is not None)}")
-    if not isinstance(written, str) or not written.strip():
-        from audiopipe.corpus.manifests import kind_of_value
-
-        return _bad_row(where, line, "bad_value", f"the audio path is {kind_of_value(written)}, not a path")
-    written = written.strip()
-    path = os.path.normpath(written if os.path.isabs(written) else os.path.join(base, written))
-    extra = {k: v for k, v in rec.items() if k not in MANIFEST_KNOWN_KEYS and k not in LOCATION_EXTRA and k is not None}
-    reserved = sorted(k for k in LOCATION_EXTRA if rec.get(k) not in (None, ""))
-    if reserved:
-        return ManifestRow(path=path, written_path=written, line=line, problem=(
-            "bad_value", f"{where}:{line}: column {reserved[0]} is reserved (audiopipe writes it to say where audio "
-                         f"lies inside a recording or archive): rename it"))
-    try:
-        return ManifestRow(path=path, written_path=written, line=line, id=_given(rec.get("id"), "id"),
-                           text=_given(rec.get("text"), "text"),
-                           speaker=_given(rec.get("speaker"), "speaker"), extra=extra)
-    except guard.Refused as e:
-        return ManifestRow(path=path, written_path=written, line=line, problem=(e.reason, f"{where}:{line}: {e}"))
-
-
-def _bad_row(where: str, line: int, reason: str, detail: str) -> ManifestRow:
-    """A row whose audio cannot be named: the manifest line itself is the rejected input."""
-    return ManifestRow(path=where, written_path=f"{where}:{line}", line=line,
-                       problem=(reason, detail if detail.startswith(where) else f"{where}:{line}: {detail}"))
-
-
-def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
-    """Rows of a JSONL (.jsonl/.ndjson/.json), CSV (.csv) or TSV (.tsv) manifest, in file order; each may be
-    gzipped (.jsonl.gz).
-
-    Relative paths are resolved against the manifest's folder. A JSONL line that is not UTF-8, or a value of the
-    wrong type, is a row with a `problem` (a reject naming the line); a line that is not JSON, a row without
-    a path, and a CSV that is not UTF-8 stop with `file:line`.
-    """
-    from audiopipe.corpus.manifests import json_objects, open_text, regular_file
-
-    path = regular_file(os.fspath(path))
-    base = os.path.dirname(path)
-    name = path[:-3] if path.lower().endswith(".gz") else path
-    ext = name.rsplit(".", 1)[-1].lower()
-    rows: list[ManifestRow] = []
-    if ext in ("jsonl", "ndjson", "json"):
-        for lineno, rec in json_objects(path):
-            if isinstance(rec, guard.Refused):
-                rows.append(_bad_row(path, lineno, rec.reason, rec.detail))
-            else:
-                rows.append(_row(rec, base, path, lineno))
-        return rows
-    if ext not in ("csv", "tsv"):
-        raise TranscriptError(f"{path}: unknown manifest type '.{ext}' (use .jsonl, .csv or .tsv, "
-                              f"or a lhotse, NeMo, Common Voice or Hugging Face manifest: docs/corpus.md)")
-    line = 0
-    try:
-        with open_text(path) as f:
-            reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
-            if not reader.fieldnames or not set(MANIFEST_PATH_KEYS) & set(reader.fieldnames):
-                raise TranscriptError(f"{path}: the header row needs a 'path' or 'audio' column, "
-                                      f"got {reader.fieldnames}")
-            for rec in reader:
-                line = reader.line_num
-                rows.append(_row(rec, base, path, line))
-    except (UnicodeDecodeError, EOFError, OSError) as e:
-        raise TranscriptError(f"{path}: not UTF-8 text ({e})") from None
-    except csv.Error as e:  # a NUL byte, a field over csv's size limit
-        raise TranscriptError(f"{path}:{line + 1}: not a CSV row ({e})") from None
-    return rows

@@ -19,6 +19,7 @@ import soxr
 from audiopipe.errors import AudiopipeError
 from audiopipe.decode import declared
 from audiopipe.storage import guard
+from audiopipe.errors import AudiopipeError
 
 RESAMPLE_QUALITY = "HQ"
 

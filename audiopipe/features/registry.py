@@ -13,6 +13,7 @@ from audiopipe.features.energy import Energy
 from audiopipe.features.f0 import F0
 from audiopipe.features.fbank import KaldiFbank
 from audiopipe.features.mel import SlaneyMel, VocosMel
+from audiopipe.features.kinds import FEATURE_KINDS  # noqa: F401  (re-exported: the public name)
 from audiopipe.features.pcm import Pcm
 
 _BUILDERS: dict[str, Callable[..., Feature]] = {
@@ -24,14 +25,6 @@ _BUILDERS: dict[str, Callable[..., Feature]] = {
     "pcm": Pcm,
 }
 
-FEATURE_KINDS: dict[str, str] = {
-    "vocos_mel": "mel: log mel [100, T], 24 kHz hop 256, HTK, no norm (F5-TTS / vocos)",
-    "slaney_mel": "mel: log mel [80, T], 22.05 kHz hop 256, slaney scale+norm (HiFi-GAN / BigVGAN)",
-    "f0": "f0 [T] Hz + voiced [T] uint8, frames at t*hop; backends yin (fast, default), dio, harvest, praat",
-    "energy": "energy [T]: L2 norm of the magnitude spectrum per frame (vocos framing by default)",
-    "kaldi_fbank": "fbank: Kaldi log mel [80, T], 16 kHz 25/10 ms (3D-Speaker / WeSpeaker)",
-    "pcm": "pcm: the waveform as int16 [N] at sample_rate",
-}
 
 
 def build_feature(kind: str, **params: Any) -> Feature:

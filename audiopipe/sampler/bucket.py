@@ -17,6 +17,7 @@ import numpy as np
 from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
+from audiopipe.sampler.bucket_budget import BucketBudget
 from audiopipe.sampler.plan import BatchBudget, choose_pools, pair_overlap, validate_lengths
 from audiopipe.sampler.pools import EpochPlan, JoinedPlan, LengthOrder
 
@@ -90,7 +91,8 @@ class BucketBatchSampler:
     """Yields this rank's batches (lists of GLOBAL utterance indices) of one globally planned epoch.
 
     Budget: a batch of n items whose longest has m frames costs n*m + quadratic*n*m**2 (padded frames plus an
-    optional attention term) and never exceeds max_frames; n never exceeds max_items. Items that exceed the
+    optional attention term) and never exceeds max_frames; n never exceeds max_items. max_frames may instead be a
+    BucketBudget (a budget per bucket of the longest item's length, e.g. calibrated on a GPU; bucket_budget.py). Items that exceed the
     budget alone, and empty items, are dropped and counted in `diagnostics`.
 
     Plan (pools.EpochPlan), from (seed, epoch) only: the items are cut into `pools` random pools, each pool is
@@ -140,8 +142,14 @@ class BucketBatchSampler:
         self.lengths = validate_lengths(lengths)
         # The sampler's own copy, read-only: the fingerprint is taken from it lazily (below), so it must not change.
         self.lengths.setflags(write=False)
-        self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
-                                  float(quadratic), max_items)
+        if isinstance(max_frames, BucketBudget):  # per-length-bucket budgets (audiopipe/sampler/bucket_budget.py)
+            if quadratic:
+                raise ValueError("quadratic adds an attention term to one global max_frames; a bucket budget was "
+                                 "measured on the real cost per bucket: leave quadratic at 0")
+            self.budget: BatchBudget | BucketBudget = max_frames.capped(max_items)
+        else:
+            self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
+                                      float(quadratic), max_items)
         if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
             raise ValueError(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
         if not 0 <= min_efficiency < 1:
@@ -428,6 +436,8 @@ class BucketBatchSampler:
             "shuffle": self.shuffle,
             "uneven": self.uneven,
         }
+        if isinstance(self.budget, BucketBudget):
+            cfg["buckets"] = self.budget.config()["buckets"]
         if self.epoch_items is not None:
             cfg["epoch_items"] = getattr(self.epoch_items, "config", lambda: "custom")()
         return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back

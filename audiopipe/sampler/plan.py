@@ -116,8 +116,12 @@ def capacities(lengths: np.ndarray, budget: BatchBudget) -> np.ndarray:
     """How many items of each length fit in one batch (int64), exact against cost() as pack_greedy compares it.
 
     capacity() divides, which can be one off at the float boundary; the two corrections make it agree with the
-    multiplication cost() does. 0 for lengths that do not fit alone.
+    multiplication cost() does. 0 for lengths that do not fit alone. A budget with its own exact capacities
+    (bucket_budget.BucketBudget: integer per-bucket limits) answers itself.
     """
+    own = getattr(budget, "capacities", None)
+    if own is not None:
+        return own(lengths)
     seq = np.asarray(lengths).astype(np.float64)
     cap = np.asarray(budget.capacity(seq), dtype=np.float64)
     cap = np.where(budget.cost(cap + 1, seq) <= budget.max_frames, cap + 1, cap)

@@ -1,0 +1,24 @@
+"""The shard job: plan a corpus into shards, build them (local processes or Ray), write the manifest and index.
+
+`audiopipe.shard(corpus, out, preset=..., ...)` runs the job, as `audiopipe shard` does, and returns its summary:
+this package can be called; the call is audiopipe.shard.api.shard (its docstring lists every option).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+
+class _CallablePackage(types.ModuleType):
+    # `import audiopipe as ap; ap.shard(...)`: the job's entry point has the package's name. A function of that
+    # name in audiopipe/__init__ would be replaced by this package the first time any audiopipe.shard.* module is
+    # imported (the import system binds a sub-package on its parent), so the package itself is what gets called.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from audiopipe.shard.api import shard
+
+        return shard(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

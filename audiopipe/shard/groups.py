@@ -45,15 +45,17 @@ def build_group(units: list[WorkUnit], job: Job, staging: str | None = None,
     then includes finishing this one), so the spans of a task tile its time; "cpu" is this process's CPU time
     over the span.
 
-    orphaned: asked before each shard; once true (the job that sent the task is gone) the group stops there, and
-    the shard in flight gets no done record: a job killed with kill -9 must not go on writing its folder beside
-    the run that replaces it (a Ray worker is not in the driver's process group)."""
+    orphaned: asked before each shard; once true (the job that sent the task is gone, or the node's raylet) the
+    group stops there, the shard in flight gets no done record, and `Orphaned` is raised: a job killed with kill -9
+    must not go on writing its folder beside the run that replaces it (a Ray worker is not in the driver's
+    process group), and a task that stopped early must never look finished to a driver that is still alive (a
+    lost node's raylet), which then sends its unreported shards again."""
     pending: tuple[Any, dict[str, Any], float] | None = None  # (the shard being finished, its span, CPU at start)
     for unit in units:
         if orphaned is not None and orphaned():
             if pending is not None:
                 pending[0].abort()
-            return
+            raise Orphaned(f"the worker building {unit.name} lost its job or its node; stopped before it")
         started, cpu = time.time(), time.process_time()
         try:
             rec = finished_record(job, unit.name)  # on a retry, the failed attempt may have finished it
@@ -67,6 +69,10 @@ def build_group(units: list[WorkUnit], job: Job, staging: str | None = None,
         pending = (current, {"name": unit.name, "pid": os.getpid(), "start": started}, cpu)
     if pending is not None:
         yield _report(*pending)
+
+
+class Orphaned(RuntimeError):
+    """A group stopped because the process that runs it was orphaned (see build_group)."""
 
 
 class _Finished:

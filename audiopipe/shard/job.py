@@ -13,6 +13,10 @@ from typing import Any
 
 from audiopipe.errors import AudiopipeError
 
+# Where a job's shards are built (audiopipe.shard.run): auto (local processes for a small local job, Ray for a
+# large one, a cluster or a codec stage), local, ray.
+ENGINES = ("auto", "local", "ray")
+
 
 class JobError(AudiopipeError, RuntimeError):
     """A problem the user can fix (bad arguments, an output folder from another job): printed, not traced."""

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from audiopipe import __version__
+from audiopipe.version import __version__
 from audiopipe.shard.checksum import file_checksum, sha256_file
 from audiopipe.storage.s3 import is_s3, parse_s3, require_local_or_s3
 from audiopipe.shard.writer import FORMAT_VERSION

@@ -26,11 +26,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
-from audiopipe.shard.build import PendingShard, done_path, start_shard
 from audiopipe.shard.checksum import Checksum, checksum_of, new_hash
 from audiopipe.shard.job import Job, JobError
 from audiopipe.shard.plan import WorkUnit
@@ -38,6 +37,15 @@ from audiopipe.storage.atomic import fsync_dir, is_temporary
 from audiopipe.storage.lock import FolderLock, LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
 from audiopipe.storage.scratch import make_scratch, remove_scratch
+
+if TYPE_CHECKING:
+    from audiopipe.shard.build import PendingShard
+
+
+def done_path(out: Path, name: str) -> Path:
+    """Where shard `name`'s done record lives (the same as audiopipe.shard.build's; this module opens an output
+    without importing the feature code, so that a job locks its folder and starts its workers first)."""
+    return out / "done" / f"{name}.json"
 
 # Objects hashed side by side when a rerun checks what exists (each a streamed read; the client is thread-safe).
 CHECK_THREADS = 8
@@ -268,7 +276,7 @@ def build_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) 
     return start_unit(unit, job, staging, **kw).finish()
 
 
-def start_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) -> PendingShard | "StagedUpload":
+def start_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) -> "PendingShard | StagedUpload":
     """Compute and write one shard where the job's output is; what is left (a local folder's fsyncs and renames,
     an s3:// prefix's uploads) runs in the background until the returned object's `finish()`, which returns the
     done record once the shard counts as finished.
@@ -276,6 +284,8 @@ def start_unit(unit: WorkUnit, job: Job, staging: str | None = None, **kw: Any) 
     For s3://, the shard is built whole in a private staging folder on this machine, its Arrow file and tar are
     uploaded, then its done record, and the staged files are removed: nothing local is needed afterwards, so a
     worker node may vanish once its task reported the shard."""
+    from audiopipe.shard.build import start_shard
+
     if not is_s3(job.out):
         return start_shard(unit, job, **kw)
     tmp = make_scratch(unit.name, staging)
@@ -295,7 +305,7 @@ class StagedUpload:
     """A shard staged on local disk whose upload runs in a background thread (network time a worker spends
     computing its next shard instead of waiting)."""
 
-    def __init__(self, staged: PendingShard, tmp: Path, root: S3URL, name: str) -> None:
+    def __init__(self, staged: "PendingShard", tmp: Path, root: S3URL, name: str) -> None:
         global _UPLOADS
         if _UPLOADS is None:
             _UPLOADS = ThreadPoolExecutor(2, thread_name_prefix="s3-upload")
@@ -303,7 +313,7 @@ class StagedUpload:
         self._future = _UPLOADS.submit(self._upload, staged, tmp, root, name, self._cancelled)
 
     @staticmethod
-    def _upload(staged: PendingShard, tmp: Path, root: S3URL, name: str,
+    def _upload(staged: "PendingShard", tmp: Path, root: S3URL, name: str,
                 cancelled: threading.Event) -> dict[str, Any] | None:
         from audiopipe.storage.upload import upload_file
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import soundfile as sf
 
 from audiopipe.shard.checksum import DEFAULT as DEFAULT_CHECKSUM, Digest, HashingWriter
 from audiopipe.shard.keys import member_name_problem, sample_key
@@ -127,6 +126,8 @@ def _npy_parts(a: np.ndarray) -> tuple[bytes, memoryview]:
 
 
 def _flac_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
+    import soundfile as sf  # here, not at the top: the readers import this module for METADATA_KEY alone
+
     buf = io.BytesIO()
     sf.write(buf, pcm, sample_rate, format="FLAC", subtype="PCM_16")
     return buf.getvalue()

@@ -20,6 +20,8 @@ import os
 import stat
 from typing import BinaryIO, Iterator
 
+from audiopipe.errors import AudiopipeError
+
 # The most bytes read from a file of each kind. Past these a file is not what its name says (a transcript of a
 # megabyte is a mistake, a JSON sidecar of a tar member is a few hundred bytes), and reading it whole could
 # take the machine's memory.
@@ -34,7 +36,7 @@ LIMITS = {
 NOT_REGULAR = "not a regular file (a named pipe, socket or device)"
 
 
-class Refused(ValueError):
+class Refused(AudiopipeError, ValueError):
     """A file, or a line of it, that will not be read. `reason` is a reject code, `detail` one line."""
 
     def __init__(self, reason: str, detail: str, raw: bytes | None = None) -> None:

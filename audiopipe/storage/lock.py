@@ -4,6 +4,11 @@ A second job on the same folder fails at once (non-blocking) with a message nami
 start time), instead of interleaving its writes with the first. The kernel drops a flock when its holder dies,
 kill -9 included, so a lock file left behind never blocks a rerun: only a live holder does. flock is reliable on
 local disks; on network file systems it depends on the server (NFSv4 and Lustre honour it, some others do not).
+
+A flock belongs to the open file description, which a child forked without exec (a DataLoader worker, a
+multiprocessing child) shares: such a child would keep the folder locked after its parent was killed, and its
+copy of the lock object could unlink the parent's file. Every process forked from a holder therefore closes its
+copy of the descriptor at once (os.register_at_fork), which leaves the parent's lock as it was.
 """
 
 from __future__ import annotations
@@ -13,12 +18,31 @@ import json
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 from audiopipe.errors import AudiopipeError
 
 LOCK_NAME = ".audiopipe.lock"
+
+
+# Every lock this process holds, so a forked child can let go of its copies (see _drop_in_forked_child).
+_HELD: "weakref.WeakSet[FolderLock]" = weakref.WeakSet()
+
+
+def _drop_in_forked_child() -> None:
+    # Closing the child's descriptor does not unlock: the parent's still refers to the same description.
+    for lock in list(_HELD):
+        if lock._fd is not None:
+            try:
+                os.close(lock._fd)
+            except OSError:
+                pass
+            lock._fd = None  # the child's release() is then a no-op: it must not unlink the parent's file
+
+
+os.register_at_fork(after_in_child=_drop_in_forked_child)
 
 
 class LockHeld(AudiopipeError, RuntimeError):
@@ -51,21 +75,24 @@ class FolderLock:
 
     def __init__(self, folder: str | os.PathLike[str], command: str) -> None:
         self.path = Path(folder) / LOCK_NAME
+        self._fd: int | None = None
+        _HELD.add(self)  # from the open on, so a fork at any point drops the child's descriptor
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+            # O_CLOEXEC (Python's default): not inherited by a child that execs; a fork alone: see _HELD.
+            fd = self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_holder(fd)
-                os.close(fd)
+                self._close()
                 raise LockHeld(f"{Path(folder)} is in use by {_describe(holder)}; wait for it to finish or use "
                                f"another folder") from None
             except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without flock
-                os.close(fd)
+                self._close()
                 raise OSError(e.errno, f"cannot lock {self.path} ({e.strerror}); the file system may not "
                                        f"support flock") from None
             except BaseException:
-                os.close(fd)
+                self._close()
                 raise
             # A releasing holder unlinks the file: if ours was unlinked between open and flock, our lock guards
             # nothing; start over on the file now at the path.
@@ -74,8 +101,8 @@ class FolderLock:
                     break
             except FileNotFoundError:
                 pass
+            self._fd = None
             os.close(fd)
-        self._fd: int | None = fd
         self.info = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
                      "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         try:
@@ -92,8 +119,13 @@ class FolderLock:
             self.path.unlink(missing_ok=True)  # while still locked, so nobody can be locking this inode meanwhile
         except OSError:
             pass  # e.g. the folder became read-only: the kernel still drops the lock on close
-        os.close(self._fd)
-        self._fd = None
+        self._close()
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        _HELD.discard(self)
+        if fd is not None:
+            os.close(fd)
 
     def __enter__(self) -> "FolderLock":
         return self

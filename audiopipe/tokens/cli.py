@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="name2semantic: tokens per second (SoVITS v1/v2: 25); used for the length check")
     p.add_argument("--require-all", action="store_true",
                    help="name2semantic: exit 1 when any row or tsv name is left unmatched")
-    p.add_argument("--feature", default="fbank", help="kmeans: shard column (or kind) to cluster (default fbank)")
+    p.add_argument("--feature", default="auto",
+                   help="kmeans: shard column (or kind) to cluster; auto (default): a filterbank when the shards "
+                        "hold one (kaldi_fbank, fbank), else a mel, else any float [channels, T] feature")
     p.add_argument("--stack", type=int, default=0,
                    help="kmeans: frames stacked per token (default 0 = auto, to about 25 tokens/s)")
     p.add_argument("--seed", type=int, default=0, help="kmeans: seed of sampling, init and mini-batches")

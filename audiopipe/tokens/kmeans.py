@@ -179,9 +179,27 @@ class Codebook:
             raise ValueError(f"{path} is not a codebook saved by `audiopipe tokens --kmeans` ({e})") from e
 
 
+# `--feature auto`: the first kind of these the shards hold (filterbanks, as speech units are usually fitted on,
+# then mels), else any float [channels, T] feature.
+AUTO_ORDER = ("kaldi_fbank", "fbank", "vocos_mel", "slaney_mel", "mel")
+
+
+def _floats(specs: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in specs.values()
+            if s["channels"] > 0 and np.issubdtype(np.dtype(s["dtype"]), np.floating)]
+
+
 def resolve_feature(manifest: dict[str, Any], feature: str, root: Path) -> dict[str, Any]:
-    """The spec of the column to cluster, given its column name or its kind (fbank / kaldi_fbank)."""
+    """The spec of the column to cluster, given its column name, its kind (fbank / kaldi_fbank), or "auto"."""
     specs = manifest["features"]
+    if feature == "auto":
+        usable = _floats(specs)
+        ranked = sorted(usable, key=lambda s: (AUTO_ORDER.index(s["kind"]) if s["kind"] in AUTO_ORDER
+                                               else len(AUTO_ORDER), s["name"]))
+        if not ranked:
+            raise ValueError(f"{root} has no float [channels, T] feature to cluster (it has {sorted(specs)}); "
+                             f"shard with a filterbank or a mel, e.g. `audiopipe shard --preset eres2net`")
+        return ranked[0]
     hits = [s for s in specs.values() if feature in (s["name"], s["kind"])]
     if not hits:
         arrays = sorted(n for n, s in specs.items() if s["channels"] > 0)
@@ -195,7 +213,7 @@ def resolve_feature(manifest: dict[str, Any], feature: str, root: Path) -> dict[
     return s
 
 
-def fit_codebook(shards: str | Path, k: int, *, feature: str = "fbank", stack: int = 0, seed: int = 0,
+def fit_codebook(shards: str | Path, k: int, *, feature: str = "auto", stack: int = 0, seed: int = 0,
                  fit_vectors: int = 200_000, steps: int = 200, batch_size: int = 4096) -> Codebook:
     """Fit k units on a seeded sample of the shards' `feature` (see the module docstring for the recipe)."""
     from audiopipe.reader.arrow_dataset import ShardDataset
@@ -224,7 +242,7 @@ def fit_codebook(shards: str | Path, k: int, *, feature: str = "fbank", stack: i
                     fit_inertia)
 
 
-def kmeans_tokens(shards: str | Path, out: str | Path, *, k: int | None = None, feature: str = "fbank",
+def kmeans_tokens(shards: str | Path, out: str | Path, *, k: int | None = None, feature: str = "auto",
                   stack: int = 0, seed: int = 0, fit_vectors: int = 200_000, steps: int = 200,
                   batch_size: int = 4096, codebook: str | Path | None = None, force: bool = False) -> list[str]:
     """Fit (or load) a codebook, tokenise every row of `shards`, write the token folder `out`; summary lines."""

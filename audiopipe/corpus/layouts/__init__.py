@@ -3,6 +3,10 @@
 Each layout is a module with `NAME`, `detect(root) -> bool` and `discover(root, speaker_rule)` returning
 (utterances, rejects) like a walk would. `--layout auto` (the default) tries them in the order of `LAYOUTS` and
 falls back to walking the folder (`files`) when none matches.
+
+May import: `audiopipe.corpus` (the records they make, the header reads and the listed-file readers they share
+with manifests), `audiopipe.decode` (headers of audio files and tar members), `audiopipe.storage` (the guarded
+opening of index files).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 from typing import Any
+
+from audiopipe.corpus.options import CorpusOptions
+from audiopipe.corpus.records import unique_ids
 
 LAYOUTS = ("kaldi", "aishell3", "libritts", "vctk", "emilia")  # detection order
 CHOICES = ("auto", "files") + LAYOUTS
@@ -37,9 +44,6 @@ def discover_layout(name: str, root: str, speaker_rule: int | None, options: Any
     repeated one a `duplicate_id` reject, as for `--manifest` ids (layout ids come from the corpus's own index
     files). A layout's `discover(root, speaker_rule, options)` returns (utterances, rejects) or, with notes for
     the user, (utterances, rejects, notes)."""
-    from audiopipe.corpus.discover import unique_ids
-    from audiopipe.corpus.options import CorpusOptions
-
     got = _module(name).discover(root, speaker_rule, options if options is not None else CorpusOptions())
     utts, rejects, notes = got if len(got) == 3 else (*got, [])
     return unique_ids(utts, rejects, name), rejects, list(notes)

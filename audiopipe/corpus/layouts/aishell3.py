@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.corpus.records import Reject, Utterance
 from audiopipe.storage import guard
 
 NAME = "aishell3"

@@ -6,7 +6,7 @@ import os
 from pathlib import PurePosixPath
 from typing import Any
 
-from audiopipe.corpus.discover import Reject, Utterance
+from audiopipe.corpus.records import Reject, Utterance
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
 

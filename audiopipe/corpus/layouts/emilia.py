@@ -28,10 +28,13 @@ import json
 import os
 from typing import Any
 
-from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.hints import LOCATION_EXTRA
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.corpus.listings import json_objects, kind_of_value, plain_value, text_of
+from audiopipe.corpus.records import Reject, Utterance
 from audiopipe.corpus.tarmembers import TAR_ERRORS, Member, list_members, open_tar, read_member
+from audiopipe.decode.audio import RejectError
+from audiopipe.decode.members import member_info
 from audiopipe.storage import guard
 
 NAME = "emilia"
@@ -129,8 +132,6 @@ def detect(root: str) -> bool:
 def _fields(row: dict[str, Any], speaker_rule: int | None, source: str) -> tuple[str, str, str, dict[str, Any]]:
     """(id, text, speaker, extra) of a line or JSON member; guard.Refused (`bad_value`) for a value of the wrong
     type."""
-    from audiopipe.corpus.manifests import plain_value, text_of
-
     uid, speaker = (_as_given(row.get(k), k) for k in ("id", "speaker"))
     text = text_of(row.get("text"), "text")
     extra = {k: v for k, v in row.items()
@@ -146,15 +147,11 @@ def _fields(row: dict[str, Any], speaker_rule: int | None, source: str) -> tuple
 
 def _as_given(value: Any, name: str) -> str:
     """An id or speaker as the line gives it (blank: none); guard.Refused for a value that is not text."""
-    from audiopipe.corpus.manifests import text_of
-
     said = text_of(value, name)  # refuses lists, objects, booleans and lone surrogates
     return (value if isinstance(value, str) else said) if said else ""
 
 
 def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[list[Utterance], list[Reject]]:
-    from audiopipe.corpus.manifests import json_objects, kind_of_value
-
     utts: list[Utterance] = []
     rejects: list[Reject] = []
     for jsonl in _jsonl_files(root):
@@ -233,9 +230,6 @@ def _read_tar(tar: str, root: str, speaker_rule: int | None, utts: list[Utteranc
 def _read_pair(tar: str, tar_source: str, f: Any, key: str, members: dict[str, Member], refused_keys: set[str],
                speaker_rule: int | None, utts: list[Utterance], rejects: list[Reject]) -> None:
     """One key of a tar: an utterance, or a reject naming its audio (or its lone JSON)."""
-    from audiopipe.decode.audio import RejectError
-    from audiopipe.decode.members import member_info
-
     audio = next((members[e] for e in _AUDIO_EXTS if e in members), None)
     meta = members.get(".json")
     if audio is None:
@@ -262,8 +256,6 @@ def _read_pair(tar: str, tar_source: str, f: Any, key: str, members: dict[str, M
 
 def _member_json(tar: str, meta: Member, tar_source: str, f: Any = None) -> dict[str, Any]:
     """The JSON object of a member; guard.Refused for a member too large, not UTF-8 or not a JSON object."""
-    from audiopipe.corpus.manifests import kind_of_value
-
     where = f"{tar_source}#{meta.name}"
     data = read_member(tar, meta, "json member", where, f)
     try:

@@ -26,9 +26,9 @@ import os
 import re
 from typing import Any
 
-from audiopipe.corpus.discover import Reject, Utterance
 from audiopipe.corpus.entries import segment_problem
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
+from audiopipe.corpus.records import Reject, Utterance
 from audiopipe.storage import guard
 
 NAME = "kaldi"

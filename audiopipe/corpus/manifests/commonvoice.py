@@ -16,8 +16,9 @@ import os
 from typing import Any
 
 from audiopipe.corpus.entries import Entry, resolve_path
-from audiopipe.corpus.manifests import (USED_EXTRA, Read, open_text, pick_column, regular_file, source_of,
-                                        text_of)
+from audiopipe.corpus.hints import USED_EXTRA
+from audiopipe.corpus.listings import open_text, regular_file, text_of
+from audiopipe.corpus.manifests.common import Read, pick_column, source_of
 from audiopipe.corpus.transcripts import TranscriptError
 
 

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audiopipe.corpus.entries import Entry, ordered_map, resolve_path
-from audiopipe.corpus.manifests import USED_EXTRA, Read, pick_column, plain_value, regular_file, source_of, text_of
+from audiopipe.corpus.hints import USED_EXTRA
+from audiopipe.corpus.listings import plain_value, regular_file, text_of
+from audiopipe.corpus.manifests.common import Read, pick_column, source_of
+from audiopipe.corpus.wavheader import parse_wav_header
+from audiopipe.decode.audio import RejectError
+from audiopipe.decode.cells import cell_info, open_arrow
 from audiopipe.storage import guard
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text", "raw_text")
@@ -77,8 +82,6 @@ def _schema(t: _Table) -> Any:
         import pyarrow.parquet as pq
 
         return pq.read_schema(t.path)
-    from audiopipe.decode.cells import open_arrow
-
     return open_arrow(t.path).schema
 
 
@@ -150,9 +153,6 @@ class _FileRead:
 
 
 def _header(buf: Any) -> Any:
-    from audiopipe.corpus.wavheader import parse_wav_header
-    from audiopipe.decode.cells import cell_info
-
     head = parse_wav_header(bytes(buf[:4096]), len(buf))
     return head if head is not None else cell_info(buf)
 
@@ -166,8 +166,6 @@ def _batches(t: _Table, columns: list[str]):
             for g in range(pf.num_row_groups):
                 yield g, 0, pf.read_row_group(g, columns=columns)
         return
-    from audiopipe.decode.cells import open_arrow
-
     table = open_arrow(t.path).select(columns)
     for start in range(0, table.num_rows, _BATCH_ROWS):
         yield None, start, table.slice(start, _BATCH_ROWS)
@@ -175,8 +173,6 @@ def _batches(t: _Table, columns: list[str]):
 
 def _read_file(t: _Table, root: str, options: Any) -> _FileRead:
     import pyarrow as pa
-
-    from audiopipe.decode.audio import RejectError
 
     cols = _columns(t, _schema(t), options)
     wanted = [c for c in (cols.audio, cols.text, cols.speaker, cols.id, *cols.kept) if c]

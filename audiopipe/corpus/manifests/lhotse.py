@@ -24,7 +24,9 @@ import os
 from typing import Any
 
 from audiopipe.corpus.entries import Entry, resolve_path
-from audiopipe.corpus.manifests import USED_EXTRA, Read, plain_value, regular_file, source_of, text_of
+from audiopipe.corpus.hints import USED_EXTRA
+from audiopipe.corpus.listings import plain_value, regular_file, text_of
+from audiopipe.corpus.manifests.common import Read, source_of
 from audiopipe.corpus.tarmembers import Member, list_members
 
 

@@ -16,9 +16,9 @@ import os
 from typing import Any
 
 from audiopipe.corpus.entries import Entry, resolve_path
-from audiopipe.corpus.hints import LOCATION_EXTRA
-from audiopipe.corpus.manifests import (USED_EXTRA, Read, inside, json_objects, kind_of_value, plain_value,
-                                        regular_file, source_of, text_of)
+from audiopipe.corpus.hints import LOCATION_EXTRA, USED_EXTRA
+from audiopipe.corpus.listings import json_objects, kind_of_value, plain_value, regular_file, text_of
+from audiopipe.corpus.manifests.common import Read, inside, source_of
 from audiopipe.corpus.transcripts import TranscriptError
 from audiopipe.storage import guard
 

@@ -1,0 +1,256 @@
+"""Prepare everything benchmarks/gpu_proof.py needs on a GPU machine, in one folder that travels with the repository.
+
+    make gpu-bundle                       # = python benchmarks/gpu_bundle.py --out .gpu-bundle
+    python benchmarks/gpu_bundle.py --out .gpu-bundle --quick --no-wheels     # tiny, for the tests
+
+What it writes (docs/gpu-proof.md):
+  wavs/en/allison/*.wav,.txt  real English speech (Asterisk prompts, 8 kHz, with transcripts): F5's own loading rule
+                              decodes these, bench_gpu_features makes its clips from them, the CUDA tests read them
+  shards/f5tts                the f5tts preset (mel) of exactly those files, no tars
+  shards/ns2                  the ns2 preset (EnCodec codes from random-init weights, F0, energy, phones)
+  tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
+                              stay here)
+  shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages)
+  wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, which the GPU image
+                              lacks (the reader and trainers import without them; F5's loading rule, the clips
+                              and speed perturbation use them)
+  bundle.json                 what is in it, how it was made, and its size
+
+The reader and trainers need neither ray nor webdataset nor kaldi-native-fbank, so those do not travel. The whole
+bundle must fit beside the repository in the 64 MiB a device call carries: it refuses to finish above --max-mib.
+Needs the Debian packages of `make sysdeps` (Asterisk prompts in en, fr, it, ru) and, for the wheels, pip with
+access to its index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SOUNDS = Path("/usr/share/asterisk/sounds")
+# Five distinct real voices that ship as WAV (es_MX_f_Allison is the en_US voice again, so it is left out).
+VOICES = ("en_US_f_Allison", "fr_CA_f_June", "it_IT_f_Menardi", "it_IT_m_Carlo", "ru_RU_f_IvrvoiceRU")
+# The wheels the GPU image lacks, at the versions installed here (the ones the tests ran with).
+WHEELS = ("soundfile", "cffi", "pycparser", "soxr")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+
+SIZES = {  # seconds of audio per part: (default, --quick)
+    "f5": (600.0, 30.0),
+    "ns2": (1200.0, 20.0),
+    "gpt_sovits": (0.0, 40.0),  # 0: every usable English prompt (~0.7 h)
+    "speaker": (60.0, 12.0),  # per voice
+}
+
+
+def wav_seconds(path: Path) -> float:
+    with wave.open(str(path), "rb") as w:
+        return w.getnframes() / w.getframerate()
+
+
+def pick(items: list[tuple[Path, str]], seconds: float, seed: int = 0) -> list[tuple[Path, str]]:
+    """A seeded random choice of (wav, text) until `seconds` of audio (0: all of them), returned in name order."""
+    import numpy as np
+
+    if seconds <= 0:
+        return sorted(items)
+    order = np.random.default_rng(seed).permutation(len(items))
+    out, total = [], 0.0
+    for i in order.tolist():
+        out.append(items[i])
+        total += wav_seconds(items[i][0])
+        if total >= seconds:
+            break
+    return sorted(out)
+
+
+def english_prompts() -> list[tuple[Path, str]]:
+    from audiopipe.corpus.demo import ASTERISK_SOUNDS, MissingSource, usable_asterisk_prompts
+
+    try:
+        return [(ASTERISK_SOUNDS / f"{name}.wav", text) for name, text in usable_asterisk_prompts()]
+    except MissingSource as e:
+        raise SystemExit(f"gpu_bundle: {e} (make sysdeps installs it)") from None
+
+
+def write_corpus(dest: Path, speaker: str, items: list[tuple[Path, str]], copy: bool) -> float:
+    """dest/speaker/NAME.wav (+ NAME.txt when there is a text); returns the seconds written."""
+    d = dest / speaker
+    d.mkdir(parents=True, exist_ok=True)
+    total = 0.0
+    for wav, text in items:
+        out = d / wav.name
+        if copy:
+            shutil.copyfile(wav, out)  # a link would travel as a link, without its file
+        elif not out.exists():
+            out.symlink_to(wav)
+        if text:
+            (d / f"{wav.stem}.txt").write_text(text + "\n", encoding="utf-8")
+        total += wav_seconds(wav)
+    return total
+
+
+def cli(*argv: str) -> None:
+    """`audiopipe ...` in this process: every shard job shares one Ray session."""
+    from audiopipe.cli import main
+
+    t0 = time.monotonic()
+    rc = main(list(argv))
+    if rc:
+        raise SystemExit(f"gpu_bundle: `audiopipe {' '.join(argv)}` failed (exit {rc})")
+    print(f"  audiopipe {argv[0]} -> {argv[argv.index('--out') + 1]}: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def shard(corpus: Path, out: Path, *options: str, workers: int) -> None:
+    cli("shard", "--corpus", str(corpus), "--out", str(out), "--no-tar", "--no-progress", "--workers", str(workers),
+        *options)
+
+
+def shard_pcm16k(corpus: Path, out: Path, workers: int) -> None:
+    """PCM at 16 kHz alone (the eres2net preset without its fbank, which the speaker trainers compute on the
+    device): a feature parameter the command line does not take, so the job is built here."""
+    from dataclasses import asdict
+
+    from audiopipe.decode.audio import DecodeLimits
+    from audiopipe.shard.job import Job
+    from audiopipe.shard.run import run_job
+
+    t0 = time.monotonic()
+    job = Job(corpus=str(corpus), out=str(out), presets=["custom"], features=[("pcm", {"sample_rate": 16000})],
+              limits=asdict(DecodeLimits()), write_tar=False)
+    summary = run_job(job, workers=workers, show_progress=False)
+    if summary.written == 0:
+        raise SystemExit(f"gpu_bundle: no utterance of {corpus} was written")
+    print(f"  shard pcm 16 kHz -> {out}: {summary.written} rows, {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def download_wheels(dest: Path) -> list[str]:
+    from importlib.metadata import version
+
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = [f"{name}=={version(name)}" for name in WHEELS]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+           "3.12", "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(dest), *pins]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"gpu_bundle: pip download of {', '.join(pins)} failed: {r.stderr.strip().splitlines()[-1:]}")
+    names = sorted(p.name for p in dest.glob("*.whl"))
+    if len(names) != len(WHEELS):
+        raise SystemExit(f"gpu_bundle: expected one wheel each of {', '.join(WHEELS)}, got {names}")
+    return names
+
+
+def size_mib(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+
+
+def tracked_mib() -> float | None:
+    """Size of what a device call sends besides the bundle: the repository's tracked and untracked-not-ignored
+    files (None outside a git checkout)."""
+    r = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True)
+    if r.returncode:
+        return None
+    files = [ROOT / f for f in r.stdout.decode().split("\0") if f]
+    return sum(f.stat().st_size for f in files if f.is_file()) / 2**20
+
+
+def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) -> dict:
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"gpu_bundle: {out} is not empty; remove it first (a bundle is built whole)")
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = out.parent / f"{out.name}.scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    size = {k: v[1 if quick else 0] for k, v in SIZES.items()}
+    doc: dict = {"format": "audiopipe.gpu_bundle/1", "quick": quick, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "python": platform.python_version(), "parts": {}}
+    prompts = english_prompts()
+    t0 = time.monotonic()
+    try:
+        # F5-TTS: the files travel (F5's own loading rule decodes them) with the shards made of exactly them.
+        en = pick(prompts, size["f5"], seed=0)
+        secs = write_corpus(out / "wavs" / "en", "allison", en, copy=True)
+        shard(out / "wavs" / "en", out / "shards" / "f5tts", "--preset", "f5tts", workers=workers)
+        doc["parts"]["f5tts"] = {"files": len(en), "audio_s": round(secs, 1), "shards": "shards/f5tts",
+                                 "corpus": "wavs/en", "preset": "f5tts"}
+        # NaturalSpeech 2: codes of random-init EnCodec weights (no download), F0, energy, phones.
+        ns2 = pick(prompts, size["ns2"], seed=1)
+        secs = write_corpus(scratch / "ns2", "allison", ns2, copy=False)
+        shard(scratch / "ns2", out / "shards" / "ns2", "--preset", "ns2", "--codec-random-init", workers=workers)
+        doc["parts"]["ns2"] = {"files": len(ns2), "audio_s": round(secs, 1), "shards": "shards/ns2", "preset": "ns2"}
+        # GPT-SoVITS stage 1: its token folder holds phones and tokens; the fbank shards they came from stay here.
+        gs = pick(prompts, size["gpt_sovits"], seed=2)
+        secs = write_corpus(scratch / "gpt", "allison", gs, copy=False)
+        shard(scratch / "gpt", scratch / "gpt_shards", "--preset", "gpt_sovits", "--features", "kaldi_fbank",
+              workers=workers)
+        k = 64 if quick else 512
+        cli("tokens", "--shards", str(scratch / "gpt_shards"), "--out", str(out / "tokens" / "gpt_sovits"),
+            "--kmeans", str(k))
+        doc["parts"]["gpt_sovits"] = {"files": len(gs), "audio_s": round(secs, 1), "shards": "tokens/gpt_sovits",
+                                      "tokens": f"k-means of fbank, {k} units"}
+        # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device).
+        total, files = 0.0, 0
+        for voice in VOICES:
+            wavs = sorted((SOUNDS / voice).glob("*.wav"))
+            if not wavs:
+                raise SystemExit(f"gpu_bundle: no WAV prompts in {SOUNDS / voice} (make sysdeps installs them)")
+            chosen = pick([(w, "") for w in wavs if 0.5 <= wav_seconds(w) <= 30], size["speaker"], seed=3)
+            total += write_corpus(scratch / "speakers", voice, chosen, copy=False)
+            files += len(chosen)
+        shard_pcm16k(scratch / "speakers", out / "shards" / "speakers", workers)
+        doc["parts"]["speakers"] = {"voices": list(VOICES), "files": files, "audio_s": round(total, 1),
+                                    "shards": "shards/speakers", "features": "pcm"}
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if wheels:
+        doc["wheels"] = download_wheels(out / "wheels")
+    doc["build_s"] = round(time.monotonic() - t0, 1)
+    doc["bundle_mib"] = round(size_mib(out), 2)
+    repo = tracked_mib()
+    doc["repository_mib"] = round(repo, 2) if repo is not None else None
+    (out / "bundle.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if doc["bundle_mib"] > max_mib:
+        raise SystemExit(f"gpu_bundle: the bundle is {doc['bundle_mib']:.1f} MiB, over --max-mib {max_mib:g}; "
+                         f"take fewer seconds (a device call carries 64 MiB with the repository)")
+    if repo is not None and repo + doc["bundle_mib"] > 62:
+        raise SystemExit(f"gpu_bundle: repository {repo:.1f} MiB + bundle {doc['bundle_mib']:.1f} MiB leave less "
+                         f"than 2 MiB of the 64 MiB a device call carries; take fewer seconds")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / ".gpu-bundle", help="folder to write (default .gpu-bundle)")
+    ap.add_argument("--quick", action="store_true", help="a few seconds of audio per part (for the tests)")
+    ap.add_argument("--no-wheels", action="store_true", help="do not download the cp312 wheels")
+    ap.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                    help="shard worker processes (default: up to 4)")
+    ap.add_argument("--max-mib", type=float, default=48.0, help="largest bundle accepted (default 48)")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    doc = build(a.out.resolve(), a.quick, not a.no_wheels, a.workers, a.max_mib)
+    for name, part in doc["parts"].items():
+        print(f"{name}: {part['files']} files, {part['audio_s']:.0f} s of audio -> {part['shards']}")
+    print(f"bundle {a.out}: {doc['bundle_mib']:.1f} MiB (repository {doc['repository_mib']} MiB), "
+          f"built in {doc['build_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

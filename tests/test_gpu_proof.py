@@ -1,0 +1,227 @@
+"""benchmarks/gpu_proof.py cannot rot: its quick CPU mode runs every part's code on a bundle made here, with the
+modules the GPU image lacks made unimportable; a failing or hanging part never stops the others; the reader and
+the trainers import without soundfile, soxr, ray, webdataset and kaldi-native-fbank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROOF = ROOT / "benchmarks" / "gpu_proof.py"
+BUNDLE = ROOT / "benchmarks" / "gpu_bundle.py"
+# What the GPU image does not have (docs/gpu-proof.md). soundfile and soxr travel as wheels for the parts that
+# decode audio; ray, webdataset and kaldi-native-fbank do not travel at all.
+ABSENT = "ray,webdataset,kaldi_native_fbank"
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'trainers'}", "RAY_AUTH_MODE": "disabled",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def test_reader_and_trainers_import_without_what_the_gpu_image_lacks():
+    """Nothing on the way from shards to a training step imports soundfile, soxr, ray, webdataset or
+    kaldi-native-fbank (they are made unimportable here, as they are absent there)."""
+    code = f"""
+import importlib, importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] in {{'ray', 'soundfile', 'soxr', 'webdataset', 'kaldi_native_fbank'}}:
+            raise ModuleNotFoundError(name, name=name)
+sys.meta_path.insert(0, Block())
+for m in ['core', 'train_f5tts', 'train_eres2net', 'train_campplus', 'train_gpt_sovits', 'train_ns2',
+          'audiopipe.reader.loader', 'audiopipe.reader.remote_dataset', 'audiopipe.features.mel',
+          'audiopipe.features.fbank', 'audiopipe.features.codec', 'audiopipe.sampler.bucket_budget',
+          'calibrate_batches', 'gpu_proof', 'bench_gpu_features']:
+    importlib.import_module(m)
+print('imported')
+"""
+    e = env()
+    e["PYTHONPATH"] += os.pathsep + str(ROOT / "benchmarks")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0 and "imported" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    """The quick bundle: a few seconds of each part's real speech, sharded here (no wheels: nothing downloads)."""
+    from audiopipe.corpus.demo import ASTERISK_SOUNDS
+
+    if not ASTERISK_SOUNDS.is_dir():
+        pytest.skip("asterisk-core-sounds-en-wav not installed (make sysdeps)")
+    out = tmp_path_factory.mktemp("gpu") / "bundle"
+    r = subprocess.run([sys.executable, str(BUNDLE), "--out", str(out), "--quick", "--no-wheels", "--workers", "2"],
+                       capture_output=True, text=True, env=env(), timeout=600)
+    if r.returncode and "no WAV prompts" in (r.stderr + r.stdout):
+        pytest.skip(r.stderr.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out
+
+
+def test_bundle_holds_each_parts_data_and_says_so(bundle):
+    doc = json.loads((bundle / "bundle.json").read_text())
+    assert set(doc["parts"]) == {"f5tts", "ns2", "gpt_sovits", "speakers"}
+    for part in doc["parts"].values():
+        manifest = json.loads((bundle / part["shards"] / "manifest.json").read_text())
+        assert manifest["totals"]["written"] == part["files"] > 0
+    # F5's own loading rule decodes the very files the f5tts shards were made from: real copies, not links.
+    wavs = sorted((bundle / "wavs" / "en").rglob("*.wav"))
+    assert len(wavs) == doc["parts"]["f5tts"]["files"] and not any(w.is_symlink() for w in wavs)
+    speakers = json.loads((bundle / "shards" / "speakers" / "manifest.json").read_text())
+    assert {f["sample_rate"] for f in speakers["features"].values()} == {16000}
+    assert doc["bundle_mib"] < 16
+
+
+@pytest.mark.slow
+def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
+    """The whole proof on the CPU (slow: ~1.5 min on 2 cores; it is the only run of the GPU script's code here)."""
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(bundle), "--out", str(out), "--work",
+                        str(tmp_path / "work"), "--device", "cpu", "--quick", "--without", ABSENT],
+                       capture_output=True, text=True, env=env(), timeout=900)
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    doc = json.loads((out / "gpu_proof.json").read_text())
+    parts = doc["parts"]
+    assert list(parts) == ["cuda_tests", "trainers", "f5_feeds", "features", "calibrate"]
+    assert all(p["status"] == "ok" and 0 < p["seconds"] <= p["cap_s"] for p in parts.values())
+    assert sum(p["seconds"] for p in parts.values()) < wall
+    assert doc["device"]["device"] == "cpu" and doc["device"]["torch"] and doc["without"] == ABSENT
+
+    tests = {t["test"]: t for t in parts["cuda_tests"]["tests"]}
+    assert len(tests) == 8 and not [t for t in tests.values() if t["outcome"] == "failed"]
+    for name in ("test_bf16_autocast_step_through_core", "test_fp16_gradscaler_skips_an_overflowing_step_and_backs_off",
+                 "test_prefetch_delivers_device_tensors_equal_to_the_cpu_path",
+                 "test_core_clock_measures_an_injected_delay_as_data_wait",
+                 "test_encodec_batched_on_device_equals_one_at_a_time"):
+        assert tests[name]["outcome"] == "passed", tests[name]
+    assert all(t["message"] for t in tests.values() if t["outcome"] == "skipped")  # every skip says why
+
+    trainers = parts["trainers"]["trainers"]
+    assert set(trainers) == {"f5tts", "eres2net", "campplus", "gpt_sovits", "ns2"}
+    for name, t in trainers.items():
+        assert t["status"] == "ok", (name, t)
+        for run in (t["prefetch_2"], t["prefetch_0"]):
+            assert run["timed_steps"] == 2 and run["step_ms"] > 0 and run["frames_per_s"] > 0, (name, run)
+            assert 0 <= run["data_wait_share"] < 1 and 0 <= run["padding_share"] < 1
+            assert run["argv"][run["argv"].index("--prefetch") + 1] == ("2" if run is t["prefetch_2"] else "0")
+
+    feeds = parts["f5_feeds"]
+    for k in ("on_device", "audiopipe", "f5_own_rule"):
+        assert feeds[k]["timed_steps"] == 2 and feeds[k]["loss_finite"] and feeds[k]["frames_per_s"] > 0
+        assert 0 <= feeds[k]["data_wait_share"] < 1
+
+    summary = parts["features"]["summary"]
+    for f in ("mel", "fbank"):
+        assert summary[f"{f} batch 4"]["parity"]["max_abs_diff"] <= 1e-5
+    assert summary["codec batch 4"]["parity"]["codes_equal"] == 1.0
+
+    from audiopipe.sampler.bucket import BucketBatchSampler
+    from audiopipe.sampler.bucket_budget import BucketBudget
+
+    f5 = BucketBudget.read(out / "bucket_budget_f5tts.json")
+    assert len(f5.buckets) == 2 and f5.source["device"].startswith("cpu")
+    lengths = np.arange(95, 1853)
+    assert all(len(b) <= f5.capacities(lengths[b].max()) for b in BucketBatchSampler(lengths, f5, seed=0))
+    cmp = parts["calibrate"]["f5tts"]["compare"]
+    assert cmp["global_max_frames"] == min(b.max_frames for b in f5.buckets) and cmp["gain"] > 0
+    assert BucketBudget.read(out / "bucket_budget_eres2net.json").buckets[0].max_len == 16000
+
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["bucket_budget_eres2net.json", "bucket_budget_f5tts.json", "gpu_proof.json", "gpu_proof.log"]
+    log = (out / "gpu_proof.log").read_text()
+    assert "torch " + doc["device"]["torch"] in log and "5/5 parts ok" in log
+    assert all(f"part {p}: ok in" in log for p in parts)
+    # The tables for the docs name the machine, and say when they are no GPU figure.
+    t = subprocess.run([sys.executable, str(PROOF), "--tables", str(out / "gpu_proof.json")], capture_output=True,
+                       text=True, env=env(), timeout=120)
+    assert t.returncode == 0 and "CPU rehearsal, --quick: not a GPU figure" in t.stdout
+    assert all(f"| {name} |" in t.stdout for name in trainers)
+    assert all(page in t.stdout for page in ("docs/trainers/f5tts.md", "docs/extraction.md", "docs/sampler.md"))
+
+
+def test_a_failing_part_does_not_stop_the_others(bundle, tmp_path):
+    """Without its audio the features part fails with its reason; the CUDA tests still run (and skip the tests
+    that need speech, saying so), and the run exits 1 with both results written."""
+    broken = tmp_path / "bundle"
+    shutil.copytree(bundle, broken, ignore=shutil.ignore_patterns("wavs"))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(broken), "--out", str(out), "--work",
+                        str(tmp_path / "work"), "--device", "cpu", "--quick", "--parts", "features,cuda_tests",
+                        "--without", ABSENT], capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:]
+    doc = json.loads((out / "gpu_proof.json").read_text())
+    assert list(doc["parts"]) == ["cuda_tests", "features"]  # run in the order of value, not as listed
+    assert doc["parts"]["features"]["status"] == "failed"
+    assert "no audio files" in doc["parts"]["features"]["error"]
+    cuda = doc["parts"]["cuda_tests"]
+    assert cuda["status"] == "ok" and cuda["counts"]["failed"] == 0 and cuda["counts"]["passed"] >= 1
+    assert any("no real speech" in t["message"] for t in cuda["tests"] if t["outcome"] == "skipped")
+    assert "part features: failed" in (out / "gpu_proof.log").read_text()
+
+
+def test_a_device_that_cannot_be_read_is_written_down_and_the_parts_still_run(bundle, tmp_path):
+    """The device is read in a child (the parent holds no CUDA context); when that child fails, the run says
+    why in the JSON and the log and goes on to the parts, each of which records its own outcome."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(bundle), "--out", str(out), "--work",
+                        str(tmp_path / "work"), "--device", "cpu", "--quick", "--parts", "features",
+                        "--without", "torch"], capture_output=True, text=True, env=env(), timeout=120)
+    assert r.returncode == 1, r.stdout[-3000:]
+    doc = json.loads((out / "gpu_proof.json").read_text())
+    assert "No module named 'torch'" in doc["device"]["error"]
+    assert doc["parts"]["features"]["status"] == "failed"
+    assert "device not read" in (out / "gpu_proof.log").read_text()
+
+
+def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
+    sys.path.insert(0, str(PROOF.parent))
+    import gpu_proof
+
+    work = tmp_path / "work"
+    work.mkdir()
+    a = argparse.Namespace(bundle=bundle, out=tmp_path, work=work, device="cpu", without="", quick=True,
+                           env=env())
+    t0 = time.monotonic()
+    res = gpu_proof.run_child(a, "trainer", 1.0, extra=["--trainer", "f5tts"])  # no trainer starts in a second
+    assert res["status"] == "timeout" and res["exit"] is None and time.monotonic() - t0 < 10
+    assert "output_tail" in res
+    ps = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""  # the child and anything it started are gone
+
+
+def test_a_timeout_ends_that_group_and_the_ones_it_started_not_its_parents(tmp_path):
+    sys.path.insert(0, str(PROOF.parent))
+    import gpu_proof
+
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(3)]
+    try:
+        (tmp_path / "process_groups").write_text("".join(f"{p.pid}\n" for p in procs))
+        gpu_proof.kill_groups(tmp_path, since=procs[1].pid)  # the middle one timed out; the last is its child
+        assert [p.wait(timeout=10) for p in procs[1:]] == [-9, -9]
+        assert procs[0].poll() is None  # the part that started it runs on
+        assert (tmp_path / "process_groups").read_text().split() == [str(procs[0].pid)]
+    finally:
+        procs[0].kill()
+        procs[0].wait()
+
+
+def test_refuses_a_missing_bundle_and_unknown_parts(tmp_path):
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(tmp_path), "--out", str(tmp_path / "o"),
+                        "--device", "cpu"], capture_output=True, text=True, env=env(), timeout=120)
+    assert r.returncode == 2 and "has no bundle.json" in r.stderr and "make gpu-bundle" in r.stderr
+    r = subprocess.run([sys.executable, str(PROOF), "--bundle", str(tmp_path), "--out", str(tmp_path / "o"),
+                        "--device", "cpu", "--parts", "trainers,warp"], capture_output=True, text=True, env=env(),
+                       timeout=120)
+    assert r.returncode == 2 and "unknown part(s) warp" in r.stderr
