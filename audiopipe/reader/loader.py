@@ -23,7 +23,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
+
+if TYPE_CHECKING:
+    from audiopipe.sampler.bucket_budget import BucketBudget
 
 
 class _View:
@@ -154,56 +157,65 @@ class Loader:
 
 
 def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[str], *,
-                # batches: which utterances, how many frames each, in which order (the sampler)
-                max_frames: int, length_feature: str | None = None, lengths: np.ndarray | None = None,
-                subset: np.ndarray | None = None, weights: Sequence[float] | None = None, quadratic: float = 0.0,
-                max_items: int | None = None, seed: int = 0, shuffle: bool = True,
-                # the padded batch (collate)
+                # 1. what to read
+                subset: np.ndarray | None = None, weights: Sequence[float] | None = None,
+                expect: dict[str, str] | None = None, reading: Reading | None = None,
+                # 2. how to batch
+                max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
+                quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
+                # 3. how to hand batches over
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
                 batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
-                # look-ahead, processes, device
                 prefetch: int = 2, num_workers: int = 0, device: str | torch.device | None = None,
-                # distributed training (default: torch.distributed's group, when it is initialised)
+                # 4. for DDP
                 rank: int | None = None, world_size: int | None = None,
-                # which shards are trusted
-                expect: dict[str, str] | None = None, verify: str = "size", on_corrupt: str = "fail",
-                # how rows come off storage: mmap or s3://, open shards, a local cache, block windows
-                reading: Reading | None = None) -> Loader:
-    """A Loader over `shards` (a folder, s3://bucket/prefix, or a list of them to mix) reading `features`.
+                # 5. on damage
+                verify: str = "size", on_corrupt: str = "fail") -> Loader:
+    """A Loader over `shards` reading `features`: `make_loader("./shards", ["mel"], max_frames=38_400)`.
 
-    Batches (the sampler, audiopipe/sampler/bucket.py):
-      max_frames: the padded-frame budget of a batch (B x T_max of length_feature, default the first feature).
-      lengths: frames the budget counts per utterance when items are transformed (e.g. 3 s crops); default:
-               the index's. subset: global indices of the utterances to use (lengths then indexed like it).
+    1. What to read
+      shards: a folder, s3://bucket/prefix, or a list of them to mix into one plan (indices in subset/lengths are
+        then global: corpus k's item i is the sum of the earlier corpora's sizes + i).
+      features: the columns to read and pad, e.g. ["mel"].
+      subset: global indices of the utterances to use (e.g. the training speakers).
       weights: with a list of shard sets, one factor per corpus on its audio hours per epoch (docs/loader.md,
-               "Mixing corpora"). quadratic, max_items: extra cost per frame squared, items per batch at most.
-      seed, shuffle: the plan of every epoch is a pure function of (seed, epoch, lengths, rank, world_size).
-    The padded batch (audiopipe/collate/pad.py):
-      layout: "BCT" ([B, C, T_max], rows copied as stored) or "BTC" (transposed while copied: slower on CPU).
-      pad_to_multiple: T_max rounded up to it. item_transform / batch_transform: run per item before collate,
-               or on the padded batch, in the process that builds it (picklable with workers).
-               collate_features: the keys to pad when item_transform makes new arrays (default: features).
-    Look-ahead, processes, device (one knob for look-ahead: prefetch):
-      prefetch: batches made ready ahead of the training step: with num_workers=0 a background thread builds
-               them while the step runs; each worker keeps that many ready; the rows of the next `prefetch`
-               batches are announced to storage (madvise, or fetched from s3://) so a cold shard is read
-               in parallel. 0: nothing ahead, each batch built on the caller's thread when asked.
-               state_dict() counts the batches consumed, never the ones made ahead.
-      num_workers: DataLoader worker processes (0 is usually fastest: reading is a slice of an mmap).
-      device: hand batches over on it ("cuda", "cuda:1"); with CUDA the collator writes into pinned buffers
-               and the prefetch thread copies them on a side stream (with prefetch=0, one batch ahead).
-    Distributed: rank/world_size default to torch.distributed's; every rank gets the same number of batches.
-    Trust (audiopipe/reader/integrity.py, docs/loader.md "Corrupt shards"):
+        "Mixing corpora").
       expect: {feature: config hash} the model was built for; other shards are a one-line ConfigMismatch.
+      reading: Reading(...) (audiopipe/reader/reading.py): how rows come off storage: rows or block windows,
+        shards kept open (max_open), a local cache of s3:// shards (cache_dir, max_cache_bytes).
+    2. How to batch (the sampler, audiopipe/sampler/bucket.py)
+      max_frames: the padded-frame budget of a batch (B x T_max of length_feature, default the first feature),
+        or a BucketBudget (one budget per length bucket, audiopipe/sampler/bucket_budget.py).
+      lengths: the frames the budget counts per utterance when items are transformed (e.g. 3 s crops); default
+        the index's (indexed like subset when one is given).
+      quadratic, max_items: extra cost per frame squared; items per batch at most.
+      seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
+    3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
+      layout: "BCT" ([B, C, T_max], rows copied as stored) or "BTC" (transposed while copied: slower on CPU).
+      pad_to_multiple: T_max rounded up to it.
+      item_transform / batch_transform: run on each item before collate, or on the padded batch, in the process
+        that builds it (picklable with workers). collate_features: the keys to pad when item_transform makes
+        new arrays (default: features).
+      prefetch: the one look-ahead setting, batches made ready ahead of the training step (default 2): with
+        num_workers=0 a background thread builds them while the step runs; each worker keeps that many ready;
+        the rows of the next `prefetch` batches are announced to storage (madvise, or fetched from s3://).
+        0: nothing ahead, each batch built on the caller's thread when asked. state_dict() counts the batches
+        consumed, never the ones made ahead. An error raised while building a batch ahead reaches the loop as
+        itself (e.g. CorruptShardError).
+      num_workers: DataLoader worker processes (0 is usually fastest: reading is a slice of an mmap).
+      device: hand batches over on it ("cuda", "cuda:1"); with CUDA the collator writes into pinned buffers and
+        the prefetch thread copies them on a side stream (with prefetch=0, one batch ahead).
+    4. For DDP
+      rank, world_size: default to torch.distributed's group when it is initialised; every rank gets the same
+        number of batches.
+    5. On damage (audiopipe/reader/integrity.py, docs/loader.md "Corrupt shards")
       verify: "size" (sizes, footers, headers, row counts) or "checksum" (also every byte, once at open).
       on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its
-               rows leave the plan before planning, logged once, in loader.dataset.diagnostics()). With
-               torch.distributed, "skip" runs a collective inside make_loader, so that all ranks skip the same
-               shards: an all_reduce that every rank must reach, run only when this loader is one of the
-               whole group's (rank/world_size left to default or equal to the group's); a loader built on one
-               rank alone (rank=0, world_size=1 for evaluation) skips what that rank found, and runs none.
-    Storage: reading=Reading(mode=..., max_open=..., cache_dir=..., max_cache_bytes=..., ...), see
-      audiopipe/reader/reading.py and docs/loader.md "Shards on object storage".
+        rows leave the plan, logged once, in loader.dataset.diagnostics()). With torch.distributed, "skip" runs
+        a collective inside make_loader so that all ranks skip the same shards: an all_reduce every rank must
+        reach, run only when this loader is one of the whole group's (rank/world_size left to default or equal
+        to the group's); a loader built on one rank alone (rank=0, world_size=1) skips what it found, and runs
+        none.
     """
     opts = reading if reading is not None else Reading()
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
