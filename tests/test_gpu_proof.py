@@ -94,7 +94,7 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     doc = json.loads((out / "gpu_proof.json").read_text())
     parts = doc["parts"]
-    assert list(parts) == ["cuda_tests", "trainers", "f5_feeds", "features", "calibrate"]
+    assert list(parts) == ["cuda_tests", "trainers", "f5_feeds", "prefetch_probe", "features", "calibrate"]
     assert all(p["status"] == "ok" and 0 < p["seconds"] <= p["cap_s"] for p in parts.values())
     assert sum(p["seconds"] for p in parts.values()) < wall
     assert doc["device"]["device"] == "cpu" and doc["device"]["torch"] and doc["without"] == ABSENT
@@ -122,6 +122,12 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
         assert feeds[k]["timed_steps"] == 2 and feeds[k]["loss_finite"] and feeds[k]["frames_per_s"] > 0
         assert 0 <= feeds[k]["data_wait_share"] < 1
 
+    probe = parts["prefetch_probe"]
+    feeds_probed = [k for k, v in probe.items() if isinstance(v, dict) and "step_ms" in v]
+    assert feeds_probed == ["cold", "off", "thread_copy", "thread_build", "workers", "thread_copy_switch"]
+    assert probe["same_batches"] is True  # every feed trained on the same frames, so the rows compare
+    assert all(probe[k]["loss_finite"] and probe[k]["thread_cpu_ms_per_step"] > 0 for k in feeds_probed)
+
     summary = parts["features"]["summary"]
     for f in ("mel", "fbank"):
         assert summary[f"{f} batch 4"]["parity"]["max_abs_diff"] <= 1e-5
@@ -141,7 +147,7 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
     files = sorted(p.name for p in out.iterdir())
     assert files == ["bucket_budget_eres2net.json", "bucket_budget_f5tts.json", "gpu_proof.json", "gpu_proof.log"]
     log = (out / "gpu_proof.log").read_text()
-    assert "torch " + doc["device"]["torch"] in log and "5/5 parts ok" in log
+    assert "torch " + doc["device"]["torch"] in log and "6/6 parts ok" in log
     assert all(f"part {p}: ok in" in log for p in parts)
     # The tables for the docs name the machine, and say when they are no GPU figure.
     t = subprocess.run([sys.executable, str(PROOF), "--tables", str(out / "gpu_proof.json")], capture_output=True,
@@ -192,7 +198,7 @@ def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     a = argparse.Namespace(bundle=bundle, out=tmp_path, work=work, device="cpu", without="", quick=True,
-                           env=env())
+                           trainers="f5tts", env=env())
     t0 = time.monotonic()
     res = gpu_proof.run_child(a, "trainer", 1.0, extra=["--trainer", "f5tts"])  # no trainer starts in a second
     assert res["status"] == "timeout" and res["exit"] is None and time.monotonic() - t0 < 10
