@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from audiopipe.errors import AudiopipeError
 from audiopipe.storage import guard
 from audiopipe.errors import AudiopipeError
 

@@ -16,7 +16,6 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from audiopipe.errors import AudiopipeError
 from audiopipe.decode import declared
 from audiopipe.storage import guard
 from audiopipe.errors import AudiopipeError
