@@ -130,12 +130,12 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
         assert 0 <= feeds[k]["data_wait_share"] < 1
 
     probe = parts["prefetch_probe"]
-    ways = ("cold", "off", "thread_copy", "thread_build", "workers", "thread_copy_switch")
-    for k in ways:
-        assert probe[k]["timed_steps"] == 2 and probe[k]["loss_finite"] and probe[k]["frames"] > 0, (k, probe[k])
-        assert probe[k]["step_ms"] > 0 and 0 <= probe[k]["data_wait_share"] < 1, (k, probe[k])
+    feeds_probed = [k for k, v in probe.items() if isinstance(v, dict) and "step_ms" in v]
+    assert feeds_probed == ["cold", "off", "thread_copy", "thread_build", "workers", "thread_copy_switch"]
     assert probe["same_batches"] is True  # every feed trained on the same frames, so the rows compare
-    assert set(probe["step_vs_off"]) == set(ways)
+    assert all(probe[k]["loss_finite"] and probe[k]["thread_cpu_ms_per_step"] > 0 for k in feeds_probed)
+    assert all(probe[k]["timed_steps"] == 2 and probe[k]["frames"] > 0 and 0 <= probe[k]["data_wait_share"] < 1
+               for k in feeds_probed)
 
     summary = parts["features"]["summary"]
     for f in ("mel", "fbank"):
