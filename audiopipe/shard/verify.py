@@ -77,7 +77,7 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
         if a.shape[-1] != frames:
             report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
             continue
-        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.features.bert), not per time step
+        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.text.bert), not per time step
             if frames != row.get("phones_frames"):
                 report.fail(f"{shard} {rid}: bert has {frames} columns for {row.get('phones_frames')} phones")
             if not np.isfinite(a).all():
