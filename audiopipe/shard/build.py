@@ -367,7 +367,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     specs = list(ex.specs)
     if job.codec:
         if encode is None or codec_spec is None:
-            raise RuntimeError("this job needs codec tokens but no encoder was given")
+            raise RuntimeError("this job needs codec codes but no encoder was given")
         codes = encode(codec_inputs) if codec_inputs else []
         for row, c in zip(rows, codes):
             row["arrays"]["codes"] = c

@@ -61,7 +61,7 @@ def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
     n = int(round(seconds * spec["sample_rate"]))
     if spec["kind"].startswith("encodec"):  # the codec is not in the feature registry: ceil(N / hop) frames
         return -(-n // spec["hop_length"])
-    if spec["kind"] not in FEATURE_KINDS:  # token sets and other derived columns: the frame rate is all we know
+    if spec["kind"] not in FEATURE_KINDS:  # semantic tokens and other derived columns: the frame rate is all we know
         return round(n / spec["hop_length"])
     if spec["hash"] not in _FEATURES:
         _FEATURES[spec["hash"]] = build_feature(spec["kind"], **spec["params"])
