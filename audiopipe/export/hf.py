@@ -34,7 +34,8 @@ import soundfile as sf
 
 from audiopipe.export.audio import AUDIO_MODES, SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError, need
-from audiopipe.export.shardset import BASE_COLUMNS, ArrayInfo, ShardSource, feature_list, progress_bar
+from audiopipe.export.shardset import (BASE_COLUMNS, ArrayInfo, ShardSource, add_export_arguments, feature_list,
+                                        progress_bar)
 from audiopipe.export.staging import staged_folder
 
 STATE_JSON, INFO_JSON = "state.json", "dataset_info.json"  # datasets' config.DATASET_STATE_JSON_FILENAME / _INFO_
@@ -158,17 +159,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Write the shards as a Hugging Face datasets folder (save_to_disk layout, one Arrow file per "
                      "audiopipe shard) that load_from_disk or Dataset.from_file memory-map without copying; "
                      "features typed Array2D [T, C], pcm as an Audio column; see docs/export.md")
-    p.add_argument("--shards", required=True, help="audiopipe shard folder")
-    p.add_argument("--out", required=True, help="dataset folder to write (a new or empty folder, or an earlier "
-                                                "export with --overwrite)")
-    p.add_argument("--features", default=None,
-                   help="comma-separated array features to export (default: every one the shards hold, pcm aside)")
-    p.add_argument("--audio", choices=AUDIO_MODES, default="auto",
-                   help="pcm: the shards' pcm as WAV bytes in an Audio column; source: the corpus files' paths "
-                        "(whole, mono, untrimmed only); none: no audio column; auto (default): pcm when the "
-                        "shards hold it, else source")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_export_arguments(
+        p, out_help="dataset folder to write (a new or empty folder, or an earlier export with --overwrite)",
+        features_help="comma-separated array features to export (default: every one the shards hold, pcm aside)",
+        audio_choices=AUDIO_MODES,
+        audio_help="pcm: the shards' pcm as WAV bytes in an Audio column; source: the corpus files' paths (whole, "
+                   "mono, untrimmed only); none: no audio column; auto (default): pcm when the shards hold it, else "
+                   "source",
+        overwrite_help="replace an earlier export in --out")
 
 
 def run(args: argparse.Namespace) -> int:

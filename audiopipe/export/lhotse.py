@@ -31,7 +31,7 @@ import soundfile as sf
 
 from audiopipe.export.audio import AUDIO_MODES, SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError, need
-from audiopipe.export.shardset import ArrayInfo, ShardSource, feature_list, progress_bar
+from audiopipe.export.shardset import ArrayInfo, ShardSource, add_export_arguments, feature_list, progress_bar
 from audiopipe.export.staging import staged_folder
 
 # Names lhotse gives a meaning of its own on a cut or in a Shar folder: a feature may not take them.
@@ -162,17 +162,14 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Write the shards as a lhotse CutSet in lhotse Shar (cuts + audio + arrays, one Shar shard "
                      "per audiopipe shard), for lhotse's samplers and datasets, icefall and NeMo; see docs/export.md")
-    p.add_argument("--shards", required=True, help="audiopipe shard folder")
-    p.add_argument("--out", required=True, help="Shar folder to write (a new or empty folder, or an earlier Shar "
-                                                "export with --overwrite)")
-    p.add_argument("--features", default=None,
-                   help="comma-separated array features to attach (default: every one the shards hold, pcm aside)")
-    p.add_argument("--audio", choices=AUDIO_MODES, default="auto",
-                   help="pcm: the shards' pcm feature, as FLAC in recording.N.tar; source: point at the corpus "
-                        "files (whole, mono, untrimmed only); none: no recordings; auto (default): pcm when the "
-                        "shards hold it, else source")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier Shar export in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_export_arguments(
+        p, out_help="Shar folder to write (a new or empty folder, or an earlier Shar export with --overwrite)",
+        features_help="comma-separated array features to attach (default: every one the shards hold, pcm aside)",
+        audio_choices=AUDIO_MODES,
+        audio_help="pcm: the shards' pcm feature, as FLAC in recording.N.tar; source: point at the corpus files "
+                   "(whole, mono, untrimmed only); none: no recordings; auto (default): pcm when the shards hold "
+                   "it, else source",
+        overwrite_help="replace an earlier Shar export in --out")
 
 
 def run(args: argparse.Namespace) -> int:

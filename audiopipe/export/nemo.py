@@ -29,7 +29,7 @@ import soundfile as sf
 
 from audiopipe.export.audio import SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError
-from audiopipe.export.shardset import ShardSource, progress_bar
+from audiopipe.export.shardset import ShardSource, add_export_arguments, progress_bar
 from audiopipe.export.staging import staged_folder
 from audiopipe.shard.keys import sample_key
 
@@ -108,15 +108,13 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Write a NeMo JSON-lines manifest (audio_filepath, duration, offset, text, speaker) and the "
                      "audio it names; see docs/export.md")
-    p.add_argument("--shards", required=True, help="audiopipe shard folder")
-    p.add_argument("--out", required=True, help="folder to write manifest.json and audio/ into (a new or empty "
-                                                "folder, or an earlier export with --overwrite)")
-    p.add_argument("--audio", choices=("auto", "pcm", "source"), default="auto",
-                   help="pcm: write the shards' pcm as WAV files under audio/; source: point at the corpus files "
-                        "(whole, mono, untrimmed only; nothing copied); auto (default): pcm when the shards hold "
-                        "it, else source")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_export_arguments(
+        p, out_help="folder to write manifest.json and audio/ into (a new or empty folder, or an earlier export "
+                    "with --overwrite)",
+        audio_choices=("auto", "pcm", "source"),
+        audio_help="pcm: write the shards' pcm as WAV files under audio/; source: point at the corpus files (whole, "
+                   "mono, untrimmed only; nothing copied); auto (default): pcm when the shards hold it, else source",
+        overwrite_help="replace an earlier export in --out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -151,3 +151,17 @@ def feature_list(value: str | None) -> list[str] | None:
     if not names:
         raise ExportError("--features names no feature")
     return names
+
+
+def add_export_arguments(p: Any, *, out_help: str, overwrite_help: str, audio_help: str,
+                         audio_choices: tuple[str, ...], features_help: str | None = None) -> None:
+    """The options every shard-set export shares (--shards, --out, [--features], --audio, --overwrite,
+    --no-progress), each with the help text of its format."""
+    p.add_argument("--shards", required=True, help="audiopipe shard folder")
+    p.add_argument("--out", required=True, help=out_help)
+    if features_help is not None:
+        p.add_argument("--features", default=None, help=features_help)
+    p.add_argument("--audio", choices=audio_choices, default="auto", help=audio_help)
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+

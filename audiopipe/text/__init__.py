@@ -10,4 +10,6 @@
 
 Everything here is offline: jieba, pypinyin and cn2an ship their dictionaries in their wheels.
 English G2P is `audiopipe.text.en_phones`.
+
+May import: nothing else of audiopipe.
 """
