@@ -11,5 +11,6 @@
 Everything here is offline: jieba, pypinyin and cn2an ship their dictionaries in their wheels.
 English G2P is `audiopipe.text.en_phones`.
 
-May import: nothing else of audiopipe.
+May import: `audiopipe.features.base` and `audiopipe.features.codec` (BERT features are a stored feature: their
+contract, and the checkpoint identity their spec records).
 """
