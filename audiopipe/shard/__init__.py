@@ -2,6 +2,11 @@
 
 `audiopipe.shard(corpus, out, preset=..., ...)` runs the job, as `audiopipe shard` does, and returns its summary:
 this package can be called; the call is audiopipe.shard.api.shard (its docstring lists every option).
+
+May import: `audiopipe.corpus` (what is sharded), `audiopipe.decode` (audio in), `audiopipe.features` (what is
+computed), `audiopipe.text` (phones and tokens written with the features), `audiopipe.index` (the length
+index written beside the shards), `audiopipe.storage` (durable writes, locks, object storage), `audiopipe.presets`
+(the model families' feature sets), `audiopipe.version` (recorded in the manifest).
 """
 
 from __future__ import annotations

@@ -1,2 +1,5 @@
 """Where bytes land: durable local writes, object storage, and the guarded reads of input files (guard.py).
-Nothing here knows about features or Ray."""
+Nothing here knows about features or Ray.
+
+May import: nothing else of audiopipe.
+"""
