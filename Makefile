@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 # The CPU wheel of torch must go in first: any looser torch requirement resolved by pip pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 # Two test processes, one test file each (module fixtures stay in one process): most of the suite waits on
-# subprocesses (torchrun ranks, Ray, S3 servers), so two overlap well even on a 2-core machine (~9 min, not ~15).
+# subprocesses (torchrun ranks, Ray, S3 servers), so two overlap well even on a 2-core machine.
 # `make test PYTEST_ARGS=` runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-core-sounds-ru-wav \

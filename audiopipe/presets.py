@@ -16,7 +16,7 @@ class Preset:
     features: tuple[tuple[str, dict[str, Any]], ...]  # (registry kind, params); params may include "name"
     trim: dict[str, Any] | None = None  # leading/trailing silence trimming before features (NS2)
     phones: bool = False  # offline G2P of the transcript into ARPAbet ids
-    codec: bool = False  # EnCodec tokens (needs --codec-checkpoint or --codec-random-init)
+    codec: bool = False  # EnCodec codec codes (needs --codec-checkpoint or --codec-random-init)
     align_to: str | None = None  # crop/pad same-hop features to this column's length (NS2: "codes")
     transcripts: bool = False  # a text-to-speech model: it trains on the transcript of every utterance
 

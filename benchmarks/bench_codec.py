@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from audiopipe.corpus.demo import build_demo_corpus  # noqa: E402
 from audiopipe.decode.audio import load_audio, resample  # noqa: E402
-from audiopipe.features.codec import EncodecTokenizer  # noqa: E402
+from audiopipe.features.codec import EncodecEncoder  # noqa: E402
 
 
 def speech(seconds: float) -> list[np.ndarray]:
@@ -50,7 +50,7 @@ def main() -> int:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     for dev in devices:
-        tok = EncodecTokenizer(random_init=True, device=dev)
+        tok = EncodecEncoder(random_init=True, device=dev)
         tok.encode_batch(clips[:2])  # warm-up (kernels, allocator)
         for bs in [int(b) for b in a.batch.split(",")]:
             t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Mel, fbank and codec tokens on a GPU (or any torch device): x real time one utterance at a time against
+"""Mel, fbank and codec codes on a GPU (or any torch device): x real time one utterance at a time against
 length-sorted batches, on real speech, each batched result checked against the one-at-a-time one.
 
     # here (soundfile + soxr): real utterances as 24 kHz and 16 kHz mono 16-bit WAV
@@ -13,7 +13,7 @@ Features (the library's own batched torch code, on --device):
   reflect-padded at its own end and its frames equal those of the utterance alone;
 - fbank: `kaldi_fbank_torch` (80 bins, 3D-Speaker defaults) at 16 kHz; snip-edges framing never reaches
   past an utterance's own samples, so zero-padding changes none of its frames;
-- codec: `EncodecTokenizer` (EnCodec 24 kHz, random-init weights: same compute as the released model, no hub
+- codec: `EncodecEncoder` (EnCodec 24 kHz, random-init weights: same compute as the released model, no hub
   download), whose `encode_batch` defines batched codes to equal one-at-a-time codes.
 
 Per feature, per method ("one at a time", "batch B": clips sorted by length, B per batch), each round times
@@ -139,10 +139,10 @@ def fbank_runner(device: torch.device) -> Callable[[list[np.ndarray]], list[np.n
 
 
 def codec_runner(device: torch.device) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    from audiopipe.features.codec import EncodecTokenizer
+    from audiopipe.features.codec import EncodecEncoder
 
     # A budget no batch here reaches: the batch size is the benchmark's choice, not the tokenizer's.
-    tok = EncodecTokenizer(random_init=True, device=str(device), max_batch_samples=1 << 40)
+    tok = EncodecEncoder(random_init=True, device=str(device), max_batch_samples=1 << 40)
     return tok.encode_batch
 
 
@@ -262,7 +262,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="Mel, fbank and codec tokens on a torch device: x real time one "
+    ap = argparse.ArgumentParser(description="Mel, fbank and codec codes on a torch device: x real time one "
                                  "utterance at a time against length-sorted batches, on real speech.",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--make-clips", type=Path, metavar="DIR", help="write the clips to DIR and stop (needs "

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from audiopipe.decode.audio import load_audio, resample  # noqa: E402
-from audiopipe.features.codec import EncodecTokenizer  # noqa: E402
+from audiopipe.features.codec import EncodecEncoder  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
         w, sr = load_audio(u["path"])
         wavs.append(resample(w, sr, 24000).astype(np.float32))
     audio = sum(map(len, wavs)) / 24000
-    tok = EncodecTokenizer(checkpoint=a.codec_checkpoint, device="cpu")
+    tok = EncodecEncoder(checkpoint=a.codec_checkpoint, device="cpu")
     tok.encode_batch(wavs[:1])
     res = []
     for rnd in range(a.rounds):

@@ -8,6 +8,7 @@ copy them first if a test has to change files.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,43 @@ from corpora import (  # noqa: E402
 )
 
 ASTERISK_FILES = 40
+
+
+# The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~250, the NS2
+# trainer ~150, S3 shards ~100, then 40-90 each). `make test` hands whole files to two workers (--dist loadfile);
+# started first, these overlap each other and the many short modules fill the gaps at the end. In xdist's own
+# order (files with the most tests first) the few-test long modules came last, and one worker sat idle while the
+# other finished one of them.
+SLOWEST_FIRST = [
+    "test_gpu_proof.py", "test_train_ns2.py", "test_shard_s3.py", "test_checkpoint_f5tts.py",
+    "test_train_gpt_sovits.py", "test_trainer_core.py", "test_shard_cluster.py", "test_mandarin_e2e.py",
+    "test_faults.py", "test_shard_engines.py", "test_checkpoint_speaker.py", "test_shard_security.py",
+    "test_reader_s3.py", "test_mix.py", "test_train_f5tts.py", "test_train_speaker.py", "test_shard.py",
+    "test_bench_loader.py", "test_bench_extract.py", "test_corrupt_shards.py", "test_wds_stream.py",
+    "test_checkpoint_gpt_sovits.py",
+]
+
+
+def pytest_configure(config):
+    # xdist's default reorders files by test count, which would undo SLOWEST_FIRST (see pytest_collection_...).
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+    # Under pytest-xdist each worker is one of N test processes sharing the machine's cores: torch's default of a
+    # thread per core would have N times the cores in spinning OpenMP threads whenever two workers compute at once
+    # (on 2 cores, many times slower than one thread each). Each worker takes its share of the cores instead;
+    # subprocesses (torchrun ranks, Ray workers, the CLI) set their own.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The slowest modules first, the rest in their usual order (a stable sort: each file's tests stay together
+    and in order)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from audiopipe.features.codec import (  # noqa: E402
     HOP_LENGTH,
     CodecCheckpointError,
-    EncodecTokenizer,
+    EncodecEncoder,
     _random_init_model,
     checkpoint_identity,
 )
@@ -33,8 +33,8 @@ def _speechy(n: int, seed: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def tok() -> EncodecTokenizer:
-    return EncodecTokenizer(random_init=True, seed=0, device="cpu")
+def tok() -> EncodecEncoder:
+    return EncodecEncoder(random_init=True, seed=0, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_only_the_partial_last_hop_differs_from_unpadded_encodec(tok, wavs, batc
 
 
 def test_random_init_is_seeded_and_lower_bandwidth_uses_fewer_codebooks(tok, wavs, batch_codes):
-    six = EncodecTokenizer(random_init=True, seed=0, device="cpu", bandwidth=6.0)
+    six = EncodecEncoder(random_init=True, seed=0, device="cpu", bandwidth=6.0)
     codes = six(wavs[3])["codes"]
     assert six.spec.channels == 8 and codes.shape == (8, 30)
     # Same seed, same weights; and residual VQ's first codebooks do not depend on how many follow.
@@ -121,7 +121,7 @@ def test_random_init_is_seeded_and_lower_bandwidth_uses_fewer_codebooks(tok, wav
 
 def test_save_pretrained_round_trip(tok, wavs, batch_codes, tmp_path):
     tok._model.save_pretrained(tmp_path)
-    loaded = EncodecTokenizer(checkpoint=tmp_path, device="cpu")
+    loaded = EncodecEncoder(checkpoint=tmp_path, device="cpu")
     identity = loaded.spec.params["checkpoint"]
     assert identity.startswith("sha256:") and len(identity) == len("sha256:") + 64
     assert identity == checkpoint_identity(tmp_path)
@@ -133,21 +133,21 @@ def test_save_pretrained_round_trip(tok, wavs, batch_codes, tmp_path):
 def test_checkpoint_errors_name_the_path(tmp_path):
     missing = tmp_path / "no-such-encodec"
     with pytest.raises(CodecCheckpointError, match="no-such-encodec"):
-        EncodecTokenizer(checkpoint=missing)
+        EncodecEncoder(checkpoint=missing)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CodecCheckpointError, match="no weight file.*empty"):
-        EncodecTokenizer(checkpoint=empty)
+        EncodecEncoder(checkpoint=empty)
     a_file = tmp_path / "model.safetensors"
     a_file.write_bytes(b"not weights")
     with pytest.raises(CodecCheckpointError, match="got a file"):
-        EncodecTokenizer(checkpoint=a_file)
+        EncodecEncoder(checkpoint=a_file)
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_text(json.dumps({"model_type": "encodec"}))
     (corrupt / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(CodecCheckpointError, match="could not load.*corrupt"):
-        EncodecTokenizer(checkpoint=corrupt)
+        EncodecEncoder(checkpoint=corrupt)
 
 
 def test_wrong_architecture_is_refused(tok, tmp_path):
@@ -156,7 +156,7 @@ def test_wrong_architecture_is_refused(tok, tmp_path):
     config["normalize"] = True
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CodecCheckpointError, match="not EnCodec 24 kHz.*normalize"):
-        EncodecTokenizer(checkpoint=tmp_path)
+        EncodecEncoder(checkpoint=tmp_path)
 
 
 def test_incomplete_weights_are_refused(tok, tmp_path):
@@ -168,14 +168,14 @@ def test_incomplete_weights_are_refused(tok, tmp_path):
     del weights["encoder.layers.0.conv.bias"]
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CodecCheckpointError, match="lacks or misshapes 1 .*encoder.layers.0.conv.bias"):
-        EncodecTokenizer(checkpoint=tmp_path)
+        EncodecEncoder(checkpoint=tmp_path)
 
 
 def test_constructor_and_input_errors(tok):
     with pytest.raises(ValueError, match="exactly one"):
-        EncodecTokenizer()
+        EncodecEncoder()
     with pytest.raises(ValueError, match="bandwidth"):
-        EncodecTokenizer(random_init=True, bandwidth=7.0)
+        EncodecEncoder(random_init=True, bandwidth=7.0)
     with pytest.raises(ValueError, match="mono"):
         tok(np.zeros((2, 100), dtype=np.float32))
     with pytest.raises(ValueError, match="empty"):

@@ -312,11 +312,11 @@ def test_kaldi_fbank_on_device_equals_torchaudio_3dspeaker_config(device, speech
 
 def test_encodec_batched_on_device_equals_one_at_a_time(device, speech, tmp_path):
     pytest.importorskip("transformers")
-    from audiopipe.features.codec import EncodecTokenizer
+    from audiopipe.features.codec import EncodecEncoder
 
     # Random-init weights saved to a local folder and read back as a checkpoint: nothing is fetched.
-    EncodecTokenizer(random_init=True, seed=1, device="cpu")._model.save_pretrained(str(tmp_path / "encodec"))
-    tok = EncodecTokenizer(checkpoint=tmp_path / "encodec", device=str(device), max_batch_samples=1 << 40)
+    EncodecEncoder(random_init=True, seed=1, device="cpu")._model.save_pretrained(str(tmp_path / "encodec"))
+    tok = EncodecEncoder(checkpoint=tmp_path / "encodec", device=str(device), max_batch_samples=1 << 40)
     wavs = at_rate(speech, 24000)
     if device.type != "cuda":  # EnCodec is slow on a CPU: the three shortest clips there
         wavs = sorted(wavs, key=len)[:3]

@@ -1,4 +1,4 @@
-"""EnCodec 24 kHz codec tokens (the NaturalSpeech 2 target): 16 codebooks x 1024 entries at 75 Hz.
+"""EnCodec 24 kHz codec codes (the NaturalSpeech 2 target): 16 codebooks x 1024 entries at 75 Hz.
 
 Weights come only from a local folder written by ``EncodecModel.save_pretrained`` (never a hub download), or
 from an explicit ``random_init=True`` for tests and demos. See docs/ns2-data.md for the data contract.
@@ -83,8 +83,8 @@ def checkpoint_identity(path: str | Path) -> str:
 
 
 @dataclass
-class EncodecTokenizer:
-    """EnCodec 24 kHz tokens: float32 mono at 24 kHz -> int16 codes [16, ceil(N / 320)].
+class EncodecEncoder:
+    """EnCodec 24 kHz encoder: float32 mono at 24 kHz -> int16 codes [16, ceil(N / 320)].
 
     Exactly one of `checkpoint` (a save_pretrained folder) or `random_init=True` must be given.
     """
@@ -100,7 +100,7 @@ class EncodecTokenizer:
         import torch
 
         if (self.checkpoint is None) == (not self.random_init):
-            raise ValueError("EncodecTokenizer needs exactly one of checkpoint=<folder> or random_init=True")
+            raise ValueError("EncodecEncoder needs exactly one of checkpoint=<folder> or random_init=True")
         if self.bandwidth not in ENCODEC_24KHZ_CONFIG["target_bandwidths"]:
             raise ValueError(
                 f"bandwidth {self.bandwidth} kbps is not one of EnCodec 24 kHz's "

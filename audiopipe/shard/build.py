@@ -115,7 +115,7 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
             raise ValueError(f"two features want the same column name {dup}; give one a different name")
         phone_ids = phone_segments = bert = None
         if job.phones and job.language != "en" and job.bert:
-            from audiopipe.features.bert import BertPhoneFeatures
+            from audiopipe.text.bert import BertPhoneFeatures
 
             phone_segments = _gpt_sovits_phone_ids(job.language, segments=True)
             bert = BertPhoneFeatures(job.bert.checkpoint, device=job.bert.device, batch_size=job.bert.batch_size)
@@ -172,10 +172,10 @@ def write_done_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def _add_bert(rows: list[dict[str, Any]], bert: Any, rejects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per-phone BERT features (audiopipe.features.bert) for every row: the Chinese segments of all rows go
+    """Per-phone BERT features (audiopipe.text.bert) for every row: the Chinese segments of all rows go
     through the model in batches; a row whose text the tokenizer does not split one token per character is
     rejected (found by running the rows one by one when a batch fails). Phones from a TextGrid get zeros."""
-    from audiopipe.features.bert import BertFeatureError, assemble
+    from audiopipe.text.bert import BertFeatureError, assemble
 
     segs = [row["scalars"].pop("_segments", None) for row in rows]
     texts = [[s[2] for s in sg if s[0] == "zh" and s[2]] if sg else [] for sg in segs]
@@ -367,7 +367,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     specs = list(ex.specs)
     if job.codec:
         if encode is None or codec_spec is None:
-            raise RuntimeError("this job needs codec tokens but no encoder was given")
+            raise RuntimeError("this job needs codec codes but no encoder was given")
         codes = encode(codec_inputs) if codec_inputs else []
         for row, c in zip(rows, codes):
             row["arrays"]["codes"] = c

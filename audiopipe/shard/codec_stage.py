@@ -24,15 +24,16 @@ class CodecWorker:
     def __init__(self, settings: dict[str, Any]):
         import torch
 
-        from audiopipe.features.codec import EncodecTokenizer
+        from audiopipe.features.codec import EncodecEncoder
 
         if not torch.cuda.is_available():
             torch.set_num_threads(1)
-        self.tok = EncodecTokenizer(checkpoint=settings.get("checkpoint"), random_init=settings.get("random_init", False),
-                                    seed=settings.get("seed", 0), device=settings.get("device", "auto"))
+        self.encoder = EncodecEncoder(checkpoint=settings.get("checkpoint"),
+                                      random_init=settings.get("random_init", False),
+                                      seed=settings.get("seed", 0), device=settings.get("device", "auto"))
 
     def spec(self) -> FeatureSpec:
-        return self.tok.spec
+        return self.encoder.spec
 
     def encode(self, wavs: list[np.ndarray]) -> list[np.ndarray]:
-        return self.tok.encode_batch(wavs)
+        return self.encoder.encode_batch(wavs)

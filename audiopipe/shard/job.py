@@ -33,7 +33,7 @@ class CodecSettings:
 
 @dataclass
 class BertSettings:
-    """Per-phone BERT features for GPT-SoVITS (audiopipe.features.bert) from a local model folder."""
+    """Per-phone BERT features for GPT-SoVITS (audiopipe.text.bert) from a local model folder."""
 
     checkpoint: str
     device: str = "auto"

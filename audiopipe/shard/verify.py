@@ -61,7 +61,7 @@ def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
     n = int(round(seconds * spec["sample_rate"]))
     if spec["kind"].startswith("encodec"):  # the codec is not in the feature registry: ceil(N / hop) frames
         return -(-n // spec["hop_length"])
-    if spec["kind"] not in FEATURE_KINDS:  # token sets and other derived columns: the frame rate is all we know
+    if spec["kind"] not in FEATURE_KINDS:  # semantic tokens and other derived columns: the frame rate is all we know
         return round(n / spec["hop_length"])
     if spec["hash"] not in _FEATURES:
         _FEATURES[spec["hash"]] = build_feature(spec["kind"], **spec["params"])
@@ -77,7 +77,7 @@ def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray]
         if a.shape[-1] != frames:
             report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
             continue
-        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.features.bert), not per time step
+        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.text.bert), not per time step
             if frames != row.get("phones_frames"):
                 report.fail(f"{shard} {rid}: bert has {frames} columns for {row.get('phones_frames')} phones")
             if not np.isfinite(a).all():

@@ -1,4 +1,4 @@
-"""`audiopipe tokens`: its flags and the run that picks the token source (name2semantic tsv or k-means)."""
+"""`audiopipe tokens`: its flags and the run that picks the semantic-token source (name2semantic tsv or k-means)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `audiopipe tokens`."""
     p.add_argument("--shards", required=True, help="shard folder with phones (and the k-means feature)")
-    p.add_argument("--out", required=True, help="new folder for the token shards (a sidecar shard set)")
+    p.add_argument("--out", required=True, help="new folder for the semantic-token shards (a sidecar shard set)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--name2semantic", metavar="FILE",
                      help="GPT-SoVITS 6-name2semantic.tsv (item_name<TAB>space-separated ints), joined by "
                           "utterance name (basename of the id)")
     src.add_argument("--kmeans", type=int, metavar="K",
-                     help="fit K k-means units on --feature and tokenise every utterance (NOT SoVITS tokens)")
+                     help="fit K k-means units on --feature and tokenise every utterance (NOT GPT-SoVITS's own "
+                          "semantic tokens)")
     src.add_argument("--codebook", metavar="NPZ", help="tokenise with a codebook saved by an earlier --kmeans run")
     p.add_argument("--codebook-size", type=int, default=1024,
                    help="name2semantic: token ids must be below this (SoVITS: 1024)")
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit-vectors", type=int, default=200_000, help="kmeans: at most this many vectors to fit on")
     p.add_argument("--steps", type=int, default=200, help="kmeans: mini-batch steps (default 200)")
     p.add_argument("--batch-size", type=int, default=4096, help="kmeans: vectors per mini-batch (default 4096)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing token folder at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing semantic-token folder at --out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""A self-contained token source: k-means units over a speech feature already in the shards.
+"""A self-contained semantic-token source: k-means units over a speech feature already in the shards.
 
 These are NOT GPT-SoVITS semantic tokens (those come from the pretrained SoVITS quantizer over HuBERT features,
 which cannot be downloaded here). They are named `kmeans-<feature>-<k>` everywhere (manifest kind, report,

@@ -1,4 +1,4 @@
-"""Writing a token set: the sidecar shard folder `audiopipe tokens` makes for GPT-SoVITS stage 1.
+"""Writing a semantic-token set: the sidecar shard folder `audiopipe tokens` makes for GPT-SoVITS stage 1.
 
 Every source (semantic.py: a GPT-SoVITS tsv; kmeans.py: k-means units) hands a TokenSet to write_token_set.
 

@@ -1,4 +1,4 @@
-"""GPT-SoVITS's per-phone BERT features, by its own code, for tests/test_features_bert.py.
+"""GPT-SoVITS's per-phone BERT features, by its own code, for tests/test_text_bert.py.
 
     gpt_sovits_bert.py BERT_DIR IN.json OUT.safetensors     IN.json: [[normalised text, word2ph], ...]
 

@@ -1,4 +1,4 @@
-"""Per-phone BERT features for GPT-SoVITS stage 1 (audiopipe.features.bert): against GPT-SoVITS's own feature code
+"""Per-phone BERT features for GPT-SoVITS stage 1 (audiopipe.text.bert): against GPT-SoVITS's own feature code
 on a random-init BERT saved locally with transformers' save_pretrained (never a hub), and through the whole chain:
 `audiopipe shard --bert-checkpoint` -> verify -> token folder -> the trainer reads them."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from audiopipe.features.bert import BertFeatureError, BertPhoneFeatures, assemble, spread, word2ph
+from audiopipe.text.bert import BertFeatureError, BertPhoneFeatures, assemble, spread, word2ph
 from audiopipe.text.frontend import gpt_sovits_phones, gpt_sovits_segments
 from upstream_oracle import run_upstream
 
