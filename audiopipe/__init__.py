@@ -9,7 +9,8 @@ The flow, one sub-package per stage:
     ap.verify(shards) / ap.inspect(shards)  check every checksum and row / a summary dict of a shard folder
     ap.make_loader(shards, features, max_frames=...)   the training loader (ap.Reading: how it reads)
     ap.export_hf / ap.export_lhotse / ap.export_nemo / ap.export_f5   shards out to other tools' formats
-    ap.BucketBatchSampler, ap.PadCollator   the loader's sampler and collate, to compose your own
+    ap.open_dataset, ap.BucketBatchSampler, ap.PadCollator   the loader's dataset, sampler and collate, to
+                                            compose your own
     ap.AudiopipeError                       the base of every error audiopipe raises on purpose
 
 Each name is imported on first use, so `import audiopipe` stays cheap (no torch, Arrow or Ray until a name that
@@ -30,6 +31,7 @@ _EXPORTS = {
     "make_loader": ("audiopipe.reader.loader", "make_loader"),
     "Loader": ("audiopipe.reader.loader", "Loader"),
     "Reading": ("audiopipe.reader.reading", "Reading"),
+    "open_dataset": ("audiopipe.reader.open_dataset", "open_dataset"),
     "BucketBatchSampler": ("audiopipe.sampler.bucket", "BucketBatchSampler"),
     "PadCollator": ("audiopipe.collate.pad", "PadCollator"),
     "export_hf": ("audiopipe.export.hf", "export_hf"),

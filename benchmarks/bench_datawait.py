@@ -9,9 +9,11 @@ The step is synthetic and releases the GIL as a real one does (CUDA launches and
 time.sleep(step), `gemm` repeats a 256 x 256 float32 torch.mm on one thread until it has run ~step ms
 (calibrated first). Steps of 20, 50 and 200 ms. Loaders (same corpus, sampler, budget and seed):
 
-  prefetch0   make_loader(num_workers=0): the batch is built on the training thread when asked (no overlap)
+  prefetch0   make_loader(num_workers=0, prefetch=0): the batch is built on the training thread when asked (no
+              overlap)
   prefetch2   make_loader(num_workers=0, prefetch=2): built by a background thread while the step runs
-  workers2    make_loader(num_workers=2): two DataLoader worker processes, prefetch_factor 2
+  workers2    make_loader(num_workers=2, prefetch=0): two DataLoader worker processes, one batch ready each
+              (torch's prefetch_factor 1; the results in docs/bench-loader.md were measured with 2), no thread
   prefetch2_baseline   with --baseline-prefetch FILE: prefetch2 with FILE's PrefetchIterator (another version of
               audiopipe/reader/prefetch.py, e.g. from git history), measured side by side with prefetch2
 

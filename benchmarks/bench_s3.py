@@ -13,7 +13,7 @@ request reaches the server that much later, answers stream back at once.
 
 Per round, side by side (one loader each, fresh, prefetch=2):
   local       the same folder through the mmap reader (rows)
-  s3_rows     s3://..., Reading(mode="rows"): the global plan, rows by byte range, read_ahead batches ahead
+  s3_rows     s3://..., Reading(mode="rows"): the global plan, rows by byte range, prefetch batches ahead
   s3_blocks   s3://..., Reading(mode="blocks"): windows of --window blocks of <= --block-mb fetched --ahead ahead
 For epoch 0 (first) and epoch 1 (later), after the epoch's first batch (reported apart as first_batch_ms):
 --batches batches, each followed by a --step-ms step (time.sleep: it releases the GIL as a CUDA step does).
@@ -168,8 +168,8 @@ def measure(mode: str, src: str, a: argparse.Namespace) -> dict:
     reading = Reading(mode="rows") if mode != "s3_blocks" else Reading(
         mode="blocks", block_bytes=int(a.block_mb * 2**20), window=a.window, ahead=a.ahead)
     t0 = time.perf_counter()
-    loader = make_loader(src, ["mel"], max_frames=a.batch_frames, rank=0, world_size=1, seed=0, prefetch=2,
-                         read_ahead=a.read_ahead, reading=reading)
+    loader = make_loader(src, ["mel"], max_frames=a.batch_frames, rank=0, world_size=1, seed=0, prefetch=a.prefetch,
+                         reading=reading)
     out: dict = {"open_s": time.perf_counter() - t0}
     ds = loader.dataset
     if mode != "local":
@@ -269,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-frames", type=int, default=9600)
     p.add_argument("--step-ms", type=float, default=50.0)
     p.add_argument("--batches", type=int, default=300, help="timed batches per epoch and mode (default 300)")
-    p.add_argument("--read-ahead", type=int, default=4, help="row mode: batches announced ahead (default 4)")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="batches made ready ahead; in row mode their rows are fetched ahead too (default 2)")
     p.add_argument("--block-mb", type=float, default=16.0, help="block mode: block size, MB (default 16)")
     p.add_argument("--window", type=int, default=8, help="block mode: blocks per window (default 8)")
     p.add_argument("--ahead", type=int, default=1, help="block mode: windows fetched ahead (default 1)")
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": a.machine, "cores": os.cpu_count(), "python": platform.python_version(),
               "loadavg": os.getloadavg(), "server": server, "server_rate": rate,
               "config": {"shards": a.shards, "shard_mb": a.shard_mb, "rtt_ms": a.rtt_ms, "batch_frames": a.batch_frames,
-                         "step_ms": a.step_ms, "batches": a.batches, "read_ahead": a.read_ahead,
+                         "step_ms": a.step_ms, "batches": a.batches, "prefetch": a.prefetch,
                          "block_mb": a.block_mb, "window": a.window, "ahead": a.ahead, "rounds": a.rounds,
                          "corpus": str(local)},
               "rounds": rounds, "summary": summary}

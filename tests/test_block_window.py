@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from audiopipe.reader.blocks import cut_blocks
+from audiopipe.reader.blocks import block_rows, cut_blocks
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
@@ -180,7 +180,7 @@ def test_blocks_cover_every_row_once_in_shard_order(local):
 
     ds = ShardDataset(local.root, ["mel"])
     t = cut_blocks(ds.index, ds.manifest, ["mel"], ds.channels, 300_000)
-    rows = ds.block_rows(t, np.arange(len(t)))
+    rows = block_rows(ds.manifest, t, np.arange(len(t)))
     assert rows.tolist() == list(range(len(ds))) and (t.of_row[rows] == np.repeat(np.arange(len(t)),
                                                                                    t.end - t.start)).all()
     sizes = [r["arrays"]["mel"].nbytes for r in local.rows]

@@ -69,7 +69,7 @@ def test_fail_is_one_named_line_before_anything_is_planned(shards, tmp_path):
 def test_skip_drops_the_rows_before_planning_and_says_so_once(shards, tmp_path, caplog):
     c = _break(shards, tmp_path)
     good = _rows_of(0, 2, 4)
-    with caplog.at_level(logging.WARNING, logger="audiopipe.reader.arrow_dataset"):
+    with caplog.at_level(logging.WARNING, logger="audiopipe.reader.skipped"):
         loaders = [make_loader(c.root, ["mel"], max_frames=1500, seed=1, rank=r, world_size=2, on_corrupt="skip")
                    for r in (0, 1)]
     warned = [r.getMessage() for r in caplog.records]

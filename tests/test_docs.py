@@ -36,7 +36,7 @@ PRELUDE = "ckpt = {}\nepochs = 1\nwant_checkpoint = True\n"
 SUBST = {
     # the local cache of s3:// shards needs S3: the mix runs on a second local folder without it
     "README.md": [('"s3://bucket/emilia"', '"{shards2}"'), ('"./libritts"', '"{shards}"'),
-                  (', cache_dir="/scratch/shards", max_cache_bytes=200 << 30)', ")"), ("range(10)", "range(2)")],
+                  (',\n                  reading=Reading(cache_dir="/scratch/shards", max_cache_bytes=200 << 30))', ")"), ("range(10)", "range(2)")],
     "docs/corpus.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
     "docs/api.md": [('"/data/LJSpeech-1.1"', '"{corpus}"')],
     # the budget file the doc shows just above the block, and lengths to plan (the doc's prose names them)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
-from audiopipe.reader.loader import make_loader
+from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance, files_loader
 from reader_helpers import write_shards
 
 
@@ -46,10 +45,10 @@ def test_items_and_batches_come_from_the_files(exported):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_make_loader_reader_files_reads_every_row_from_files(exported, workers):
+def test_files_loader_reads_every_row_from_files(exported, workers):
     out, cache, want = exported
-    loader = make_loader(out, ["mel", "f0"], max_frames=2000, reader="files", files_cache=cache, rank=0,
-                         world_size=1, num_workers=workers, seed=1)
+    loader = files_loader(out, ["mel", "f0"], cache, max_frames=2000, rank=0,
+                          world_size=1, num_workers=workers, seed=1)
     seen = []
     for batch in loader:
         for j, i in enumerate(batch["index"]):

@@ -164,7 +164,8 @@ def test_read_ahead_brings_an_evicted_row_into_the_page_cache(tmp_path):
     assert _cached_fraction(path, offset, length) == 1.0
     np.testing.assert_array_equal(ds[i]["mel"], w.rows[i]["arrays"]["mel"])
     # A row is hinted once while the corpus fits in memory; the next announcement of it is free.
-    assert ds._hinted[i] and ds._hinted.sum() == 1
+    hinted = ds._read_ahead.hinted
+    assert hinted[i] and hinted.sum() == 1
 
 
 def test_the_index_is_one_record_batch_so_its_columns_are_zero_copy(shards):

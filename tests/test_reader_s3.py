@@ -21,6 +21,7 @@ import torch
 
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
+from audiopipe.reader.reading import Reading
 from audiopipe.reader.remote_dataset import RemoteShardDataset
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, parse_s3
 from audiopipe.storage.s3_ranges import RetryPolicy
@@ -100,13 +101,13 @@ def test_same_batches_as_the_local_folder_and_rows_by_byte_range(remote, local):
 
 def test_read_ahead_fetches_the_announced_batches_before_they_are_asked_for(remote):
     server, url = remote
-    loader = _loader(url, read_ahead=2, prefetch=0)
+    loader = _loader(url, prefetch=2)
     batches = _batches(loader)
     d = loader.dataset.diagnostics()
     assert len(batches) > 3
     # All but the first batch were announced two batches early: their ranges were in flight or fetched.
     assert d["ranges_prefetched"] >= d["ranges_taken"] * (len(batches) - 1) / len(batches) - 1e-9, d
-    off = _loader(url, read_ahead=0)
+    off = _loader(url, prefetch=0)
     _batches(off)
     assert off.dataset.diagnostics()["ranges_prefetched"] == 0
 
@@ -140,7 +141,7 @@ def test_server_restarted_mid_epoch_gives_the_same_batches(remote, local):
 
     server, url = remote
     want = _batches(_loader(local.root))
-    loader = _loader(url, read_ahead=0)
+    loader = _loader(url, prefetch=0)
     loader.set_epoch(0)
     got, back, when = [], [], []
 
@@ -253,7 +254,7 @@ def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_ag
     server, url = remote
     want = _batches(_loader(local.root), epochs=(0, 1))
     cache = tmp_path / "cache"
-    loader = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    loader = _loader(url, reading=Reading(cache_dir=cache, max_cache_bytes=1 << 30))
     ds = loader.dataset
     got = _batches(loader, epochs=(0,))
     assert ds.cache.wait(60)
@@ -267,7 +268,7 @@ def test_cache_second_epoch_sends_no_request_and_a_truncated_entry_is_fetched_ag
     # A truncated entry (a full disk, a crash outside audiopipe) is detected by its size and fetched again.
     victim = entries[0]
     victim.write_bytes(victim.read_bytes()[:1000])
-    again = _loader(url, cache_dir=cache, max_cache_bytes=1 << 30)
+    again = _loader(url, reading=Reading(cache_dir=cache, max_cache_bytes=1 << 30))
     _same(want[:len(want) // 2], _batches(again, epochs=(0,)))
     assert again.dataset.cache.wait(60)
     d = again.dataset.diagnostics()["cache"]
@@ -285,7 +286,7 @@ def test_cache_download_names_an_object_whose_bytes_fail_the_manifest_checksum(r
     data[len(data) // 2] ^= 0xFF  # same size, footer intact: only the whole bytes can tell
     with fs.open_output_stream(path) as f:
         f.write(bytes(data))
-    loader = _loader(url, cache_dir=tmp_path / "c", max_cache_bytes=1 << 30)
+    loader = _loader(url, reading=Reading(cache_dir=tmp_path / "c", max_cache_bytes=1 << 30))
     # Rows are read by range until the background download has seen the whole object; from then on, reading
     # that shard is an error naming it (in epoch 0 already, or the next one).
     with pytest.raises(CorruptShardError, match=r"shard-000001: its bytes on the server fail the manifest's "

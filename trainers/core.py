@@ -60,8 +60,8 @@ class RunConfig:
     clip: float = 1.0
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU; or fp32 / bf16 / fp16
     num_workers: int = 0
-    prefetch: int = 2  # padded batches built ahead of the step (when the loader supports it)
-    reader: str = "mmap"  # or "files": one .npy per utterance and feature (the baseline layout), for comparison
+    prefetch: int = 2  # padded batches made ready ahead of the step
+    reader: str = "mmap"  # or "files": one .npy per utterance and feature (the benchmark baseline), for comparison
     on_corrupt: str = "fail"  # or "skip": train without the rows of shards found corrupt at open
     weights: str = ""  # with several --shards: comma-separated factors on each corpus's hours per epoch
     seed: int = 1234
@@ -85,8 +85,9 @@ FLAG_HELP = {
     "clip": "gradient norm clipping (0 = off)",
     "precision": "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16 (with a GradScaler)",
     "num_workers": "DataLoader workers (0 is usually fastest: reading is a slice of an mmap)",
-    "prefetch": "padded batches the loader builds ahead in a background thread while the step runs (0 = off)",
-    "reader": "mmap (the shards) or files (one .npy per utterance: the baseline, to compare data wait)",
+    "prefetch": "padded batches made ready ahead of the step: built in a background thread while it runs, kept "
+                "ready by each worker, their rows read ahead from storage (0 = nothing ahead)",
+    "reader": "mmap (the shards) or files (one .npy per utterance: a benchmark baseline, to compare data wait)",
     "on_corrupt": "fail (stop at open, naming the corrupt shard) or skip (train without its rows, logged)",
     "weights": "with --shards a,b: each corpus's hours per epoch as a factor, e.g. 1,3 (1 = every utterance once, "
                "3 = three times, 0.5 = a random half of its hours, new each epoch; default all 1; docs/loader.md)",
@@ -500,25 +501,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
 
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
                  expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
-    files_cache = None
     dirs = shard_dirs(cfg)
-    # Both before rank 0 starts an export the others would wait for.
-    if cfg.reader == "files" and len(dirs) > 1:
-        raise ValueError("--reader files exports one local shard folder; a mix of several is read with --reader mmap")
-    if cfg.reader == "files" and is_s3(cfg.shards):
-        raise ValueError(f"--reader files exports a local shard folder; {cfg.shards} is read with --reader mmap")
-    if cfg.reader == "files":  # export the baseline layout once, on rank 0, next to the run
-        from audiopipe.reader.files_dataset import export_per_utterance
-
-        files_cache = out / "per_utterance"
-        if d.main:
-            export_per_utterance(cfg.shards, features, files_cache)
-        if d.world > 1:
-            dist.barrier()
-    # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
-    source: Any = dirs if len(dirs) > 1 else cfg.shards
-    if len(dirs) > 1:
-        loader_kw = {"weights": [float(w) for w in cfg.weights.split(",")] if cfg.weights else None, **loader_kw}
     # prefetch: the next batches are padded in a background thread (and, on CUDA, copied on a side stream) while
     # this step runs, so the step waits only for a batch that is truly late; the loader hands them on d.device.
     budget: Any = cfg.batch_frames
@@ -526,14 +509,31 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         from audiopipe.sampler.bucket_budget import BucketBudget
 
         budget = BucketBudget.read(cfg.bucket_budget)
-    return make_loader(source, features, max_frames=budget, length_feature=length_feature,
-                       quadratic=cfg.quadratic, max_items=cfg.max_items, seed=cfg.seed,
-                       num_workers=cfg.num_workers, rank=d.rank, world_size=d.world, expect=expect,
-                       pin_memory=d.device.type == "cuda", reader=cfg.reader, files_cache=files_cache,
-                       on_corrupt=cfg.on_corrupt, prefetch=cfg.prefetch,
-                       # --prefetch 0 is off: given a device, make_loader would still build one batch ahead in a
-                       # thread; without, the batch is built when the step asks and moved by the loop.
-                       device=d.device if cfg.prefetch else None, **loader_kw)
+    # --prefetch 0 is off: given a device, make_loader would still build one batch ahead in a thread; without,
+    # the batch is built when the step asks and moved by the loop.
+    common = dict(max_frames=budget, length_feature=length_feature, quadratic=cfg.quadratic,
+                  max_items=cfg.max_items, seed=cfg.seed, num_workers=cfg.num_workers, rank=d.rank,
+                  world_size=d.world, expect=expect, prefetch=cfg.prefetch,
+                  device=d.device if cfg.prefetch else None, **loader_kw)
+    if cfg.reader == "files":  # the benchmark baseline: one .npy per utterance, exported once next to the run
+        # Both checks before rank 0 starts an export the others would wait for.
+        if len(dirs) > 1:
+            raise ValueError("--reader files exports one local shard folder; a mix of several is read with "
+                             "--reader mmap")
+        if is_s3(cfg.shards):
+            raise ValueError(f"--reader files exports a local shard folder; {cfg.shards} is read with --reader mmap")
+        from audiopipe.bench.files_dataset import export_per_utterance, files_loader
+
+        cache = out / "per_utterance"
+        if d.main:
+            export_per_utterance(cfg.shards, features, cache)
+        if d.world > 1:
+            dist.barrier()
+        return files_loader(cfg.shards, features, cache, **common)
+    # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
+    if len(dirs) > 1:
+        common["weights"] = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
+    return make_loader(dirs if len(dirs) > 1 else cfg.shards, features, on_corrupt=cfg.on_corrupt, **common)
 
 
 def _fail(message: str, d: Dist) -> None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiopipe.features.pcm import INT16_SCALE
-from audiopipe.reader.mixture import open_shards
+from audiopipe.reader.open_dataset import open_dataset
 
 from speaker_data import SpeakerSplit, fbank_batch
 
@@ -85,7 +85,7 @@ def equal_error_rate(scores: np.ndarray, is_target: np.ndarray) -> tuple[float, 
 def embed_utterances(encoder: nn.Module, shards: str | Path | Sequence[str], indices: np.ndarray, device: torch.device,
                      max_samples: int = 0) -> torch.Tensor:
     """L2-normalised embeddings [N, D] of whole utterances (the middle max_samples when set), one at a time."""
-    ds = open_shards(shards, ["pcm"])  # a list of folders (a mix): global indices over their union
+    ds = open_dataset(shards, ["pcm"])  # a list of folders (a mix): global indices over their union
     was_training = encoder.training
     encoder.eval()
     out = []

@@ -5,7 +5,7 @@ and runs in the same DataLoader (same worker count) with PadCollator, so the com
 data comes from and how batches are formed, not about collate code:
 
   mmap         audiopipe: make_loader (Arrow IPC mmap, zero-copy views, BucketBatchSampler)
-  mmap_ring1   the same with PadCollator(ring_size=1): one batch buffer, which stays in the CPU cache
+  mmap_ring1   the same with prefetch=0 and PadCollator(ring_size=1): one batch buffer, which stays in the CPU cache
   mmap_btc     the same with make_loader(layout="BTC"): time-major [B, T, C] batches, transposed while copied
   wds          audiopipe: make_wds_loader (WebDataset tars streamed, batches planned from the index)
   npy_per_utt  one .npy file per utterance, np.load per item (Amphion NS2's layout), BucketBatchSampler
@@ -36,7 +36,7 @@ import torch
 
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.reader.files_dataset import FilesDataset, export_per_utterance
+from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.plan import BatchBudget, pack_greedy
@@ -46,7 +46,7 @@ LOADERS = ("mmap", "mmap_ring1", "mmap_btc", "wds", "npy_per_utt", "npy_amphion"
 
 DESCRIPTIONS = {
     "mmap": "audiopipe make_loader: Arrow IPC mmap, zero-copy views, global bucketed sampler",
-    "mmap_ring1": "make_loader with a 1-slot collate ring (batch k is overwritten by batch k+1)",
+    "mmap_ring1": "make_loader(prefetch=0) with a 1-slot collate ring (batch k is overwritten by batch k+1)",
     "mmap_btc": "make_loader(layout='BTC'): [B, T, C] batches, each [C, T] row transposed while copied",
     "wds": "audiopipe make_wds_loader: WebDataset tars streamed, np.load per sample, batches planned from index",
     "npy_per_utt": "one .npy per utterance (Amphion NS2 layout, audiopipe FilesDataset), np.load per item, "
@@ -142,7 +142,7 @@ def _dataloader(dataset: Any, batch_sampler: Any, collate: Callable, workers: in
 
 
 def npy_cache(shards: str, feature: str, cache: str) -> Path:
-    """The per-utterance export (audiopipe/reader/files_dataset.py, the one exporter of that layout), written
+    """The per-utterance export (audiopipe/bench/files_dataset.py, the one exporter of that layout), written
     once under <cache>/npy: <feature>/<row>.npy plus metadata.json, as Amphion keeps a file per utterance."""
     return export_per_utterance(shards, [feature], Path(cache) / "npy")
 
@@ -318,8 +318,10 @@ def build(spec: LoaderSpec) -> Any:
     """A loader with set_epoch() whose iteration yields PadCollator batches (with a `duration` list)."""
     f = spec.feature
     if spec.name in ("mmap", "mmap_ring1", "mmap_btc"):
+        # mmap_ring1 has nothing built ahead (prefetch=0): a batch ahead would sit in the one slot being reused.
+        ahead = {"prefetch": 0} if spec.name == "mmap_ring1" else {}
         loader = make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed,
-                             layout="BTC" if spec.name == "mmap_btc" else "BCT")
+                             layout="BTC" if spec.name == "mmap_btc" else "BCT", **ahead)
         if spec.name == "mmap_ring1":
             loader.collate.ring_size = 1  # before the first batch: the ring is created on first use
         return loader

@@ -3,7 +3,7 @@
 The local loaders bench-loader compares need local files; from a bucket there is one: make_loader itself, rows
 fetched by byte range with read-ahead. Reported: audio seconds per second (the loader alone, one epoch), the
 data-wait share of a loop with a synthetic 50 ms step (time.sleep, which releases the GIL as a CUDA step does;
-prefetch=2, read_ahead=2; each epoch's first batch excluded), bytes requested per byte delivered and requests per
+prefetch=2; each epoch's first batch excluded), bytes requested per byte delivered and requests per
 batch (from the reader's diagnostics). benchmarks/bench_s3.py runs the same measurements side by side with the
 local folder against a test server on 127.0.0.1.
 """
@@ -39,9 +39,8 @@ def throughput(src: str, feature: str, batch_frames: int) -> dict:
     return {"audio_s_per_s": audio / dt, "batches": batches, "epoch_s": dt}
 
 
-def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes: int, prefetch: int = 2,
-              read_ahead: int = 2) -> dict:
-    loader = _loader(src, feature, batch_frames, prefetch=prefetch, read_ahead=read_ahead)
+def data_wait(src: str, feature: str, batch_frames: int, step_ms: float, passes: int, prefetch: int = 2) -> dict:
+    loader = _loader(src, feature, batch_frames, prefetch=prefetch)
     wait = wall = 0.0
     first = []
     batches = 0
@@ -81,7 +80,7 @@ def run_s3(args: argparse.Namespace) -> int:
     t = throughput(args.shards, args.feature, args.batch_frames)
     w = data_wait(args.shards, args.feature, args.batch_frames, STEP_MS, passes=1)
     report = {"command": f"audiopipe bench-loader --shards {args.shards} --batch-frames {args.batch_frames}",
-              "source": args.shards, "loader": "mmap (make_loader, rows by byte range, prefetch=2, read_ahead=2)",
+              "source": args.shards, "loader": "mmap (make_loader, rows by byte range, prefetch=2)",
               "loadavg": os.getloadavg()[0], **t, f"wait_{STEP_MS:g}ms": w}
     print(f"s3 {args.shards}: {t['audio_s_per_s']:.0f} audio s/s; with a {STEP_MS:g} ms step the loop waits "
           f"{100 * w['wait_share']:.2f} % of its time; {w['bytes_requested_per_byte_delivered']:.3f} bytes asked "

@@ -301,3 +301,19 @@ class PadCollator:
 
 def _name(item: Mapping[str, Any], i: int) -> str:
     return f"id={item['id']!r}" if "id" in item else f"#{i}"
+
+
+def padded_bytes(features: Sequence[str], specs: Mapping[str, Any], channels: Mapping[str, int], frames: float,
+                 mask: bool = True) -> int:
+    """Bytes of padded batches holding `frames` frames in all: every feature's channels x item size per frame,
+    plus its bool mask. What a DataLoader worker's batches cost in /dev/shm (a full /dev/shm is a SIGBUS, as
+    3D-Speaker users meet it), so the bound can be printed before training instead of found by a crash.
+
+    specs: the manifest's feature specs; a column without one (phones, durations) is collated as int64.
+    """
+    per_frame = 0
+    for f in features:
+        spec = specs.get(f)
+        itemsize = np.dtype(spec["dtype"]).itemsize if spec else np.dtype("int64").itemsize
+        per_frame += max(1, channels.get(f, 0)) * itemsize + (1 if mask else 0)
+    return int(frames * per_frame)

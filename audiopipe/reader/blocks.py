@@ -64,3 +64,13 @@ def cut_blocks(index: Any, manifest: dict[str, Any], features: Sequence[str], ch
     ends = np.r_[firsts[1:], n]
     nbytes = np.add.reduceat(size, firsts)
     return BlockTable(shard[firsts], row[firsts], row[ends - 1] + 1, nbytes.astype(np.int64), of_row.astype(np.int64))
+
+
+def block_rows(manifest: dict[str, Any], blocks: BlockTable, ids: Sequence[int]) -> np.ndarray:
+    """Global indices of the rows of these blocks (the index lists the shards row by row, in manifest order)."""
+    rows = np.array([int(s["rows"]) for s in manifest["shards"]], dtype=np.int64)
+    shard_first = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    ids = np.asarray(ids, dtype=np.int64)
+    first = shard_first[blocks.shard[ids]] + blocks.start[ids]
+    count = blocks.end[ids] - blocks.start[ids]
+    return np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()), dtype=np.int64)

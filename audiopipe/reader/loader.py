@@ -1,22 +1,21 @@
-"""One call from a shard folder to a DDP-ready torch DataLoader: dataset -> sampler -> collate.
+"""One call from a shard set to a DDP-ready torch DataLoader: dataset -> sampler -> collate.
 
     loader = make_loader("./shards", ["mel"], max_frames=38400)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for step, batch in enumerate(loader):
             ...
-            ckpt["sampler"] = loader.state_dict(consumed_batches=step + 1)
+            ckpt["loader"] = loader.state_dict()
 
-`prefetch=K` builds the next K batches in a background thread while the step runs (audiopipe/reader/prefetch.py);
-`device="cuda"` also hands them over already on the GPU (pinned buffers, side-stream copy).
-
-Several corpora: `make_loader(["./libritts", "./emilia"], ["mel"], weights=[1, 3], ...)` plans one epoch over
-their union, each corpus's hours multiplied by its weight (audiopipe/sampler/corpus_weights.py; `loader.mix`
-says per epoch what each corpus contributed).
+make_loader takes the three steps lhotse users know, each also usable alone:
+  1. the dataset (open_dataset.py): which shard sets, which features, what is trusted;
+  2. the sampler (audiopipe/sampler/): which rows make each batch, for this rank, epoch after epoch;
+  3. the loader (`Loader` here): collate into padded tensors, a torch DataLoader, and `prefetch` batches made
+     ready ahead of the training step (in a background thread: audiopipe/reader/prefetch.py).
 
 Reading is a slice of an mmap, so workers are rarely needed: num_workers=0 keeps everything in one process and
-uses no shared memory at all. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
-`shm_bytes_per_worker()` says how much, so the 3D-Speaker-style SIGBUS (a full /dev/shm) can be planned away.
+uses no shared memory. With workers, each batch in flight lives in /dev/shm until the trainer takes it:
+`loader.shm_bytes_per_worker()` says how much, so a full /dev/shm (a SIGBUS) can be planned away.
 """
 
 from __future__ import annotations
@@ -24,23 +23,23 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
-from audiopipe.collate.pad import PadCollator
+from audiopipe.collate.pad import PadCollator, padded_bytes
 from audiopipe.reader import integrity
-from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.reader.mixture import MixtureDataset
+from audiopipe.reader.open_dataset import is_remote, open_dataset, shard_sets
 from audiopipe.reader.prefetch import PrefetchIterator
-from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
 from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
-from audiopipe.storage.s3 import is_s3, require_local_or_s3
+
+if TYPE_CHECKING:
+    from audiopipe.sampler.bucket_budget import BucketBudget
 
 
 class _View:
@@ -49,7 +48,7 @@ class _View:
     The sampler plans over positions 0..len(subset)-1; this maps them back to global rows.
     """
 
-    def __init__(self, ds: ShardDataset, subset: np.ndarray | None, item_transform: Callable | None):
+    def __init__(self, ds: Any, subset: np.ndarray | None, item_transform: Callable | None):
         self.ds, self.subset, self.item_transform = ds, subset, item_transform
 
     def __len__(self) -> int:
@@ -60,7 +59,7 @@ class _View:
         return self.item_transform(item) if self.item_transform else item
 
     def read_ahead(self, indices: np.ndarray) -> None:
-        """Hint the rows of a batch to come (the sampler calls this `read_ahead` batches early)."""
+        """Hint the rows of a batch to come (the sampler calls this `prefetch` batches early)."""
         self.ds.read_ahead(self.subset[indices] if self.subset is not None else indices)
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[dict[str, Any]]:
@@ -91,11 +90,11 @@ class _Collate:
 
 @dataclass
 class Loader:
-    dataset: ShardDataset
+    dataset: Any  # ShardDataset, RemoteShardDataset or MixtureDataset (open_dataset.py)
     sampler: BucketBatchSampler | BlockWindowSampler
     collate: PadCollator
     dataloader: torch.utils.data.DataLoader
-    prefetch: int = 0
+    prefetch: int = 2
     device: torch.device | None = None
     _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
     _progress: Any = field(default=None, repr=False)  # its consumed count, kept after the iterator is dropped
@@ -149,145 +148,108 @@ class Loader:
         self.sampler.load_state_dict(state)
 
     def shm_bytes_per_worker(self) -> int:
-        """Upper bound of shared memory one worker holds: prefetch_factor padded batches at the frame budget."""
-        per_frame = bytes_per_frame(self.collate.features, self.dataset.manifest["features"], self.dataset.channels)
-        return shm_bytes_per_worker(self.dataloader.num_workers, self.dataloader.prefetch_factor,
-                                    self.sampler.budget.max_frames, per_frame)
+        """Upper bound of shared memory one worker holds: `prefetch` padded batches at the frame budget."""
+        dl = self.dataloader
+        if dl.num_workers == 0:
+            return 0
+        return dl.prefetch_factor * padded_bytes(self.collate.features, self.dataset.manifest["features"],
+                                                 self.dataset.channels, self.sampler.budget.max_frames)
 
 
-def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequence[str], *, max_frames: int,
-                length_feature: str | None = None, lengths: np.ndarray | None = None,
-                subset: np.ndarray | None = None, quadratic: float = 0.0, max_items: int | None = None,
-                seed: int = 0, shuffle: bool = True, num_workers: int = 0, prefetch_factor: int = 2,
-                rank: int | None = None, world_size: int | None = None, expect: dict[str, str] | None = None,
-                pad_to_multiple: int = 1, verify: str = "size", pin_memory: bool = False,
-                item_transform: Callable | None = None, batch_transform: Callable | None = None,
-                collate_features: Sequence[str] | None = None, reader: str = "mmap",
-                files_cache: str | Path | None = None, read_ahead: int = 2, on_corrupt: str = "fail",
-                max_open: int = 128, prefetch: int = 0, device: str | torch.device | None = None,
-                weights: Sequence[float] | None = None, cache_dir: str | Path | None = None,
-                max_cache_bytes: int | None = None, layout: str = "BCT", reading: Reading | None = None) -> Loader:
-    """Map-style mmap dataset + global bucketed batch plan + padding collate, wired into a DataLoader.
+def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[str], *,
+                # 1. what to read
+                subset: np.ndarray | None = None, weights: Sequence[float] | None = None,
+                expect: dict[str, str] | None = None, reading: Reading | None = None,
+                # 2. how to batch
+                max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
+                quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
+                # 3. how to hand batches over
+                layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
+                batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
+                prefetch: int = 2, num_workers: int = 0, device: str | torch.device | None = None,
+                # 4. for DDP
+                rank: int | None = None, world_size: int | None = None,
+                # 5. on damage
+                verify: str = "size", on_corrupt: str = "fail") -> Loader:
+    """A Loader over `shards` reading `features`: `make_loader("./shards", ["mel"], max_frames=38_400)`.
 
-    shards_dir: one shard folder, or a list of them to mix (one global plan over their union; indices in
-             `subset`/`lengths` are then global: corpus k's item i is sum(len of corpora before k) + i).
-    weights: with a list, one per corpus (default all 1): the factor its audio hours are multiplied by in every
-             epoch. 1 = each utterance once, 3 = three times, 0.5 = a random half of its hours (another half every
-             epoch, from (seed, epoch)), 0 = left out. Exact definition: docs/loader.md, "Mixing corpora".
-             The features read must have the same config in every corpus (else a one-line ConfigMismatch).
-
-    length_feature: which feature's frame count the budget is measured in (default: the first of `features`).
-    lengths: the frames the budget counts per utterance when items are transformed (e.g. 3 s crops);
-             default: the index's counts of length_feature. Indexed like the subset when one is given.
-    subset: global indices of the utterances to use (e.g. training speakers only).
-    item_transform: per-sample function applied before collate (random crops); batch_transform: applied to the
-             padded batch (a prompt/target split). Both run in the DataLoader workers and must be picklable.
-    collate_features: the keys to pad, when item_transform makes new arrays (default: features).
-    reader: "mmap" (the Arrow shards) or "files" (one .npy per utterance and feature, exported to files_cache by
-             audiopipe.reader.files_dataset.export_per_utterance: a baseline to measure against).
-    rank/world_size: default to torch.distributed's when it is initialised.
-    read_ahead: batches whose rows are announced to the kernel (madvise WILLNEED, from a background thread)
-             before they are read, so a cold shard is fetched from disk in parallel with the copy of the
-             current batch; 0 turns it off (mmap reader only).
-    on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its rows
-             leave the plan before planning, on every rank alike; logged once, in dataset.diagnostics()). Ranks
-             agree on what to skip through a collective, run only when the loader is one of the whole
-             torch.distributed group's (rank/world_size left to default or equal to the group's); a loader built
-             on one rank alone (rank=0, world_size=1 for evaluation) skips what that rank found, and runs none.
-    max_open: shards kept mapped per process (least recently used closed beyond it; mmap reader only).
-    prefetch: batches built ahead in a background thread while the step runs (0: built on the caller's
-             thread, when it asks). The loader's state_dict() then counts the batches consumed, not built.
-    device: hand batches over on this device ("cuda", "cuda:1"); with CUDA the collator writes into pinned
-             buffers and the prefetch thread copies on a side stream (with prefetch=0, one batch ahead).
-    shards_dir may be s3://bucket/prefix (audiopipe/reader/remote_dataset.py): the same batches, rows read by
-             byte range and `read_ahead` batches fetched ahead; cache_dir + max_cache_bytes keep whole shards
-             in a bounded local cache (read by mmap once there). See docs/loader.md, "Shards on object storage".
-    layout: "BCT" (default: [B, C, T_max], each stored row copied as is) or "BTC" ([B, T_max, C], transposed
-             while copied: several times the CPU cost, see docs/loader.md).
-    reading: how rows are read (audiopipe/reader/reading.py, `Reading(mode=...)`): "rows" (the global
-             length-bucketed plan), "blocks" (block windows: a few large requests per window of blocks, batches
-             planned from the resident window; loader.sampler is then a BlockWindowSampler) or "auto" (default:
-             "blocks" for a large s3:// shard set read with num_workers=0, else "rows"); plus the requests in
-             flight from s3:// and the block, window and node settings. See docs/loader.md.
+    1. What to read
+      shards: a folder, s3://bucket/prefix, or a list of them to mix into one plan (indices in subset/lengths are
+        then global: corpus k's item i is the sum of the earlier corpora's sizes + i).
+      features: the columns to read and pad, e.g. ["mel"].
+      subset: global indices of the utterances to use (e.g. the training speakers).
+      weights: with a list of shard sets, one factor per corpus on its audio hours per epoch (docs/loader.md,
+        "Mixing corpora").
+      expect: {feature: config hash} the model was built for; other shards are a one-line ConfigMismatch.
+      reading: Reading(...) (audiopipe/reader/reading.py): how rows come off storage: rows or block windows,
+        shards kept open (max_open), a local cache of s3:// shards (cache_dir, max_cache_bytes).
+    2. How to batch (the sampler, audiopipe/sampler/bucket.py)
+      max_frames: the padded-frame budget of a batch (B x T_max of length_feature, default the first feature),
+        or a BucketBudget (one budget per length bucket, audiopipe/sampler/bucket_budget.py).
+      lengths: the frames the budget counts per utterance when items are transformed (e.g. 3 s crops); default
+        the index's (indexed like subset when one is given).
+      quadratic, max_items: extra cost per frame squared; items per batch at most.
+      seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
+    3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
+      layout: "BCT" ([B, C, T_max], rows copied as stored) or "BTC" (transposed while copied: slower on CPU).
+      pad_to_multiple: T_max rounded up to it.
+      item_transform / batch_transform: run on each item before collate, or on the padded batch, in the process
+        that builds it (picklable with workers). collate_features: the keys to pad when item_transform makes
+        new arrays (default: features).
+      prefetch: the one look-ahead setting, batches made ready ahead of the training step (default 2): with
+        num_workers=0 a background thread builds them while the step runs; each worker keeps that many ready;
+        the rows of the next `prefetch` batches are announced to storage (madvise, or fetched from s3://).
+        0: nothing ahead, each batch built on the caller's thread when asked. state_dict() counts the batches
+        consumed, never the ones made ahead. An error raised while building a batch ahead reaches the loop as
+        itself (e.g. CorruptShardError).
+      num_workers: DataLoader worker processes (0 is usually fastest: reading is a slice of an mmap).
+      device: hand batches over on it ("cuda", "cuda:1"); with CUDA the collator writes into pinned buffers and
+        the prefetch thread copies them on a side stream (with prefetch=0, one batch ahead).
+    4. For DDP
+      rank, world_size: default to torch.distributed's group when it is initialised; every rank gets the same
+        number of batches.
+    5. On damage (audiopipe/reader/integrity.py, docs/loader.md "Corrupt shards")
+      verify: "size" (sizes, footers, headers, row counts) or "checksum" (also every byte, once at open).
+      on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its
+        rows leave the plan, logged once, in loader.dataset.diagnostics()). With torch.distributed, "skip" runs
+        a collective inside make_loader so that all ranks skip the same shards: an all_reduce every rank must
+        reach, run only when this loader is one of the whole group's (rank/world_size left to default or equal
+        to the group's); a loader built on one rank alone (rank=0, world_size=1) skips what it found, and runs
+        none.
     """
     opts = reading if reading is not None else Reading()
-    if not isinstance(opts, Reading):
-        raise ValueError(f"reading must be a Reading(...), got {type(reading).__name__}")
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"prefetch must be an integer >= 0 (batches built ahead), got {prefetch!r}")
+        raise ValueError(f"prefetch must be an integer >= 0 (batches made ready ahead), got {prefetch!r}")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here")
-    # on_corrupt="skip" agrees on the skipped shards across ranks (a collective) only when this loader is one of
-    # the whole group's: rank/world_size left to default, or equal to torch.distributed's.
-    whole_group = on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size)
-    mixed = not isinstance(shards_dir, (str, Path))
-    folders = [str(s) for s in shards_dir] if mixed else [shards_dir]
-    remote = [is_s3(require_local_or_s3(f, "shard folder")) for f in folders]  # other schemes: one line
-    if any(remote) and reader != "mmap":
-        raise ValueError(f"reader={reader!r} reads local folders only; shards on s3:// use reader='mmap'")
-    if not any(remote) and (cache_dir is not None or max_cache_bytes is not None):
-        raise ValueError("cache_dir/max_cache_bytes cache shards read from s3://; these folders are local already")
-
-    def open_shards(folder, is_remote: bool) -> ShardDataset:
-        if is_remote:
-            from audiopipe.reader.remote_dataset import RemoteShardDataset
-
-            return RemoteShardDataset(str(folder), features, expect=expect, verify=verify, on_corrupt=on_corrupt,
-                                      max_open=max_open, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes,
-                                      fetch_threads=opts.fetch_threads, request_rate=opts.request_rate)
-        return ShardDataset(folder, features, expect=expect, verify=verify, on_corrupt=on_corrupt,
-                            max_open=max_open)
-
+    mixed = not isinstance(shards, (str, Path))
+    names = [str(s) for s in shard_sets(shards)]
     if mixed:
-        names = folders
-        if not names:
-            raise ValueError("shards_dir is an empty list: give at least one shard folder")
         mix_weights = check_weights(weights, names)  # before opening anything: a typo fails at once
-        if reader != "mmap":
-            raise ValueError(f"mixing corpora needs reader='mmap', got reader={reader!r}")
-        ds = MixtureDataset([open_shards(f, r) for f, r in zip(names, remote)], names)
-        if whole_group:
-            ds.skip_what_other_ranks_skip()
     elif weights is not None:
         raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
-    elif reader == "mmap":
-        ds = open_shards(shards_dir, remote[0])
-        if whole_group:  # a collective: all ranks plan the same rows; never for a loader of one rank alone
-            ds.skip_what_other_ranks_skip()
-    elif reader == "files":
-        from audiopipe.reader.files_dataset import FilesDataset
-
-        ds = FilesDataset(shards_dir, features, cache=files_cache, expect=expect)
-    else:
-        raise ValueError(f"reader must be 'mmap' or 'files', got {reader!r}")
-    if subset is not None:
-        subset = np.asarray(subset, dtype=np.int64)
-    if lengths is None:
-        lengths = ds.lengths(length_feature or features[0]).astype(np.int64)
-        if subset is not None:
-            lengths = lengths[subset]
-    if reader == "mmap":
-        subset, lengths = ds.without_skipped(subset, lengths)
-    corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"]) if reader == "mmap" else 0
-    mode = opts.resolve(remote=any(remote), mixed=mixed, num_workers=num_workers, reader=reader,
-                        corpus_bytes=corpus_bytes)
+    remote = is_remote(shards)
+    ds = open_dataset(shards, features, expect=expect, verify=verify, on_corrupt=on_corrupt, reading=opts,
+                      agree_on_skips=on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size))
+    subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
+    corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"])
+    mode = opts.resolve(remote=remote, mixed=mixed, num_workers=num_workers, corpus_bytes=corpus_bytes)
     if mode == "blocks":
         table = ds.blocks(opts.block_bytes)
         rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
-        sampler = BlockWindowSampler(np.asarray(lengths, dtype=np.int64), table.of_row[rows], max_frames,
-                                     block_shard=table.shard, block_bytes=table.nbytes, window=opts.window,
-                                     ahead=opts.ahead, quadratic=quadratic, max_items=max_items, seed=seed,
-                                     shuffle=shuffle, rank=rank, world_size=world_size, nodes=opts.nodes)
+        sampler: Any = BlockWindowSampler(lengths, table.of_row[rows], max_frames, block_shard=table.shard,
+                                          block_bytes=table.nbytes, window=opts.window, ahead=opts.ahead,
+                                          quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
+                                          rank=rank, world_size=world_size, nodes=opts.nodes)
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
         sampler.on_release = ds.release_blocks
     else:
         if opts.nodes != 1:
             raise ValueError("Reading(nodes=...) partitions shards by node for block-window reading; "
                              "give mode='blocks'")
-        sampler = BucketBatchSampler(np.asarray(lengths, dtype=np.int64), max_frames, quadratic=quadratic,
-                                     max_items=max_items, seed=seed, shuffle=shuffle, rank=rank,
-                                     world_size=world_size)
+        sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
+                                     shuffle=shuffle, rank=rank, world_size=world_size)
     mix = None
     if mixed:
         # The sampler plans positions (of the subset, when one is given): weights need each position's corpus
@@ -297,36 +259,64 @@ def make_loader(shards_dir: str | Path | Sequence[str | Path], features: Sequenc
         mix = CorpusWeights(ds.corpus_of(rows), ds.durations()[rows], mix_weights, names,
                             usable=(n > 0) & sampler.budget.fits_alone(n), seed=seed)
         sampler.epoch_items = mix
+    # From s3 with workers, each worker fetches its own batch's rows at once (DataLoader keeps several batches
+    # in flight); the main process' read-ahead would fetch into memory no worker sees.
+    announce = mode == "rows" and not (remote and num_workers > 0)
+    return loader_over(ds, sampler, features, subset=subset, layout=layout, pad_to_multiple=pad_to_multiple,
+                       item_transform=item_transform, batch_transform=batch_transform,
+                       collate_features=collate_features, prefetch=prefetch, num_workers=num_workers, device=dev,
+                       seed=seed, announce_rows=announce, mix=mix)
+
+
+def rows_to_plan(ds: Any, length_feature: str, lengths: np.ndarray | None,
+                 subset: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """(subset, lengths) a sampler plans over: the subset given (global rows; None: all), its lengths (default:
+    the index's frame counts of length_feature), less the rows of shards skipped as corrupt."""
+    if subset is not None:
+        subset = np.asarray(subset, dtype=np.int64)
+    if lengths is None:
+        lengths = ds.lengths(length_feature).astype(np.int64)
+        if subset is not None:
+            lengths = lengths[subset]
+    if hasattr(ds, "without_skipped"):
+        subset, lengths = ds.without_skipped(subset, lengths)
+    return subset, np.asarray(lengths, dtype=np.int64)
+
+
+def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.ndarray | None = None,
+                layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
+                batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
+                prefetch: int = 2, num_workers: int = 0, device: torch.device | None = None, seed: int = 0,
+                announce_rows: bool = True, mix: CorpusWeights | None = None) -> Loader:
+    """The loader step alone: `ds` (a map-style dataset with manifest and channels, as open_dataset gives) read
+    in the batches `sampler` plans, padded by PadCollator into a DataLoader (make_loader's arguments of the
+    same names). announce_rows: the sampler announces each batch's rows to ds.read_ahead `prefetch` batches
+    early, when ds has one."""
     if num_workers == 0:
-        # The copy kernel loads in the background while the first batches are copied with numpy (issue 10.2),
-        # once the first batch is in hand: loading it meanwhile made that batch 2-3x slower (GIL).
+        # The copy kernel loads in the background while the first batches are copied with numpy, once the first
+        # batch is in hand: loading it meanwhile made that batch 2-3x slower (GIL).
         # Not with workers: they fork, and must not inherit numba's compiler lock mid-load.
-        feats = ds.manifest["features"] if reader == "mmap" else {}
+        feats = ds.manifest["features"]
         warm_up_in_background([np.dtype(feats[f]["dtype"]).itemsize for f in (collate_features or features)
                                if f in feats and "dtype" in feats[f]], layout, after_release=True)
     else:
         wait_for_kernels()  # a load started by an earlier loader of this process must not be forked mid-way
-    if read_ahead < 0:
-        raise ValueError(f"read_ahead must be >= 0 batches, got {read_ahead!r}")
     view = _View(ds, subset, item_transform)
-    # From s3 with workers, each worker fetches its own batch's rows at once (DataLoader keeps several batches
-    # in flight); the main process' read-ahead would fetch into memory no worker sees.
-    if mode == "rows" and read_ahead and hasattr(ds, "read_ahead") and not (any(remote) and num_workers > 0):
-        sampler.read_ahead, sampler.on_upcoming = read_ahead, view.read_ahead
+    if announce_rows and prefetch and hasattr(ds, "read_ahead"):
+        sampler.read_ahead, sampler.on_upcoming = prefetch, view.read_ahead
     # Batches alive at once with a prefetch thread (device alone runs one batch ahead): K queued + 1 being built
     # + 1 held by the step. (A CUDA copy frees its ring slot at once; device="cpu" hands over the slot itself.)
-    depth = max(prefetch, 1) if prefetch or dev is not None else 0
-    ring = depth + 2 if depth else 2
-    pinned = dev is not None and dev.type == "cuda"
-    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple, ring_size=ring,
-                          pin_memory=pinned, layout=layout)
+    depth = max(prefetch, 1) if prefetch or device is not None else 0
+    pinned = device is not None and device.type == "cuda"
+    collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple,
+                          ring_size=depth + 2 if depth else 2, pin_memory=pinned, layout=layout)
     kw: dict[str, Any] = {}
     if num_workers > 0:
-        kw = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
+        kw = {"prefetch_factor": max(prefetch, 1), "persistent_workers": True}
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
                                      collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0),
-                                     num_workers=num_workers,
-                                     pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kw)
-    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=dev, mix=mix)
+                                     num_workers=num_workers, pin_memory=pinned,
+                                     generator=torch.Generator().manual_seed(seed), **kw)
+    return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=device, mix=mix)

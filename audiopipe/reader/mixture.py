@@ -12,14 +12,14 @@ has the same config hash in every corpus, or opening fails with one line naming 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from audiopipe.collate.rows import RowBatch, Rows
-from audiopipe.reader.arrow_dataset import ShardDataset, keep_rows
+from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch
+from audiopipe.reader.skipped import keep_rows
 
 
 def _differing(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -50,13 +50,6 @@ def check_same_features(datasets: Sequence[ShardDataset], names: Sequence[str], 
                 raise ConfigMismatch(
                     f"feature {f!r} differs between corpora {names[0]} (config {a.get('hash')}) and {name} "
                     f"(config {b.get('hash')}): {_differing(a, b)}; extract both with the same preset to mix them")
-
-
-def open_shards(source: str | Path | Sequence[str | Path], features: Sequence[str], **kw: Any) -> Any:
-    """A ShardDataset for one folder, a MixtureDataset for a list of them (kw: ShardDataset's options)."""
-    if isinstance(source, (str, Path)):
-        return ShardDataset(source, features, **kw)
-    return MixtureDataset([ShardDataset(s, features, **kw) for s in source], [str(s) for s in source])
 
 
 class MixtureDataset:
@@ -102,14 +95,7 @@ class MixtureDataset:
         lengths = np.asarray(lengths)
         if not any(d.skipped for d in self.datasets):
             return subset, lengths
-        ok = np.ones(len(self), dtype=bool)
-        for k, d in enumerate(self.datasets):
-            kept, _ = d.without_skipped(None, np.zeros(len(d), dtype=np.int64))
-            if kept is not None:
-                part = np.zeros(len(d), dtype=bool)
-                part[kept] = True
-                ok[self.offsets[k]:self.offsets[k + 1]] = part
-        return keep_rows(ok, subset, lengths)
+        return keep_rows(np.concatenate([d.rows_kept() for d in self.datasets]), subset, lengths)
 
     def diagnostics(self) -> dict[str, Any]:
         """Each corpus's reader diagnostics (skipped shards, mappings), by name."""

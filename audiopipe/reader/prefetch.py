@@ -23,8 +23,9 @@ Rules that keep it exact and leak-free:
   `state_dict()` saves that count, so a resume yields exactly the batches not yet trained on.
 - The thread holds no reference to the iterator object: when the iterator is dropped (or `close()`d, or the
   loader starts another pass), the thread sees the stop flag within 50 ms and ends.
-- An exception in the thread is re-raised in the consumer (`PrefetchError` chained to it), never a hang; a
-  thread that dies without a word is reported too.
+- An exception in the thread is raised in the consumer as it is (its own type, so `except CorruptShardError`
+  works with or without prefetch, with a note saying it was raised while building a batch ahead), never a hang;
+  a thread that dies without a word is a `PrefetchError`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Progress:
 
 
 class PrefetchError(AudiopipeError, RuntimeError):
-    """A batch could not be built in the prefetch thread; the cause is chained (`__cause__`)."""
+    """The prefetch thread ended without finishing the pass and without an error to raise."""
 
 
 class _End:
@@ -180,7 +181,8 @@ class PrefetchIterator:
             raise StopIteration
         if isinstance(item, _Failed):
             self.close()
-            raise PrefetchError(f"building a batch failed in the prefetch thread: {item.exc!r}") from item.exc
+            item.exc.add_note("(raised in audiopipe's prefetch thread, while building a batch ahead of the step)")
+            raise item.exc
         if self.device is not None and self.device.type == "cuda" and isinstance(item, dict):
             current = torch.cuda.current_stream(self.device)
             for v in item.values():

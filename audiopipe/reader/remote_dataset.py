@@ -37,10 +37,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.after_fork import reset_after_fork
 from audiopipe.collate.rows import Rows
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity, ipc_layout
-from audiopipe.reader.arrow_dataset import ShardDataset, _META_COLUMNS, _meta_reader
+from audiopipe.reader.arrow_dataset import META_COLUMNS, ShardDataset
+from audiopipe.reader.mapped_shard import meta_reader
 from audiopipe.reader.errors import CorruptIndexError, CorruptShardError
 from audiopipe.reader.shard_cache import ShardCache
 from audiopipe.shard.checksum import checksum_of, new_hash
@@ -158,7 +160,7 @@ class _Fetcher:
     """
 
     def __init__(self, reader: RangeReader, threads: int, max_pending: int):
-        self.reader, self.max_pending, self.pid, self.threads = reader, max_pending, os.getpid(), threads
+        self.reader, self.max_pending, self.threads = reader, max_pending, threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="audiopipe-s3")
         self.lock = threading.Lock()
         self.pending: OrderedDict[tuple, tuple[Future, int, int]] = OrderedDict()
@@ -396,7 +398,7 @@ class _RemoteShard:
         self._ds, self.small = ds, small
         self.name, self.url, self.size = small.name, small.url, small.size
         self.meta = small.meta
-        self._meta_get = {c: _meta_reader(col) for c, col in self.meta.items()}
+        self._meta_get = {c: meta_reader(col) for c, col in self.meta.items()}
 
     def check(self) -> None:
         """Nothing to check locally: a changed object shows as a failed or short read (ObjectChanged)."""
@@ -454,8 +456,8 @@ class RemoteShardDataset(ShardDataset):
     The other arguments are ShardDataset's.
     """
 
-    def __init__(self, url: str, features: Iterable[str] = ("mel",), *, expect: dict[str, str] | None = None,
-                 verify: str = "size", meta_columns: Sequence[str] = _META_COLUMNS, on_corrupt: str = "fail",
+    def __init__(self, shards: str, features: Iterable[str] = ("mel",), *, expect: dict[str, str] | None = None,
+                 verify: str = "size", meta_columns: Sequence[str] = META_COLUMNS, on_corrupt: str = "fail",
                  max_open: int = 128, check_shards: bool = True, cache_dir: str | os.PathLike[str] | None = None,
                  max_cache_bytes: int | None = None, fetch_threads: int | None = None,
                  request_rate: float = 2000.0, max_pending_bytes: int = 512 << 20,
@@ -471,13 +473,10 @@ class RemoteShardDataset(ShardDataset):
         self.fetch_threads = fetch_threads or 16
         self.max_pending_bytes = max_pending_bytes
         self.round_trip_s: float | None = None
-        self._fetcher: _Fetcher | None = None
         self._layouts: dict[int, _Layout] = {}
         self._small: dict[int, _Small] = {}  # every shard's, once fetched: never evicted
-        self._small_futs: dict[int, Future] = {}
-        self._small_lock = threading.Lock()
-        self._small_pool: ThreadPoolExecutor | None = None
-        self._small_pid: int | None = None
+        self._forget_threads()
+        reset_after_fork(self, RemoteShardDataset._forget_threads)
         if cache_dir is None and max_cache_bytes is not None:
             raise ValueError("max_cache_bytes needs cache_dir (the folder of the local shard cache)")
         if cache_dir is not None and max_cache_bytes is None:
@@ -485,17 +484,17 @@ class RemoteShardDataset(ShardDataset):
         self.cache = ShardCache(cache_dir, max_cache_bytes, self.reader) if cache_dir is not None else None
         # Index columns (id, speaker, duration) come from the index; only the rest is fetched from the shards.
         self.shard_meta_columns: list[str] = []
-        super().__init__(url, features, expect=expect, verify=verify, meta_columns=meta_columns,
+        super().__init__(shards, features, expect=expect, verify=verify, meta_columns=meta_columns,
                          on_corrupt=on_corrupt, max_open=max_open, check_shards=check_shards)
-        self._hint_always = True  # a fetched range is consumed by its batch: announce every batch, every epoch
+        self._read_ahead.every_time = True  # a fetched range is consumed by its batch: announce every batch
         if fetch_threads is None and self.round_trip_s is not None:
             self.fetch_threads = int(min(256, max(16, np.ceil(self.request_rate * self.round_trip_s))))
         _raise_io_threads(self.fetch_threads)
 
     # ---- where the shards are -------------------------------------------------------------------------
 
-    def _root(self, shards_dir: str | Path) -> S3URL:  # type: ignore[override]
-        return parse_s3(shards_dir)
+    def _root(self, shards: str | Path) -> S3URL:  # type: ignore[override]
+        return parse_s3(shards)
 
     def _read_manifest(self) -> dict[str, Any]:
         return read_manifest(str(self.root))
@@ -513,20 +512,29 @@ class RemoteShardDataset(ShardDataset):
         self.shard_meta_columns = [c for c in self.meta_columns if c not in index.table.column_names]
         return index
 
+    def _forget_threads(self) -> None:
+        """This process's thread pools, made on first use (a forked or spawned worker makes its own: threads
+        stay in the parent)."""
+        self._fetcher: _Fetcher | None = None
+        self._small_futs: dict[int, Future] = {}
+        self._small_lock = threading.Lock()
+        self._small_pool: ThreadPoolExecutor | None = None
+
     def fetcher(self) -> _Fetcher:
-        f = self._fetcher
-        if f is None or f.pid != os.getpid():  # none yet, or forked: threads stay in the parent
-            f = self._fetcher = _Fetcher(self.reader, self.fetch_threads, self.max_pending_bytes)
-        return f
+        if self._fetcher is None:
+            self._fetcher = _Fetcher(self.reader, self.fetch_threads, self.max_pending_bytes)
+        return self._fetcher
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.update(_fetcher=None, _small_futs={}, _small_lock=None, _small_pool=None, _small_pid=None)
+        state = self.__dict__.copy()
+        for name in ("_fetcher", "_small_futs", "_small_lock", "_small_pool"):
+            del state[name]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._small_lock = threading.Lock()
+        self.__dict__.update(state)
+        self._forget_threads()
+        reset_after_fork(self, RemoteShardDataset._forget_threads)
 
     def _shard_url(self, k: int) -> S3URL:
         return self.root.child(self.manifest["shards"][k]["arrow"]["path"])
@@ -588,20 +596,15 @@ class RemoteShardDataset(ShardDataset):
             self.round_trip_s = times[len(times) // 10] / 2
         self._hashed = self.verify == "checksum"
         self.reader.forget()  # each shard's size is asked again when it is first read (a change since is caught)
-        if bad and self.on_corrupt == "fail":
-            raise CorruptShardError(
-                f"{self.root}: {integrity.summary(bad, len(shards))}; rebuild them (`audiopipe verify` lists every "
-                f"problem) or pass on_corrupt='skip' (--on-corrupt skip) to train without their rows")
-        self._skip(bad)
+        self.skipped_shards.after_scan(bad)
 
     # ---- small buffers: fetched off the batch path ----------------------------------------------------------
 
     def _request_small(self, k: int) -> Future:
         """Shard k's small buffers on the opening pool (a future; at once when they are in memory)."""
         with self._small_lock:
-            if self._small_pid != os.getpid():  # none yet, or forked: the pool's threads stayed in the parent
+            if self._small_pool is None:
                 self._small_pool = ThreadPoolExecutor(8, thread_name_prefix="audiopipe-s3-open")
-                self._small_futs, self._small_pid = {}, os.getpid()
             fut = self._small_futs.get(k)
             if fut is None:
                 fut = self._small_futs[k] = self._small_pool.submit(self._fetch_small, k)
@@ -655,7 +658,7 @@ class RemoteShardDataset(ShardDataset):
         return _RemoteShard(self, sm)
 
     def _shard(self, k: int):  # type: ignore[override]
-        if k not in self._small and not self._skipped_shard[k] and self._cached_path(k) is None:
+        if k not in self._small and k not in self.skipped_shards and self._cached_path(k) is None:
             self.small(k)  # outside the lock: other batches' shards open meanwhile
         sh = super()._shard(k)
         if self.cache is not None and isinstance(sh, _RemoteShard):
@@ -665,9 +668,7 @@ class RemoteShardDataset(ShardDataset):
                 raise CorruptShardError(f"shard {entry['name']}: {why}")
             # Its download finished: read the local copy from now on (the next call maps it).
             if self.cache.ready(entry) is not None:
-                with self._lock:
-                    if self._open.get(k) is sh:
-                        del self._open[k]
+                self._open.drop(k, sh)
                 if k not in self._small:
                     self.small(k)
                 sh = super()._shard(k)
@@ -682,7 +683,7 @@ class RemoteShardDataset(ShardDataset):
         shard_of = self._shard_of[idx]
         rows = self._row_of[idx].astype(np.int64)
         for k in np.unique(shard_of).tolist():
-            if self._skipped_shard[k] or self._cached_path(k) is not None:
+            if k in self.skipped_shards or self._cached_path(k) is not None:
                 continue
             mine = rows[shard_of == k]
             sm = self._small.get(k)
@@ -704,7 +705,7 @@ class RemoteShardDataset(ShardDataset):
         fetcher = self.fetcher()
         for b in np.asarray(ids, dtype=np.int64).tolist():
             k, first, end = int(blocks.shard[b]), int(blocks.start[b]), int(blocks.end[b])
-            if self._skipped_shard[k]:
+            if k in self.skipped_shards:
                 continue
             if self.cache is not None:
                 entry = self.manifest["shards"][k]
@@ -730,8 +731,7 @@ class RemoteShardDataset(ShardDataset):
         """ShardDataset's, plus this process's requests: count, bytes asked for and delivered, retries, and
         how many ranges the read-ahead had fetched (or started) before their batch asked for them."""
         d = super().diagnostics()
-        f = self._fetcher if self._fetcher is not None and self._fetcher.pid == os.getpid() else None
-        stats = dict(f.stats) if f else {}
+        stats = dict(self._fetcher.stats) if self._fetcher is not None else {}
         d.update(self.reader.counters(), **stats)
         delivered = stats.get("bytes_delivered", 0)
         d["bytes_requested_per_byte_delivered"] = (d["bytes_requested"] / delivered) if delivered else None

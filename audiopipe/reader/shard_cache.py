@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from audiopipe.after_fork import reset_after_fork
 from audiopipe.shard.checksum import checksum_of, new_hash
 from audiopipe.storage.atomic import fsync_dir
 from audiopipe.storage.s3 import S3URL
@@ -42,9 +43,9 @@ class ShardCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_bytes, self.reader, self.chunk = max_bytes, reader, chunk
         self._reset()
+        reset_after_fork(self, type(self)._reset)  # forked: the download thread stays in the parent
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._wanted: set[str] = set()  # entries (hex digests) queued or downloading in this process
@@ -62,10 +63,7 @@ class ShardCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
-
-    def _check_pid(self) -> None:
-        if os.getpid() != self._pid:  # forked: the download thread stayed in the parent
-            self._reset()
+        reset_after_fork(self, type(self)._reset)  # forked: the download thread stays in the parent
 
     @staticmethod
     def key(entry: dict[str, Any]) -> str:
@@ -94,7 +92,6 @@ class ShardCache:
 
     def request(self, url: S3URL, entry: dict[str, Any]) -> None:
         """Download this shard in the background unless it is cached, queued, failed or too big."""
-        self._check_pid()
         sha, size = self.key(entry), int(entry["arrow"]["bytes"])
         if size > self.max_bytes or sha in self.failed:
             return

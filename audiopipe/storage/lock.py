@@ -8,7 +8,7 @@ local disks; on network file systems it depends on the server (NFSv4 and Lustre 
 A flock belongs to the open file description, which a child forked without exec (a DataLoader worker, a
 multiprocessing child) shares: such a child would keep the folder locked after its parent was killed, and its
 copy of the lock object could unlink the parent's file. Every process forked from a holder therefore closes its
-copy of the descriptor at once (os.register_at_fork), which leaves the parent's lock as it was.
+copy of the descriptor at once (audiopipe/after_fork.py), which leaves the parent's lock as it was.
 """
 
 from __future__ import annotations
@@ -18,31 +18,13 @@ import json
 import os
 import socket
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
+from audiopipe.after_fork import reset_after_fork
 from audiopipe.errors import AudiopipeError
 
 LOCK_NAME = ".audiopipe.lock"
-
-
-# Every lock this process holds, so a forked child can let go of its copies (see _drop_in_forked_child).
-_HELD: "weakref.WeakSet[FolderLock]" = weakref.WeakSet()
-
-
-def _drop_in_forked_child() -> None:
-    # Closing the child's descriptor does not unlock: the parent's still refers to the same description.
-    for lock in list(_HELD):
-        if lock._fd is not None:
-            try:
-                os.close(lock._fd)
-            except OSError:
-                pass
-            lock._fd = None  # the child's release() is then a no-op: it must not unlink the parent's file
-
-
-os.register_at_fork(after_in_child=_drop_in_forked_child)
 
 
 class LockHeld(AudiopipeError, RuntimeError):
@@ -76,9 +58,9 @@ class FolderLock:
     def __init__(self, folder: str | os.PathLike[str], command: str) -> None:
         self.path = Path(folder) / LOCK_NAME
         self._fd: int | None = None
-        _HELD.add(self)  # from the open on, so a fork at any point drops the child's descriptor
+        reset_after_fork(self, FolderLock._drop_in_forked_child)  # from the open on: a fork at any point drops it
         while True:
-            # O_CLOEXEC (Python's default): not inherited by a child that execs; a fork alone: see _HELD.
+            # O_CLOEXEC (Python's default): not inherited by a child that execs; a fork alone: _drop_in_forked_child.
             fd = self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,6 +94,15 @@ class FolderLock:
             self.release()
             raise
 
+    def _drop_in_forked_child(self) -> None:
+        # Closing the child's descriptor does not unlock: the parent's still refers to the same description.
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None  # the child's release() is then a no-op: it must not unlink the parent's file
+
     def release(self) -> None:
         if self._fd is None:
             return
@@ -123,7 +114,6 @@ class FolderLock:
 
     def _close(self) -> None:
         fd, self._fd = self._fd, None
-        _HELD.discard(self)
         if fd is not None:
             os.close(fd)
 

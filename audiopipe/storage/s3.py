@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from typing import Any
 
+from audiopipe.after_fork import reset_after_fork
 from audiopipe.errors import AudiopipeError
 from audiopipe.storage.paths import UnsupportedURL, url_scheme
 
@@ -112,11 +113,36 @@ def filesystem(settings: S3Settings | None = None):
 
     # The client keeps at most max(pyarrow's IO threads, 25) connections: a reader that raised the IO threads
     # to keep more requests in flight gets a client with the larger pool.
-    return _filesystem(s, env, os.getpid(), pa.io_thread_count())
+    return _CLIENTS.get((s, env, pa.io_thread_count()))
 
 
-@lru_cache(maxsize=8)
-def _filesystem(s: S3Settings, _env: tuple, _pid: int, _io_threads: int):
+class _Clients:
+    """This process's S3 clients, the 8 most recently made. A forked child keeps its parent's out of use (their
+    connections and threads are the parent's) and out of harm (destroying them in the child could wait on threads
+    that are not there)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple, Any] = {}
+        self._parents: list[dict[tuple, Any]] = []
+
+    def get(self, key: tuple) -> Any:
+        fs = self._by_key.get(key)
+        if fs is None:
+            fs = self._by_key.setdefault(key, _new_filesystem(key[0]))  # two threads at once: one client wins
+            while len(self._by_key) > 8:
+                self._by_key.pop(next(iter(self._by_key)))
+        return fs
+
+    def forget_parents(self) -> None:
+        self._parents.append(self._by_key)
+        self._by_key = {}
+
+
+_CLIENTS = _Clients()
+reset_after_fork(_CLIENTS, _Clients.forget_parents)
+
+
+def _new_filesystem(s: S3Settings):
     from pyarrow import fs as pafs
 
     endpoint, scheme = _endpoint()

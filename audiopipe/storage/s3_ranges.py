@@ -12,12 +12,12 @@ for per byte it delivered. Counters and open handles belong to the process that 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from audiopipe.after_fork import reset_after_fork
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL, filesystem
 
 
@@ -62,9 +62,9 @@ class RangeReader:
         self.settings = settings or S3Settings()
         self.policy = policy or RetryPolicy()
         self._reset()
+        reset_after_fork(self, type(self)._reset)  # forked: handles and counters are the parent's
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self.requests = 0  # GETs and HEADs sent (not counting the client's own retries)
@@ -77,13 +77,9 @@ class RangeReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
-
-    def _check_pid(self) -> None:
-        if os.getpid() != self._pid:  # forked: handles and counters were the parent's
-            self._reset()
+        reset_after_fork(self, type(self)._reset)  # forked: handles and counters are the parent's
 
     def counters(self) -> dict[str, int]:
-        self._check_pid()
         return {"requests": self.requests, "bytes_requested": self.bytes_requested, "retries": self.retries}
 
     def _count(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
@@ -126,17 +122,14 @@ class RangeReader:
     def forget(self) -> None:
         """Drop the open handles: the next read of each object sends a HEAD again, so an object replaced by one
         of another size since is caught (ObjectChanged) instead of trusted on an old size."""
-        self._check_pid()
         with self._lock:
             self._handles.clear()
 
     def size(self, url: S3URL) -> int:
         """The object's size (one HEAD), ObjectChanged when it does not exist."""
-        self._check_pid()
         return self._retrying(url, "HEAD", lambda: self._handle(url, None).size())
 
     def read(self, url: S3URL, start: int, length: int, expect_size: int | None = None) -> bytes:
-        self._check_pid()
         if length <= 0:
             return b""
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from audiopipe.reader.shm import bytes_per_frame, shm_bytes_per_worker
+from audiopipe.collate.pad import padded_bytes
 from audiopipe.reader.wds.plan import StreamPlan
 from audiopipe.reader.wds.stream import WdsStream
 
@@ -54,28 +54,30 @@ class WdsLoader:
         self.stream.load_state_dict(state)
 
     def shm_bytes_per_worker(self) -> int:
-        """Upper bound of shared memory one worker holds: prefetch_factor padded batches at the frame budget."""
-        s = self.stream
-        per_frame = bytes_per_frame(s.collate.features, s.manifest["features"], s.channels)
-        return shm_bytes_per_worker(self.dataloader.num_workers, self.dataloader.prefetch_factor,
-                                    s.budget.max_frames, per_frame)
+        """Upper bound of shared memory one worker holds: `prefetch` padded batches at the frame budget."""
+        s, dl = self.stream, self.dataloader
+        if dl.num_workers == 0:
+            return 0
+        return dl.prefetch_factor * padded_bytes(s.collate.features, s.manifest["features"], s.channels,
+                                                 s.budget.max_frames)
 
     def pool_bytes_per_worker(self) -> int:
         """About what one stream holds decoded while a pool fills: pool_size items of the corpus' mean length."""
         s = self.stream
         mean = float(s.lengths[s.used].mean()) if s.used.any() else 0.0
-        return int(s.pool_size * mean * bytes_per_frame(s.collate.features, s.manifest["features"], s.channels,
-                                                        mask=False))
+        return padded_bytes(s.collate.features, s.manifest["features"], s.channels, s.pool_size * mean,
+                            mask=False)
 
 
-def make_wds_loader(shards_dir: str | Path, features: Sequence[str], *, max_frames: int, num_workers: int = 0,
-                    prefetch_factor: int = 2, pin_memory: bool = False, **stream_kw: Any) -> WdsLoader:
+def make_wds_loader(shards: str | Path, features: Sequence[str], *, max_frames: int, num_workers: int = 0,
+                    prefetch: int = 2, pin_memory: bool = False, **stream_kw: Any) -> WdsLoader:
     """WdsStream (see its parameters) in a DataLoader with `num_workers` workers; same batches as the plan.
 
+    prefetch: batches each worker keeps ready (torch's prefetch_factor; at least 1).
     Workers are not persistent: each pass forks them afresh so that set_epoch() and a resume reach them.
     """
-    stream = WdsStream(shards_dir, features, max_frames=max_frames, num_workers=num_workers, **stream_kw)
-    kw: dict[str, Any] = {"prefetch_factor": prefetch_factor} if num_workers > 0 else {}
+    stream = WdsStream(shards, features, max_frames=max_frames, num_workers=num_workers, **stream_kw)
+    kw: dict[str, Any] = {"prefetch_factor": max(int(prefetch), 1)} if num_workers > 0 else {}
     dl = torch.utils.data.DataLoader(stream, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
                                      pin_memory=pin_memory, **kw)
     return WdsLoader(stream, dl)

@@ -49,7 +49,7 @@ class WdsStream(torch.utils.data.IterableDataset):
             hashed while streaming and checked at the tar's end; "sha256", its old name, is accepted).
     """
 
-    def __init__(self, shards_dir: str | Path, features: Sequence[str], *, max_frames: int,
+    def __init__(self, shards: str | Path, features: Sequence[str], *, max_frames: int,
                  length_feature: str | None = None, lengths: np.ndarray | None = None,
                  subset: np.ndarray | None = None, quadratic: float = 0.0, max_items: int | None = None,
                  pool_size: int = 1000, interleave: int = 4, seed: int = 0, shuffle: bool = True,
@@ -66,7 +66,7 @@ class WdsStream(torch.utils.data.IterableDataset):
             raise ValueError(f"seed must be >= 0, got {seed!r}")
         # ShardDataset's constructor reads only manifest.json and index.arrow and refuses unknown features and
         # config-hash mismatches; reuse those checks (check_shards=False: the Arrow shards may not be here at all).
-        meta = ShardDataset(shards_dir, features, expect=expect, check_shards=False)
+        meta = ShardDataset(shards, features, expect=expect, check_shards=False)
         self.root = meta.root
         self.manifest = meta.manifest
         self.features = list(features)

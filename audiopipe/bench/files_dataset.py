@@ -1,7 +1,8 @@
 """One .npy file per utterance and feature: the layout most speech repos train from (Amphion's NS2 keeps a
-file, or a pickle, per utterance and feature). Here as an honest baseline with the same interface as
-ShardDataset, so a trainer (`--reader files`) or `audiopipe bench-loader` (npy_per_utt, npy_amphion) can run
-the same model, sampler and collate on both and compare how long each step waits on data.
+file, or a pickle, per utterance and feature). A benchmark baseline, not a reader to train from: it has the
+interface of ShardDataset, so a trainer (`--reader files`, through `files_loader`) or `audiopipe bench-loader`
+(npy_per_utt, npy_amphion) can run the same model, sampler and collate on both and compare how long each step
+waits on data.
 
 Honest means every array comes from its own file on every path: `ds[i]`, `ds.__getitems__` (what the
 DataLoader and make_loader's batch path call) and DataLoader workers all `np.load`; the shards are used for
@@ -27,6 +28,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from audiopipe.reader.arrow_dataset import ShardDataset
+from audiopipe.reader.loader import Loader, loader_over, rows_to_plan
+from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.storage.atomic import fsync_dir, write_json_atomic
 
 EXPORT_FORMAT = "audiopipe.per_utterance/1"
@@ -38,8 +41,8 @@ def utterance_file(cache: str | Path, feature: str, row: int) -> Path:
     return Path(cache) / feature / f"{row:08d}.npy"
 
 
-def _index_sha256(shards_dir: str | Path) -> str:
-    return json.loads((Path(shards_dir) / "manifest.json").read_text())["index"]["sha256"]
+def _index_sha256(shards: str | Path) -> str:
+    return json.loads((Path(shards) / "manifest.json").read_text())["index"]["sha256"]
 
 
 def _read_stamp(cache: Path) -> dict[str, Any] | None:
@@ -54,7 +57,7 @@ def _covers(stamp: dict[str, Any] | None, index_sha256: str, features: Sequence[
     return bool(stamp) and stamp["index_sha256"] == index_sha256 and set(features) <= set(stamp["features"])
 
 
-def export_per_utterance(shards_dir: str | Path, features: Sequence[str], cache: str | Path) -> Path:
+def export_per_utterance(shards: str | Path, features: Sequence[str], cache: str | Path) -> Path:
     """Write every utterance's `features` as its own .npy under `cache` (see the module doc); returns `cache`.
 
     Reused as long as metadata.json says it holds these shards (same index) and features. The stamp is removed
@@ -62,7 +65,7 @@ def export_per_utterance(shards_dir: str | Path, features: Sequence[str], cache:
     for a complete one; each .npy is fsync'd before the stamp names it.
     """
     cache, features = Path(cache), list(features)
-    index_sha256 = _index_sha256(shards_dir)
+    index_sha256 = _index_sha256(shards)
     old = _read_stamp(cache)
     if _covers(old, index_sha256, features):
         return cache
@@ -70,7 +73,7 @@ def export_per_utterance(shards_dir: str | Path, features: Sequence[str], cache:
     for f in {*features, *(old["features"] if old else ())}:  # rows of an earlier export would linger
         for stale in (cache / f).glob("*.npy") if (cache / f).is_dir() else ():
             stale.unlink()
-    ds = ShardDataset(shards_dir, features)  # every row is read: a corrupt shard stops the export, named
+    ds = ShardDataset(shards, features)  # every row is read: a corrupt shard stops the export, named
     utterances = []
     for f in features:
         (cache / f).mkdir(parents=True, exist_ok=True)
@@ -96,22 +99,22 @@ class FilesDataset:
     ({"id", "speaker", "text", "duration", "index", <feature>: np.ndarray}), every array np.load'ed from its file.
     """
 
-    def __init__(self, shards_dir: str | Path, features: Iterable[str] = ("mel",), cache: str | Path | None = None,
-                 expect: dict[str, str] | None = None, **_: Any):
+    def __init__(self, shards: str | Path, features: Iterable[str] = ("mel",), cache: str | Path | None = None,
+                 expect: dict[str, str] | None = None):
         # The wrapped dataset answers the metadata questions (and checks `expect`); it never maps a shard.
-        self.shards = ShardDataset(shards_dir, features, expect=expect, check_shards=False)
+        self.shards = ShardDataset(shards, features, expect=expect, check_shards=False)
         self.features = self.shards.features
-        self.cache = Path(cache or Path(shards_dir) / "per_utterance")
+        self.cache = Path(cache or Path(shards) / "per_utterance")
         stamp = _read_stamp(self.cache)
         if stamp is None:
             raise FileNotFoundError(f"{self.cache} has no complete per-utterance export: call "
-                                    f"audiopipe.reader.files_dataset.export_per_utterance first")
-        if not _covers(stamp, _index_sha256(shards_dir), self.features):
+                                    f"audiopipe.bench.files_dataset.export_per_utterance first")
+        if not _covers(stamp, _index_sha256(shards), self.features):
             raise ValueError(f"{self.cache} holds features {stamp['features']} of other shards or features than "
-                             f"{shards_dir} {self.features}: export again (export_per_utterance)")
+                             f"{shards} {self.features}: export again (export_per_utterance)")
         self.utts = stamp["utterances"]
         if len(self.utts) != len(self.shards):
-            raise ValueError(f"{self.cache} holds {len(self.utts)} utterances, {shards_dir} {len(self.shards)}")
+            raise ValueError(f"{self.cache} holds {len(self.utts)} utterances, {shards} {len(self.shards)}")
         self._paths = {f: [str(utterance_file(self.cache, f, i)) for i in range(len(self.utts))] for f in self.features}
 
     # the shard folder's metadata, as ShardDataset has it
@@ -150,3 +153,18 @@ class FilesDataset:
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """A batch as the DataLoader asks for it: one np.load per item and feature, as Amphion's loader does."""
         return [self[int(i)] for i in indices]
+
+
+def files_loader(shards: str | Path, features: Sequence[str], cache: str | Path, *, max_frames: int,
+                 length_feature: str | None = None, lengths: np.ndarray | None = None,
+                 subset: np.ndarray | None = None, expect: dict[str, str] | None = None, quadratic: float = 0.0,
+                 max_items: int | None = None, seed: int = 0, shuffle: bool = True, rank: int | None = None,
+                 world_size: int | None = None, **loader_kw: Any) -> Loader:
+    """make_loader's Loader over the per-utterance export in `cache` (written by export_per_utterance): the same
+    sampler, collate and look-ahead as over the shards, every array np.load'ed from its own file.
+    loader_kw: make_loader's batch and look-ahead arguments (layout, item_transform, prefetch, num_workers, ...)."""
+    ds = FilesDataset(shards, features, cache=cache, expect=expect)
+    subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
+    sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
+                                 shuffle=shuffle, rank=rank, world_size=world_size)
+    return loader_over(ds, sampler, features, subset=subset, seed=seed, **loader_kw)
