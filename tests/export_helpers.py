@@ -129,3 +129,15 @@ def webdataset_samples(shards: Path) -> dict[str, dict]:
 def tar_names(path: Path) -> list[str]:
     with tarfile.open(path) as t:
         return t.getnames()
+
+
+# The two shard sets (module docstring) as fixtures: a test module imports them by name; each is built once per
+# session and handed out once per module.
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory, speech_pool):
+    return built(tmp_path_factory, speech_pool, "mixed")
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, speech_pool):
+    return built(tmp_path_factory, speech_pool, "whole")

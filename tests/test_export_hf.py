@@ -16,21 +16,11 @@ import soundfile as sf
 from audiopipe.export.errors import ExportError
 from audiopipe.cli import main as cli_main
 from audiopipe.export.hf import add_arguments, export_hf, run
-from export_helpers import built, shard_items, shard_order
+from export_helpers import mixed, whole, shard_items, shard_order
 
 datasets = pytest.importorskip("datasets")
 from datasets import Array2D, Audio, Value  # noqa: E402
 from datasets.table import MemoryMappedTable  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "mixed")
-
-
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "whole")
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,13 @@ from audiopipe.export.errors import ExportError
 from audiopipe.cli import main as cli_main
 from audiopipe.export.lhotse import add_arguments, export_lhotse, run
 from audiopipe.features.fbank import KaldiFbank
-from export_helpers import built, shard_items, shard_order, webdataset_samples
+from export_helpers import mixed, whole, shard_items, shard_order, webdataset_samples
 
 lhotse = pytest.importorskip("lhotse")
 from lhotse import CutSet  # noqa: E402
 from lhotse.array import Array, TemporalArray  # noqa: E402
 
 SR = 24000
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "mixed")
-
-
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "whole")
 
 
 @pytest.fixture(scope="module")

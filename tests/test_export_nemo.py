@@ -14,17 +14,7 @@ import soundfile as sf
 from audiopipe.export.errors import ExportError
 from audiopipe.cli import main as cli_main
 from audiopipe.export.nemo import add_arguments, export_nemo, nemo_duration, run
-from export_helpers import built, shard_items, shard_order
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "mixed")
-
-
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory, speech_pool):
-    return built(tmp_path_factory, speech_pool, "whole")
+from export_helpers import mixed, whole, shard_items, shard_order
 
 
 def nemo_items(manifest: Path) -> list[dict]:
