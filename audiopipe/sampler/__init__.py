@@ -4,7 +4,8 @@ with `__iter__`, `state_dict` / `load_state_dict` and its diagnostics (docs/samp
 Where to look: `bucket.py` holds `BucketBatchSampler`; `plan.py` the pieces of an epoch plan and `pools.py`
 their assembly; `bucket_budget.py` per-length budgets; `deal.py` hands batches to ranks and `dist.py` says
 which rank this is; `corpus_weights.py` mixes corpora; `block_window.py` plans batches from a few large blocks
-at a time; `counting.py` is the compiled counting sort.
+at a time; `passes.py` the epoch and resume positions both samplers share; `counting.py` is the compiled
+counting sort.
 
 May import: `audiopipe.storage.atomic` (saving a budget table).
 """

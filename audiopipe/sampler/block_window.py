@@ -40,6 +40,7 @@ import numpy as np
 
 from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import BatchBudget, capacities, pair_overlap, validate_lengths
+from audiopipe.sampler.passes import EpochPasses, Position
 
 STATE_FORMAT = "audiopipe.BlockWindowSampler/1"
 # Random streams, kept apart from each other (and from the row sampler's 0..2).
@@ -120,15 +121,9 @@ class _RankPlan:
         return np.concatenate([self.batch(j) for j in range(b, len(self))])
 
 
-@dataclass
-class _Position:
-    segments: tuple[tuple[int, int], ...]  # earlier (world_size, steps) of a resumed epoch
-    start: int
-    yielded: int = 0
-    finished: bool = False
 
 
-class BlockWindowSampler:
+class BlockWindowSampler(EpochPasses):
     """Yields this rank's batches (lists of positions) of one epoch planned by blocks and windows.
 
     lengths: frames per position (what the budget counts); blocks: the block id of each position (positions of
@@ -176,8 +171,8 @@ class BlockWindowSampler:
         self._empty = np.flatnonzero(self.lengths == 0)
         self._too_long = np.flatnonzero(self.lengths > longest)
         self.epoch = 0
-        self._pending: _Position | None = None
-        self._active: _Position | None = None
+        self._pending: Position | None = None
+        self._active: Position | None = None
         self._cache: dict[tuple, Any] = {}
         self._passes = 0
         # Told which blocks to fetch and keep (tag, block ids), and when a tag's blocks are no longer needed.
@@ -194,18 +189,8 @@ class BlockWindowSampler:
 
     # ---- epochs and iteration -------------------------------------------------------------------------
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self.epoch:
-            self.epoch = int(epoch)
-            self._pending = None
-            self._active = None
-
     def __iter__(self) -> Iterator[list[int]]:
-        pos = self._pending if self._pending is not None else _Position((), 0)
-        self._pending = None
-        self._active = pos
+        pos = self._begin_pass()
         self._passes += 1
         plan = self._plans(self.epoch, pos.segments, self.world_size)[self.rank]
         seg = len(pos.segments)
@@ -238,7 +223,7 @@ class BlockWindowSampler:
 
     def __len__(self) -> int:
         pos = self._pending or (self._active if self._active and not self._active.finished else None)
-        pos = pos or _Position((), 0)
+        pos = pos or Position((), 0)
         return len(self._plans(self.epoch, pos.segments, self.world_size)[self.rank]) - pos.start
 
     # ---- checkpointing -------------------------------------------------------------------------------
@@ -251,7 +236,7 @@ class BlockWindowSampler:
         elif self._active is not None:
             pos, done = self._active, self._active.yielded
         else:
-            pos, done = _Position((), 0), 0
+            pos, done = Position((), 0), 0
         if consumed_batches is not None:
             limit = (len(self._plans(self.epoch, pos.segments, self.world_size)[self.rank]) - pos.start
                      if self._pending is None and self._active is not None else 0)
@@ -285,11 +270,11 @@ class BlockWindowSampler:
                 raise ValueError(f"sampler state says {k} steps of {steps} were consumed")
         *prior, (w_last, k_last) = segments
         if w_last == self.world_size:
-            pos = _Position(tuple(prior), k_last)
+            pos = Position(tuple(prior), k_last)
         elif k_last == 0:
-            pos = _Position(tuple(prior), 0)
+            pos = Position(tuple(prior), 0)
         else:
-            pos = _Position(tuple(prior) + ((w_last, k_last),), 0)
+            pos = Position(tuple(prior) + ((w_last, k_last),), 0)
         self.epoch = epoch
         self._active = None
         self._pending = pos

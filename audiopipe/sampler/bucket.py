@@ -20,6 +20,7 @@ from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.bucket_budget import BucketBudget
 from audiopipe.sampler.plan import BatchBudget, choose_pools, pair_overlap, validate_lengths
 from audiopipe.sampler.pools import EpochPlan, JoinedPlan, LengthOrder
+from audiopipe.sampler.passes import EpochPasses, Position
 
 STATE_FORMAT = "audiopipe.BucketBatchSampler/3"
 # States of an older plan: resuming one into this plan would train other batches than the ones it counted.
@@ -77,17 +78,9 @@ class SamplerDiagnostics:
         )
 
 
-@dataclass
-class _Position:
-    """Where a pass over an epoch starts: earlier world-size segments [(world_size, steps)] + start step."""
-
-    segments: tuple[tuple[int, int], ...]
-    start: int
-    yielded: int = 0
-    finished: bool = False
 
 
-class BucketBatchSampler:
+class BucketBatchSampler(EpochPasses):
     """Yields this rank's batches (lists of GLOBAL utterance indices) of one globally planned epoch.
 
     Budget: a batch of n items whose longest has m frames costs n*m + quadratic*n*m**2 (padded frames plus an
@@ -182,8 +175,8 @@ class BucketBatchSampler:
             pools = choose_pools(self._order.values, self._order.counts, self.budget, target, self._rng(_POOLS))
         self.pools = int(pools)
         self.epoch = 0
-        self._pending: _Position | None = None  # set by load_state_dict, consumed by the next iter()
-        self._active: _Position | None = None  # the pass in progress (or the last one)
+        self._pending: Position | None = None  # set by load_state_dict, consumed by the next iter()
+        self._active: Position | None = None  # the pass in progress (or the last one)
         self._cache: dict[tuple, Any] = {}
         # Told the batches `read_ahead` steps before they are yielded (make_loader: the dataset's read_ahead,
         # so the disk fetches them while the current batch is copied). Never changes what is yielded.
@@ -192,21 +185,10 @@ class BucketBatchSampler:
 
     # ---- epochs and iteration -------------------------------------------------------------------------
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iter() plans. Setting the current epoch again keeps a pending resume."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self.epoch:
-            self.epoch = int(epoch)
-            self._pending = None
-            self._active = None
-
     def __iter__(self) -> Iterator[list[int]]:
         # Planning and taking over a pending resume happen at the first next(), not here: a multi-worker
         # DataLoader calls iter() twice before drawing anything, and the resume must survive that.
-        pos = self._pending if self._pending is not None else _Position((), 0)
-        self._pending = None
-        self._active = pos
+        pos = self._begin_pass()
         current = self._deal(self.epoch, pos.segments)
         steps = current.steps[pos.start :, self.rank]
         ahead = self.read_ahead if self.on_upcoming is not None else 0
@@ -223,9 +205,9 @@ class BucketBatchSampler:
     def __len__(self) -> int:
         """Batches this rank gets in the next pass (or the pass in progress)."""
         pos = self._pending or (self._active if self._active and not self._active.finished else None)
-        return self._pass_length(pos or _Position((), 0))
+        return self._pass_length(pos or Position((), 0))
 
-    def _pass_length(self, pos: _Position) -> int:
+    def _pass_length(self, pos: Position) -> int:
         return self._deal(self.epoch, pos.segments).steps.shape[0] - pos.start
 
     # ---- checkpointing -------------------------------------------------------------------------------
@@ -241,7 +223,7 @@ class BucketBatchSampler:
         elif self._active is not None:
             pos, done = self._active, self._active.yielded
         else:
-            pos, done = _Position((), 0), 0
+            pos, done = Position((), 0), 0
         if consumed_batches is not None:
             limit = self._pass_length(pos) if self._pending is None and self._active is not None else 0
             if not 0 <= consumed_batches <= limit:
@@ -287,11 +269,11 @@ class BucketBatchSampler:
         *prior, (w_last, k_last) = segments
         earlier = tuple(prior)
         if w_last == self.world_size:
-            pos = _Position(earlier, k_last)  # same world size: continue the same deal
+            pos = Position(earlier, k_last)  # same world size: continue the same deal
         elif k_last == 0:
-            pos = _Position(earlier, 0)  # the last world size consumed nothing: deal as if it never ran
+            pos = Position(earlier, 0)  # the last world size consumed nothing: deal as if it never ran
         else:
-            pos = _Position(earlier + ((w_last, k_last),), 0)  # re-deal what is left to the new ranks
+            pos = Position(earlier + ((w_last, k_last),), 0)  # re-deal what is left to the new ranks
         self.epoch = epoch
         self._active = None
         self._pending = pos
@@ -309,7 +291,7 @@ class BucketBatchSampler:
     @property
     def diagnostics(self) -> SamplerDiagnostics:
         """Diagnostics of the current epoch as planned (including earlier world-size segments of a resume)."""
-        pos = self._pending or self._active or _Position((), 0)
+        pos = self._pending or self._active or Position((), 0)
         key = ("diag", self.epoch, pos.segments, self.world_size)
         if key not in self._cache:
             self._cache[key] = self._diagnose(self.epoch, pos.segments)
