@@ -8,6 +8,9 @@
 Tars are opened with webdataset's `gopen`, so `tar_url="pipe:aws s3 cp s3://bucket/shards/{path} -"` or
 `"https://host/shards/{path}"` stream from object storage; manifest.json and index.arrow are read locally.
 docs/loader.md explains the plan.
+
+May import: `audiopipe.reader` (the mmap dataset's index and shard checks and errors), `audiopipe.sampler` (the
+batch budget and the rank), `audiopipe.collate.pad`, `audiopipe.shard.checksum` and `audiopipe.shard.writer`.
 """
 
 from audiopipe.reader.wds.loader import WdsLoader, make_wds_loader
