@@ -131,10 +131,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "language); discovery names what is available and not kept")
     s.add_argument("--require-text", action="store_true",
                    help="refuse (no_text) every utterance without a transcript")
-    s.add_argument("--language", default="en", choices=("en", "zh", "auto"),
-                   help="transcript language for phones (default en: ARPAbet ids). zh or auto: GPT-SoVITS "
-                        "symbol ids, Chinese by jieba + pypinyin, English runs by CMU dict; auto decides per "
-                        "line (a manifest/Emilia `language` field, else the script). See docs/features.md")
+    s.add_argument("--language", default="en", choices=("en", "zh", "mixed", "auto"),
+                   help="transcript language for phones (default en: ARPAbet ids). zh, mixed or auto: GPT-SoVITS "
+                        "symbol ids, Chinese by jieba + pypinyin. zh drops Latin letters in Chinese lines, as "
+                        "GPT-SoVITS's own data preparation does; mixed reads them as English phones (CMU dict); "
+                        "auto decides per line (a manifest/Emilia `language` field, else the script) and reads "
+                        "Chinese lines as zh. See docs/features.md")
     s.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per CPU; more than the CPUs here is capped, and said). "
                         "0: build in this process only, no other process and no Ray (small jobs, debugging; "
@@ -178,7 +180,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--bert-checkpoint", default=None, metavar="DIR",
                    help="GPT-SoVITS stage 1, Chinese: per-phone BERT features (column `bert`, float16 [1024, phones]) "
                         "from this local chinese-roberta-wwm-ext-large folder (save_pretrained layout); needs "
-                        "phones with --language zh or auto. See docs/trainers/gpt_sovits.md")
+                        "phones with --language zh, mixed or auto. See docs/trainers/gpt_sovits.md")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--timings", default=None, metavar="FILE",
                    help="write where the wall time went as JSON: the driver's phases and, for every shard built, "

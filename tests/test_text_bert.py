@@ -63,9 +63,9 @@ def test_features_equal_gpt_sovits_own(bert_dir, tmp_path):
 
 def test_mixed_lines_zero_english_phones_and_misalignment_is_refused(bert_dir):
     bert = BertPhoneFeatures(bert_dir)
-    segs = gpt_sovits_segments("我们去 Boston 喝茶", "zh")
+    segs = gpt_sovits_segments("我们去 Boston 喝茶", "mixed")
     assert [s[0] for s in segs] == ["zh", "en", "zh"]
-    assert [p for s in segs for p in s[1]] == gpt_sovits_phones("我们去 Boston 喝茶", "zh")
+    assert [p for s in segs for p in s[1]] == gpt_sovits_phones("我们去 Boston 喝茶", "mixed")
     f = bert.phone_features(segs)
     n_zh1, n_en = len(segs[0][1]), len(segs[1][1])
     assert f.shape == (1024, sum(len(s[1]) for s in segs))
@@ -141,6 +141,6 @@ def test_shard_refuses_bert_without_gpt_sovits_phones(bert_dir, tmp_path, capsys
     (tmp_path / "c").mkdir()
     base = ["shard", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--bert-checkpoint"]
     assert cli([*base, str(bert_dir), "--preset", "gpt_sovits"]) == 2  # --language en: ARPAbet ids
-    assert "needs a preset with phones (gpt_sovits) and --language zh or auto" in capsys.readouterr().err
+    assert "needs a preset with phones (gpt_sovits) and --language zh, mixed or auto" in capsys.readouterr().err
     assert cli([*base, str(tmp_path / "nope"), "--preset", "gpt_sovits", "--language", "zh"]) == 2
     assert "BERT checkpoint folder not found" in capsys.readouterr().err

@@ -156,6 +156,9 @@ def test_normalize_zh(text, normalized):
     ("一点儿", "y i4 d ian3 EE er3"),  # erhua: a word-final 儿 takes the tone before it
     ("这儿", "zh e4 EE er4"),
     ("女儿", "n v3 EE er2"),  # 儿 as 'daughter' keeps its own tone
+    ("买了2斤", "m ai3 l e5 l iang3 j in1"),  # a lone 2 counting something is 两
+    ("第2个", "d i4 EE er4 g e5"),  # an ordinal 2 stays 二 (个 after a number is neutral)
+    ("故事", "g u4 sh ir5"),  # neutral by usage
 ])
 def test_gpt_sovits_chinese_phones(text, phones):
     assert " ".join(zh_g2p(text)) == phones
@@ -165,7 +168,11 @@ def test_gpt_sovits_chinese_phones(text, phones):
 def test_mixed_chinese_english_is_split_by_script():
     assert split_by_script("你好Hello world世界") == [("zh", "你好"), ("en", "Hello world"), ("zh", "世界")]
     # English through the CMU dictionary (hello: HH AH0 L OW1), Chinese around it.
-    assert " ".join(gpt_sovits_phones("你好Hello世界", "zh")) == "n i2 h ao3 HH AH0 L OW1 sh ir4 j ie4"
+    # mixed: English words read as English phones; zh (GPT-SoVITS's own data preparation): Latin letters dropped.
+    assert " ".join(gpt_sovits_phones("你好Hello世界", "mixed")) == "n i2 h ao3 HH AH0 L OW1 sh ir4 j ie4"
+    assert " ".join(gpt_sovits_phones("你好Hello世界", "zh")) == "n i2 h ao3 sh ir4 j ie4"
+    assert " ".join(gpt_sovits_phones("我们用GPU训练。", "zh")) == "w o3 m en5 y ong4 x vn4 l ian4 ."
+    assert gpt_sovits_phones("你好Hello世界", "auto") == gpt_sovits_phones("你好Hello世界", "zh")
     assert gpt_sovits_phones("Hello; world.", "en") == ["HH", "AH0", "L", "OW1", ",", "W", "ER1", "L", "D", "."]
 
 

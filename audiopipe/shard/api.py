@@ -163,8 +163,8 @@ def _build(corpus: str | Path | None, out: str | Path, *, preset: str, features:
     seed = _shard_seed(shard_seed)
     if checksum not in ALGORITHMS:
         raise JobError(f"unknown checksum {checksum!r}; choose from {', '.join(ALGORITHMS)}")
-    if language not in ("en", "zh", "auto"):
-        raise JobError(f"unknown language {language!r}; choose from en, zh, auto")
+    if language not in ("en", "zh", "mixed", "auto"):
+        raise JobError(f"unknown language {language!r}; choose from en, zh, mixed, auto")
     try:
         chosen = resolve([n.strip() for n in preset.split(",") if n.strip()])
     except ValueError as e:
@@ -179,13 +179,13 @@ def _build(corpus: str | Path | None, out: str | Path, *, preset: str, features:
             raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
         feats = [(k, {}) for k in kinds]
     if language != "en" and chosen.codec:
-        raise JobError("--language zh/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
+        raise JobError("--language zh/mixed/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
                        "(MFA TextGrids), so it takes --language en only")
     bert = None
     if bert_checkpoint:
         if not chosen.phones or language == "en":
             raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
-                           "phones (gpt_sovits) and --language zh or auto")
+                           "phones (gpt_sovits) and --language zh, mixed or auto")
         if not Path(bert_checkpoint).is_dir():
             raise JobError(f"BERT checkpoint folder not found: {bert_checkpoint}")
         bert = BertSettings(checkpoint=str(Path(bert_checkpoint).resolve()))

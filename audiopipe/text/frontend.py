@@ -1,18 +1,24 @@
 """Which front end a transcript goes to, and GPT-SoVITS phones for Chinese, English or mixed lines.
 
-Languages: `zh`, `en`, or `auto` (a line with a CJK ideograph is `zh`, else `en`). A `zh` line may hold English
-words: it is cut into runs by script, Latin runs (letters, inner apostrophes and spaces) go to the English G2P
-(`audiopipe.text.en_phones`: CMU dictionary, espeak-ng fallback) and the rest (digits included, read as
-Chinese numbers) to the Chinese one, as GPT-SoVITS's language segmenter does. English phones are ARPAbet with
-stress, which GPT-SoVITS's table holds; word boundaries are dropped and ; : fold into `,` as in its English
-cleaner.
+Languages:
+- `zh`: GPT-SoVITS v2's own Chinese path, the one its data preparation takes for a `zh` line: Latin letters are
+  dropped ("我们用GPU训练" reads 我们用训练), so a model fine-tuned from released GPT-SoVITS weights sees the
+  sequence it was trained on.
+- `mixed`: Chinese lines whose English words are read as English phones: the line is cut into runs by script,
+  Latin runs (letters, inner apostrophes and spaces) go to the English G2P (`audiopipe.text.en_phones`: CMU
+  dictionary, espeak-ng fallback) and the rest (digits included, read as Chinese numbers) to the Chinese one, as
+  GPT-SoVITS's language segmenter does at inference.
+- `en`: English only.
+- `auto`: per line, a line with a CJK ideograph (or a Chinese per-line tag) takes the `zh` rule, else `en`.
+English phones are ARPAbet with stress, which GPT-SoVITS's table holds; word boundaries are dropped and ; : fold
+into `,` as in its English cleaner.
 """
 
 from __future__ import annotations
 
 import re
 
-LANGUAGES = ("zh", "en", "auto")
+LANGUAGES = ("zh", "mixed", "en", "auto")
 _CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN_RUN = re.compile(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)*(?:[ \t]+[A-Za-z]+(?:['\u2019][A-Za-z]+)*)*")
 _EN_FOLD = {";": ",", ":": ","}
@@ -71,6 +77,9 @@ def gpt_sovits_segments(text: str, language: str = "zh",
     lang = resolve_language(text, check_language(language), line_language)
     if lang == "en":
         return [("en", english_phones(text), "")]
+    if lang == "zh":  # Latin letters are dropped by the normaliser and the G2P, as GPT-SoVITS's Chinese path does
+        norm = normalize_zh(text)
+        return [("zh", g2p_normalized(norm), norm)]
     out = []
     for part_lang, chunk in split_by_script(text):
         if part_lang == "en":
@@ -82,5 +91,5 @@ def gpt_sovits_segments(text: str, language: str = "zh",
 
 
 def gpt_sovits_phones(text: str, language: str = "zh", line_language: str | None = None) -> list[str]:
-    """Phones of one line in GPT-SoVITS's symbol table, for language 'zh', 'en' or 'auto'."""
+    """Phones of one line in GPT-SoVITS's symbol table, for language 'zh', 'mixed', 'en' or 'auto'."""
     return [ph for _, phones, _ in gpt_sovits_segments(text, language, line_language) for ph in phones]

@@ -37,6 +37,7 @@ NEUTRAL_BY_USAGE = frozenset("""
 东西 事情 地方 时候 朋友 衣服 明白 意思 知识 先生 学生 关系 消息 休息 告诉 喜欢 认识 清楚 漂亮 舒服 热闹 麻烦 客气
 什么 怎么 这么 那么 多么 这个 那个 名字 脑袋 眼睛 耳朵 头发 窗户 豆腐 萝卜 葡萄 玻璃 便宜 商量 打算 打听 收拾
 师傅 姑娘 媳妇 丈夫 兄弟 亲戚 买卖 生意 部分 功夫 力气 算盘 石头 木头 骨头 舌头 指头 枕头 馒头 月亮 太阳
+故事 笑话 主意 聪明 实在 粮食 意识 计划
 """.split())
 # Words whose doubled characters or 们/子 endings keep their tone.
 KEEP_TONE = frozenset("男子 女子 分子 原子 电子 量子 瓜子 莲子 学子 人人 哈哈 想想 整整 家家户户".split())

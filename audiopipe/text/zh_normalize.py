@@ -6,7 +6,8 @@ Rules (those of GPT-SoVITS's Chinese cleaner):
    -5℃ -> 零下五度 (度, or 摄氏度 when so written); mobile numbers digit by digit with 一 as 幺.
 1. Then Arabic numbers become Chinese numerals with cn2an's `an2cn` transform, which also reads the common
    patterns: years digit by digit (2024年 -> 二零二四年), percentages (50% -> 百分之五十), fractions (1/2 ->
-   二分之一), decimals (3.14 -> 三点一四), ranges (1-2天 -> 一到二天).
+   二分之一), decimals (3.14 -> 三点一四), ranges (1-2天 -> 一到二天). A lone 2 before a measure word or 万/千/亿
+   counts something and is read 两 (两个, 两万, 两斤), as GPT-SoVITS reads it.
 2. 嗯 is written 恩 and 呣 母 (pypinyin reads them with no vowel, which has no phone).
 3. Punctuation folds into the six marks the symbol table has: ：；，·、/ -> `,`  。$ -> `.`  ！ -> `!`
    ？ -> `?`  ... ~ ～ -> `…`  — -> `-`, and a newline ends a sentence (`.`).
@@ -53,6 +54,11 @@ _ISO_DATE = re.compile(r"(\d{4})([-/.])(0[1-9]|1[012])\2(0[1-9]|[12]\d|3[01])")
 _TIME = re.compile(r"(?<!\d)([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?(?!\d)")
 _TEMPERATURE = re.compile(r"(-?)(\d+(?:\.\d+)?)(°C|℃|摄氏度|度)")
 _MOBILE = re.compile(r"(?<!\d)((?:\+?86 ?)?1(?:[38]\d|5[0-35-9]|7[678]|9[89])\d{8})(?!\d)")
+# A lone 2 counting something is 两, not 二 (两个, 两万, 两斤): before a measure word or a large-number unit. Ordinal
+# and clock uses (2号, 2楼, 第2个, 2点) and 2 inside longer numbers (12斤, 2.5万) stay 二, as GPT-SoVITS reads them.
+_COUNTED_TWO = re.compile(r"(?<![\d.第])2(?![\d.])(?=(?:万|千|亿|个|只|本|张|条|件|位|辆|家|杯|层|岁|天|年(?!\d)|"
+                          r"斤|元|块|人|种|句|双|对|把|台|部|首|篇|份|节|门|片|棵|朵|匹|头|口|间|所|座|架|艘|"
+                          r"小时|分钟|周|星期|米|公斤))")
 
 
 def _digits(s: str, alt_one: bool = False) -> str:
@@ -81,7 +87,8 @@ def read_patterns(text: str) -> str:
     text = _TIME.sub(_time, text)
     text = _TEMPERATURE.sub(lambda m: ("零下" if m.group(1) else "") + _an2cn()(m.group(2), "an2cn")
                             + ("摄氏度" if m.group(3) == "摄氏度" else "度"), text)
-    return _MOBILE.sub(lambda m: "，".join(_digits(p, alt_one=True) for p in m.group(1).lstrip("+").split()), text)
+    text = _MOBILE.sub(lambda m: "，".join(_digits(p, alt_one=True) for p in m.group(1).lstrip("+").split()), text)
+    return _COUNTED_TWO.sub("两", text)
 
 
 def read_numbers(text: str) -> str:
