@@ -25,6 +25,7 @@ import soundfile as sf
 
 # espeak-ng synthesis lives in audiopipe.corpus.synthetic (tests and benchmarks); these names stay importable here.
 from audiopipe.corpus.synthetic import ESPEAK_SENTENCES, ESPEAK_VOICES, MissingSource, speak  # noqa: F401
+from audiopipe.errors import InvalidValue
 
 SOUNDS = Path("/usr/share/asterisk/sounds")
 DOCS = Path("/usr/share/doc")
@@ -89,7 +90,7 @@ def usable_asterisk_prompts(n: int | None = None, min_s: float = 0.3, max_s: flo
               and min_s <= sf.info(str(voice.sounds / f"{name}.wav")).duration <= max_s]
     if n is not None:
         if n > len(usable):
-            raise ValueError(f"asked for {n} prompts of {voice.folder}, only {len(usable)} are usable")
+            raise InvalidValue(f"asked for {n} prompts of {voice.folder}, only {len(usable)} are usable")
         usable = [usable[i * len(usable) // n] for i in range(n)]
     return usable
 
