@@ -368,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in LOADERS]
     if unknown:
         raise InvalidValue(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    args.feature = column_name(args.feature)  # one note for an alias, then the column's name throughout
     corpus = _corpus_info(shards, args.feature)
     index_sha = json.loads((shards / "manifest.json").read_text())["index"]["sha256"]
     cache = Path(args.cache or Path(tempfile.gettempdir()) / f"audiopipe-bench-{index_sha[:12]}")
