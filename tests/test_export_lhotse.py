@@ -146,12 +146,12 @@ def test_refusals_are_one_line_and_leave_nothing(mixed, whole, tmp_path, capsys)
     out = tmp_path / "x"
     with pytest.raises(ExportError, match=r"has no feature codes \(it has pcm, fbank, mel, energy\)"):
         export_lhotse(mixed.shards, out, features=["codes"])
-    with pytest.raises(ExportError, match="--audio pcm needs shards that hold the pcm feature"):
+    with pytest.raises(ExportError, match="audio='pcm' needs shards that hold the pcm feature"):
         export_lhotse(whole.shards, out, audio="pcm")
     # Segments of long recordings cannot point at their files: refused at the first such row, mid-export,
     # and the staged folder goes with it.
     with pytest.raises(ExportError, match=r"utterance 'rec0-0' cannot point at .*rec0\.wav: the row is .* \(a "
-                                          r"segment of a longer recording\); use --audio pcm"):
+                                          r"segment of a longer recording\); use audio=\'pcm\'"):
         export_lhotse(mixed.shards, out, audio="source")
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with pytest.raises(ExportError, match="not found"):
@@ -171,7 +171,7 @@ def test_overwrite_only_replaces_an_earlier_export(mixed, tmp_path, capsys):
     assert run(p.parse_args(["--shards", str(mixed.shards), "--out", str(out), "--features", "fbank",
                              "--no-progress"])) == 0
     assert "exported 14 cuts" in capsys.readouterr().out
-    with pytest.raises(ExportError, match="pass --overwrite"):
+    with pytest.raises(ExportError, match="pass overwrite=True"):
         export_lhotse(mixed.shards, out)
     export_lhotse(mixed.shards, out, overwrite=True, audio="none", features=["mel"])
     assert not list(out.glob("fbank.*")) and list(out.glob("mel.*")) and not list(out.glob("recording.*"))

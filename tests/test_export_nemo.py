@@ -74,7 +74,7 @@ def test_source_paths_for_whole_files_and_refusals(whole, mixed, tmp_path, capsy
     bad = tmp_path / "bad"
     with pytest.raises(ExportError, match="a segment of a longer recording"):
         export_nemo(mixed.shards, bad, audio="source")
-    with pytest.raises(ExportError, match="--audio pcm needs shards that hold the pcm feature"):
+    with pytest.raises(ExportError, match="audio='pcm' needs shards that hold the pcm feature"):
         export_nemo(whole.shards, bad, audio="pcm")
     assert not bad.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
     p = argparse.ArgumentParser()

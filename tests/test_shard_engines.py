@@ -162,15 +162,15 @@ def test_workers_are_capped_by_the_cpus_and_by_the_shards_and_it_is_said(asteris
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--min-duration", "nan", "--min-duration must be a finite number"),
-    ("--max-duration", "-1", "--max-duration must be more than 0"),
-    ("--max-duration", "inf", "--max-duration must be a finite number"),
-    ("--min-duration", "40", "--min-duration (40 s) must be less than --max-duration (30 s)"),
-    ("--silence-dbfs", "6", "--silence-dbfs must be at most 0"),
-    ("--max-channels", "0", "--max-channels must be at least 1"),
-    ("--codec-batch-size", "0", "--codec-batch-size must be at least 1"),
-    ("--shard-size", "0", "--shard-size must be at least 1"),
-    ("--workers", "-2", "--workers must be at least 0"),
+    ("--min-duration", "nan", "--min-duration nan: must be a finite number"),
+    ("--max-duration", "-1", "--max-duration -1.0: must be more than 0"),
+    ("--max-duration", "inf", "--max-duration inf: must be a finite number"),
+    ("--min-duration", "40", "--min-duration 40 must be less than --max-duration 30 (seconds)"),
+    ("--silence-dbfs", "6", "--silence-dbfs 6.0: must be at most 0"),
+    ("--max-channels", "0", "--max-channels 0: must be at least 1"),
+    ("--codec-batch-size", "0", "--codec-batch-size 0: must be at least 1"),
+    ("--shard-size", "0", "--shard-size 0: must be at least 1"),
+    ("--workers", "-2", "--workers -2: must be at least 0"),
 ])
 def test_numeric_options_that_are_not_finite_or_not_ordered_get_one_line(flag, value, message, synthetic_corpus,
                                                                         tmp_path, capsys):
@@ -181,7 +181,7 @@ def test_numeric_options_that_are_not_finite_or_not_ordered_get_one_line(flag, v
 
 
 def test_the_python_entry_point_checks_the_same_and_returns_the_summary(synthetic_corpus, tmp_path):
-    with pytest.raises(JobError, match="--min-duration must be a finite number"):
+    with pytest.raises(JobError, match="min_duration=nan: must be a finite number"):
         shard(synthetic_corpus.root, tmp_path / "o", min_duration=float("nan"))
     with pytest.raises(JobError, match="unknown engine"):
         shard(synthetic_corpus.root, tmp_path / "o", engine="spark")

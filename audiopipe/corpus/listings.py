@@ -15,6 +15,7 @@ import zlib
 from typing import Any, Iterator
 
 from audiopipe.corpus.transcripts import TranscriptError
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.storage import guard
 
 
@@ -26,8 +27,8 @@ def regular_file(path: str, what: str = "manifest") -> str:
         guard.regular(path, what)
     except guard.Refused as e:
         if e.reason == "missing":
-            raise FileNotFoundError(f"{what} not found: {guard.shown(path)}") from None
-        raise ValueError(f"{what} is not a regular file: {guard.shown(path)}") from None
+            raise NotFound(f"{what} not found: {guard.shown(path)}") from None
+        raise InvalidValue(f"{what} is not a regular file: {guard.shown(path)}") from None
     return path
 
 

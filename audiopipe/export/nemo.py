@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 import soundfile as sf
 
+from audiopipe.errors import AudiopipeWarning
 from audiopipe.export.audio import SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError
 from audiopipe.export.shardset import ShardSource, add_export_arguments, progress_bar
@@ -62,7 +64,7 @@ def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "au
     sources = SourceAudio(src.corpus, src.trimmed, src.root) if mode == "source" else None
     pcm_rate = int(src.pcm.sample_rate) if mode == "pcm" else None
     src.open(pcm=mode == "pcm")
-    rows = 0
+    rows = empty = 0
     seconds = 0.0
     with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_nemo, what="NeMo") as tmp, \
             progress_bar(len(src), "export-nemo", progress) as bar, \
@@ -88,10 +90,14 @@ def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "au
                             item["lang" if c == "language" else c] = row[c]
                     f.write(json.dumps(item, ensure_ascii=False) + "\n")
                     rows += 1
+                    empty += not (row["text"] or "").strip()
                     seconds += located.duration
                 bar.update(len(chunk))
+    if empty:
+        warnings.warn(AudiopipeWarning(f"{empty} of {rows} lines have an empty \"text\" (utterances without a "
+                                       f"transcript); reshard with require_text=True to leave them out"), stacklevel=2)
     return {"shards": str(src.root), "out": str(out_dir), "rows": rows, "hours": round(seconds / 3600, 6),
-            "audio": mode, "pcm_rate": pcm_rate, "extra_columns": src.extra_columns}
+            "audio": mode, "pcm_rate": pcm_rate, "extra_columns": src.extra_columns, "untranscribed": empty}
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:

@@ -40,10 +40,10 @@ def staged_folder(out: str | os.PathLike[str], *, overwrite: bool, looks_like: C
         raise ExportError(f"{out} exists and is not a folder")
     replace = out.is_dir() and any(out.iterdir())
     if replace and not overwrite:
-        raise ExportError(f"{out} is not empty; pass --overwrite to replace an earlier {what} export there")
+        raise ExportError(f"{out} is not empty; pass overwrite=True to replace an earlier {what} export there")
     if replace and not looks_like(out):
         raise ExportError(f"{out} is not empty and does not look like a {what} export: not replaced (remove it "
-                          f"or choose another --out)")
+                          f"or choose another out=)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_for(out)
     shutil.rmtree(tmp, ignore_errors=True)  # left by a killed export of this same process id

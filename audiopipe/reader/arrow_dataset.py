@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from audiopipe.collate.rows import RowBatch, Rows
+from audiopipe.errors import InvalidValue, OutOfRange
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity
 from audiopipe.reader.blocks import BlockTable, block_rows, cut_blocks
@@ -54,8 +55,9 @@ def feature_channels(where: Any, specs: dict[str, Any], features: Sequence[str],
     for name, want in (expect or {}).items():
         have = specs.get(name, {}).get("hash")
         if have != want:
-            raise ConfigMismatch(f"feature {name!r} in {where} was made with config {have}, but this trainer "
-                                 f"expects {want}; re-extract with the trainer's preset or point at matching shards")
+            raise ConfigMismatch(f"feature {name!r} in {where} was made with config {have}, but expect= asks "
+                                 f"for {want}; re-extract with the preset that config comes from, or point at "
+                                 f"matching shards")
     return {f: specs[f]["channels"] if f in specs else _EXTRA_ARRAYS[f] for f in features}
 
 
@@ -83,7 +85,7 @@ class ShardDataset:
                  check_shards: bool = True):
         self.verify = integrity.verify_mode(verify)
         if on_corrupt not in integrity.ON_CORRUPT:
-            raise ValueError(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
+            raise InvalidValue(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
         self.on_corrupt = on_corrupt
         self._open = OpenShards(max_open)
         self.root = self._root(shards)
@@ -256,7 +258,7 @@ class ShardDataset:
         """Global indices as int64, negatives wrapped; an index past either end is an IndexError."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
+            raise OutOfRange(f"index out of range for a dataset of {len(self)} utterances")
         return idx % max(len(self), 1)
 
     def _by_shard(self, idx: np.ndarray) -> Iterator[tuple[int, Any, np.ndarray, np.ndarray]]:

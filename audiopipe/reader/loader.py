@@ -30,6 +30,7 @@ import torch
 
 from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator, padded_bytes
+from audiopipe.errors import InvalidValue
 from audiopipe.reader import integrity
 from audiopipe.reader.open_dataset import is_remote, open_dataset, shard_sets
 from audiopipe.reader.prefetch import PrefetchIterator
@@ -37,6 +38,7 @@ from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
+from audiopipe.features.names import column_names
 
 if TYPE_CHECKING:
     from audiopipe.sampler.bucket_budget import BucketBudget
@@ -217,18 +219,21 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
         to the group's); a loader built on one rank alone (rank=0, world_size=1) skips what it found, and runs
         none.
     """
+    features = column_names(features)  # vocos_mel -> mel, kaldi_fbank -> fbank (features/names.py)
+    length_feature = column_names(length_feature)[0] if length_feature else None
+    collate_features = column_names(collate_features) if collate_features else collate_features
     opts = reading if reading is not None else Reading()
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"prefetch must be an integer >= 0 (batches made ready ahead), got {prefetch!r}")
+        raise InvalidValue(f"prefetch must be an integer >= 0 (batches made ready ahead), got {prefetch!r}")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here")
+        raise InvalidValue(f"device={device!r} but CUDA is not available here")
     mixed = not isinstance(shards, (str, Path))
     names = [str(s) for s in shard_sets(shards)]
     if mixed:
         mix_weights = check_weights(weights, names)  # before opening anything: a typo fails at once
     elif weights is not None:
-        raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
+        raise InvalidValue("weights= goes with a list of shard folders; one folder is read as it is")
     remote = is_remote(shards)
     ds = open_dataset(shards, features, expect=expect, verify=verify, on_corrupt=on_corrupt, reading=opts,
                       agree_on_skips=on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size))
@@ -246,8 +251,8 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
         sampler.on_release = ds.release_blocks
     else:
         if opts.nodes != 1:
-            raise ValueError("Reading(nodes=...) partitions shards by node for block-window reading; "
-                             "give mode='blocks'")
+            raise InvalidValue("Reading(nodes=...) partitions shards by node for block-window reading; "
+                               "give mode='blocks'")
         sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size)
     mix = None

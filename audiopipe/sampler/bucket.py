@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
 from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
@@ -137,20 +138,20 @@ class BucketBatchSampler(EpochPasses):
         self.lengths.setflags(write=False)
         if isinstance(max_frames, BucketBudget):  # per-length-bucket budgets (audiopipe/sampler/bucket_budget.py)
             if quadratic:
-                raise ValueError("quadratic adds an attention term to one global max_frames; a bucket budget was "
-                                 "measured on the real cost per bucket: leave quadratic at 0")
+                raise InvalidValue("quadratic adds an attention term to one global max_frames; a bucket budget was "
+                                   "measured on the real cost per bucket: leave quadratic at 0")
             self.budget: BatchBudget | BucketBudget = max_frames.capped(max_items)
         else:
             self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
                                       float(quadratic), max_items)
         if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
-            raise ValueError(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
+            raise InvalidValue(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
         if not 0 <= min_efficiency < 1:
-            raise ValueError(f"min_efficiency must be in [0, 1) (0 turns it off), got {min_efficiency!r}")
+            raise InvalidValue(f"min_efficiency must be in [0, 1) (0 turns it off), got {min_efficiency!r}")
         if int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed!r}")
+            raise InvalidValue(f"seed must be >= 0, got {seed!r}")
         if uneven not in ("repeat", "drop"):
-            raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
+            raise InvalidValue(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
         self.min_efficiency = float(min_efficiency)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
@@ -227,7 +228,7 @@ class BucketBatchSampler(EpochPasses):
         if consumed_batches is not None:
             limit = self._pass_length(pos) if self._pending is None and self._active is not None else 0
             if not 0 <= consumed_batches <= limit:
-                raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
+                raise InvalidValue(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
             done = int(consumed_batches)
         segments = [list(s) for s in pos.segments] + [[self.world_size, pos.start + done]]
         return {
@@ -242,30 +243,30 @@ class BucketBatchSampler(EpochPasses):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from state_dict(): the next iter() yields exactly this rank's remaining batches."""
         if isinstance(state, dict) and state.get("format") in _OLD_FORMATS:
-            raise ValueError(
+            raise InvalidValue(
                 f"this sampler state has format {state['format']!r}, saved by an older audiopipe whose epoch plan "
                 f"differs ({STATE_FORMAT!r} now): it cannot resume mid-epoch into this plan; restart the epoch "
                 f"(drop the sampler state, keep the epoch number)"
             )
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
+            raise InvalidValue(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
         if state["lengths_sha256"] != self._fingerprint:
-            raise ValueError(
+            raise InvalidValue(
                 f"the state was saved for other lengths ({state['num_items']} items, sha256 {state['lengths_sha256']}) "
                 f"than this sampler's ({self.lengths.size} items, sha256 {self._fingerprint}): another corpus or index?"
             )
         diff = {k: (v, self._config().get(k)) for k, v in state["config"].items() if self._config().get(k) != v}
         if diff:
-            raise ValueError(f"the state was saved with another sampler config (saved, now): {diff}")
+            raise InvalidValue(f"the state was saved with another sampler config (saved, now): {diff}")
         segments = tuple((int(w), int(k)) for w, k in state["segments"])
         if not segments or any(w < 1 or k < 0 for w, k in segments):
-            raise ValueError(f"corrupt sampler state segments: {state['segments']}")
+            raise InvalidValue(f"corrupt sampler state segments: {state['segments']}")
         epoch = int(state["epoch"])
         # Validate every step count against its deal now rather than failing at the first batch.
         for j in range(len(segments)):
             steps = self._deal(epoch, segments[:j], world_size=segments[j][0]).steps.shape[0]
             if segments[j][1] > steps:
-                raise ValueError(f"sampler state says {segments[j][1]} steps of {steps} were consumed")
+                raise InvalidValue(f"sampler state says {segments[j][1]} steps of {steps} were consumed")
         *prior, (w_last, k_last) = segments
         earlier = tuple(prior)
         if w_last == self.world_size:
@@ -357,7 +358,7 @@ class BucketBatchSampler(EpochPasses):
     def _epoch_items(self, epoch: int) -> np.ndarray:
         items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
         if items.size and (items.min() < 0 or items.max() >= self.lengths.size):
-            raise ValueError(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
+            raise InvalidValue(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
         return items
 
     def _plan_uncached(self, epoch: int) -> EpochPlan | JoinedPlan:

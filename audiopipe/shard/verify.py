@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
+from audiopipe.errors import NotFound
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import Checksum, checksum_of, file_checksum, new_hash
 from audiopipe.shard.columns import ListColumn
@@ -123,10 +125,10 @@ class _Files:
     def manifest(self) -> dict[str, Any]:
         if self.url is not None and self.fetch(MANIFEST_NAME) is None:
             if self.fs.get_file_info(self.url.bucket).type.name == "NotFound":
-                raise FileNotFoundError(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
-                                        f"credentials cannot see it)")
-            raise FileNotFoundError(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
-                                    f"{self.url}` first (or it has not finished)")
+                raise NotFound(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
+                               f"credentials cannot see it)")
+            raise NotFound(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
+                           f"{self.url}` first (or it has not finished)")
         return read_manifest(self.root)
 
     def fetch(self, rel: str, algorithm: str = "sha256") -> Path | None:
@@ -164,15 +166,17 @@ class _Files:
             remove_scratch(self.root)
 
 
-def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
+def verify(shards_dir: str | Path, tars: bool = True, progress: bool = False) -> VerifyReport:
+    """Re-read every shard of `shards_dir` against its checksums and rows (tars too, unless tars=False);
+    progress=True shows a bar of the utterances checked on stderr."""
     files = _Files(shards_dir)
     try:
-        return _verify(files, tars)
+        return _verify(files, tars, progress)
     finally:
         files.close()
 
 
-def _verify(files: _Files, tars: bool) -> VerifyReport:
+def _verify(files: _Files, tars: bool, progress: bool = False) -> VerifyReport:
     m = files.manifest()
     specs = m["features"]
     report = VerifyReport()
@@ -188,14 +192,19 @@ def _verify(files: _Files, tars: bool) -> VerifyReport:
                     f"changed in version 2); reshard, or verify the Arrow shards alone with --no-tar")
         tars = False
     owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
-    for sh in m["shards"]:
-        report.shards += 1
-        kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
-        try:
-            _verify_shard(files, sh, specs, kinds, tars, aligned, owner, report)
-        finally:
-            for kind in kinds:
-                files.drop(sh[kind]["path"])
+    from tqdm import tqdm
+
+    with tqdm(total=sum(int(sh.get("rows", 0)) for sh in m["shards"]), unit="utt", desc="verify",
+              disable=not progress, file=sys.stderr) as bar:
+        for sh in m["shards"]:
+            report.shards += 1
+            kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
+            try:
+                _verify_shard(files, sh, specs, kinds, tars, aligned, owner, report)
+            finally:
+                for kind in kinds:
+                    files.drop(sh[kind]["path"])
+            bar.update(int(sh.get("rows", 0)))
     return report
 
 

@@ -28,6 +28,7 @@ from audiopipe.corpus.hints import USED_EXTRA
 from audiopipe.corpus.listings import plain_value, regular_file, text_of
 from audiopipe.corpus.manifests.common import Read, source_of
 from audiopipe.corpus.tarmembers import Member, list_members
+from audiopipe.errors import InvalidValue
 
 
 def _load(path: str) -> Any:
@@ -36,7 +37,7 @@ def _load(path: str) -> Any:
     try:
         return load_manifest_lazy_or_eager(path)
     except Exception as e:  # lhotse raises many kinds for a malformed manifest
-        raise ValueError(f"{path}: lhotse cannot read it as a manifest ({type(e).__name__}: {e})") from None
+        raise InvalidValue(f"{path}: lhotse cannot read it as a manifest ({type(e).__name__}: {e})") from None
 
 
 def _items(manifest: Any, path: str) -> Any:
@@ -50,7 +51,7 @@ def _items(manifest: Any, path: str) -> Any:
         except StopIteration:
             return
         except Exception as e:  # lhotse raises many kinds for a malformed item
-            raise ValueError(f"{path}: lhotse cannot read item {n + 1} ({type(e).__name__}: {e})") from None
+            raise InvalidValue(f"{path}: lhotse cannot read item {n + 1} ({type(e).__name__}: {e})") from None
         n += 1
         yield item
 
@@ -141,11 +142,11 @@ def read(paths: list[str], root: str, options: Any) -> Read:
             for c in _items(m, p):
                 out.entries.append(_cut_entry(c, name, root, cwd, keep, out))
         else:
-            raise ValueError(f"{p}: a lhotse {type(m).__name__} holds no audio; give recordings + supervisions "
-                             f"or cuts")
+            raise InvalidValue(f"{p}: a lhotse {type(m).__name__} holds no audio; give recordings + supervisions "
+                               f"or cuts")
     if supervisions and not recordings:
-        raise ValueError("lhotse supervisions name their audio by recording id only: give the recordings "
-                         "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
+        raise InvalidValue("lhotse supervisions name their audio by recording id only: give the recordings "
+                           "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
     if recordings and not supervisions:
         hint = next((s for s in map(_sibling_supervisions, recording_files) if s), None)
         out.notes.append(f"only lhotse recordings were given: {len(recordings)} whole recordings without text "
@@ -225,11 +226,11 @@ def _span(item: Any) -> tuple[float, float]:
     """[start, start + duration) of a supervision or cut, in seconds; ValueError when they are not numbers (a
     nan or inf is left to the cut, which refuses it as `bad_segment`)."""
     if isinstance(item.start, bool) or isinstance(item.duration, bool):
-        raise ValueError("start and duration must be seconds")
+        raise InvalidValue("start and duration must be seconds")
     try:
         start, duration = float(item.start), float(item.duration)
     except (TypeError, ValueError):
-        raise ValueError(f"start and duration must be seconds, got {item.start!r:.40} and {item.duration!r:.40}") \
+        raise InvalidValue(f"start and duration must be seconds, got {item.start!r:.40} and {item.duration!r:.40}") \
             from None
     return start, start + duration
 
@@ -269,8 +270,8 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
         parts = _shar_parts(folder)
         if not any(os.path.isfile(t) for _, t in parts):
             gz = [n for n in os.listdir(folder) if n.startswith("recording.") and n.endswith(".tar.gz")]
-            raise ValueError(f"{folder}: this lhotse Shar folder has no uncompressed recording tars "
-                             f"(recording.000000.tar)" + (": compressed tars cannot be read in place, "
+            raise InvalidValue(f"{folder}: this lhotse Shar folder has no uncompressed recording tars "
+                               f"(recording.000000.tar)" + (": compressed tars cannot be read in place, "
                                                           "decompress them first" if gz else
                                                           "; it was written without its audio"))
         for cuts_path, tar in parts:
