@@ -283,3 +283,25 @@ def test_trains_from_an_s3_prefix_as_from_the_folder(f5_shards, s3, tmp_path):
         logs.append([r["loss"] for r in _log(out)])
     assert len(logs[0]) == 2 and logs[0] == logs[1]
     assert (tmp_path / "s3" / "vocab.txt").read_text() == (tmp_path / "local" / "vocab.txt").read_text()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_compile_at_fixed_shapes_gives_eager_losses(f5_shards, tmp_path, monkeypatch):
+    """--shapes 1 --compile: torch.compile (inductor, gcc) at one batch shape trains the losses eager mode trains,
+    step by step, within float tolerance (inductor draws its random numbers as eager mode does with
+    fallback_random; by default it draws other ones, and the losses differ by the noise). Every batch is padded
+    to the shape, and the log carries its fill. ~100 s of compiling on a loaded 2-core machine: 2 steps only."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    runs = {}
+    for mode in ("eager", "compile"):
+        out = tmp_path / mode
+        f5.main(["--shards", str(f5_shards), "--config", "tiny", "--out", str(out), "--max-steps", "2",
+                 "--log-every", "1", "--batch-frames", "1600", "--shapes", "1", "--lr", "1e-3",
+                 *(["--compile"] if mode == "compile" else [])])
+        runs[mode] = _log(out)
+    eager, comp = ([r["loss"] for r in runs[m]] for m in ("eager", "compile"))
+    assert len(eager) == 2 and np.allclose(comp, eager, rtol=1e-4, atol=1e-5), (eager, comp)
+    # Fill: each batch's padded frames (the shape's rows x edge) over the budget.
+    assert all(0.5 < r["fill"] <= 1 for r in runs["eager"])
