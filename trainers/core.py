@@ -149,7 +149,7 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
                        help=f"{helps.get(f.name, '')}{shown}".strip())
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (inductor); with --shapes it meets at most that many batch "
-                        "shapes, so it compiles at most that many times (docs/trainers/core.md)")
+                        "shapes, so it compiles at most that many times (default off; docs/trainers/core.md)")
     if extra:
         extra(p)
     a = p.parse_args(argv)
