@@ -286,22 +286,15 @@ def test_trains_from_an_s3_prefix_as_from_the_folder(f5_shards, s3, tmp_path):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_compile_at_fixed_shapes_gives_eager_losses(f5_shards, tmp_path, monkeypatch):
-    """--shapes 1 --compile: torch.compile (inductor, gcc) at one batch shape trains the losses eager mode trains,
-    step by step, within float tolerance (inductor draws its random numbers as eager mode does with
-    fallback_random; by default it draws other ones, and the losses differ by the noise). Every batch is padded
-    to the shape, and the log carries its fill. ~100 s of compiling on a loaded 2-core machine: 2 steps only."""
-    import torch._inductor.config
-
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
-    runs = {}
-    for mode in ("eager", "compile"):
-        out = tmp_path / mode
-        f5.main(["--shards", str(f5_shards), "--config", "tiny", "--out", str(out), "--max-steps", "2",
-                 "--log-every", "1", "--batch-frames", "1600", "--shapes", "1", "--lr", "1e-3",
-                 *(["--compile"] if mode == "compile" else [])])
-        runs[mode] = _log(out)
-    eager, comp = ([r["loss"] for r in runs[m]] for m in ("eager", "compile"))
-    assert len(eager) == 2 and np.allclose(comp, eager, rtol=1e-4, atol=1e-5), (eager, comp)
-    # Fill: each batch's padded frames (the shape's rows x edge) over the budget.
-    assert all(0.5 < r["fill"] <= 1 for r in runs["eager"])
+def test_shapes_pads_to_one_shape_and_trains_on_empty_rows(f5_shards, tmp_path):
+    """--shapes 1: every batch has the one shape, its empty rows get empty transcripts, and the loss stays finite
+    (the empty rows' frames are masked everywhere, and their all-masked attention never reaches a real frame)."""
+    out = tmp_path / "run"
+    f5.main(["--shards", str(f5_shards), "--config", "tiny", "--out", str(out), "--max-steps", "2",
+             "--log-every", "1", "--batch-frames", "1600", "--shapes", "1", "--lr", "1e-3"])
+    log = _log(out)
+    assert len(log) == 2 and all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in log)
+    # Fill: each batch's padded frames (the shape's rows x edge) over the budget: one shape, one figure.
+    assert len({r["fill"] for r in log}) == 1 and 0.5 < log[0]["fill"] <= 1
+    batch = {"mel": torch.zeros(4, 100, 8), "text": ["ab", "c"]}
+    assert f5.AddTextIds(f5.Tokenizer())(batch)["text_ids"].shape[0] == 4
