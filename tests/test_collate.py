@@ -391,7 +391,7 @@ def test_shapes_pad_time_to_the_edge_and_items_to_its_size(lengths, channels, dt
 
 
 def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_path):
-    """make_loader's defaults plan a corpus of 2 budgets as several passes (fuller batches than one pass), and
+    """make_loader(passes=None) plans a corpus of 2 budgets as several passes (fuller batches than one pass), and
     shapes=2 hands over batches of the sampler's two shapes only, the items first and exact."""
     from reader_helpers import write_shards
 
@@ -402,11 +402,11 @@ def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_pa
     one = make_loader(w.root, ["mel"], max_frames=10**9, passes=1, prefetch=0)
     lengths = one.sampler.lengths
     budget = max(int(lengths.sum()) // 2, int(lengths.max()))
-    one = make_loader(w.root, ["mel"], max_frames=budget, passes=1, prefetch=0)
-    auto = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0)
+    one = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0)
+    auto = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0, passes=None)
     assert one.sampler.passes == 1 and auto.sampler.passes > 1
     assert auto.sampler.diagnostics.fill_ratio > one.sampler.diagnostics.fill_ratio
-    shaped = make_loader(w.root, ["mel"], max_frames=budget, shapes=2, prefetch=0, passes=1)
+    shaped = make_loader(w.root, ["mel"], max_frames=budget, shapes=2, prefetch=0)
     allowed = set(zip(shaped.sampler.shapes.sizes, shaped.sampler.shapes.edges))
     ds = ShardDataset(w.root, ["mel"])
     seen = set()

@@ -586,7 +586,9 @@ def test_passes_resume_mid_epoch_and_equal_ranks(cfg, data):
     assert len({len(b) for b in full}) == 1
     kept = (lengths > 0) & BatchBudget(cfg["max_frames"], cfg["quadratic"]).fits_alone(lengths)
     flat = [i for bs in full for b in bs for i in b]
-    d = make(0).diagnostics
+    probe = make(0)
+    probe.set_epoch(epoch)
+    d = probe.diagnostics
     if not d.repeated and not d.dropped_uneven:  # every kept item 3 times (the top-up: 4), the others never
         counts = Counter(flat)
         assert set(counts) == set(np.flatnonzero(kept).tolist()) and set(counts.values()) <= {3, 4}

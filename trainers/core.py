@@ -54,7 +54,7 @@ class RunConfig:
     max_items: int | None = None
     min_efficiency: float = 0.97  # split the most wasteful batches until the epoch pads no more than this
     pools: int = 0  # random pools an epoch is sorted in; 0: automatic
-    passes: int = 0  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
+    passes: int = 1  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
     shapes: int = 0  # at most this many batch shapes in the run; 0: off
     compile: bool = False  # torch.compile the model's forward and backward
     grad_accum: int = 1
@@ -83,7 +83,7 @@ FLAG_HELP = {
                       "full batches; docs/sampler.md)",
     "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
     "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
-              "it fills fewer than 4 batches, so that batches are full; 1 = one pass)",
+              "it fills fewer than 4 batches, so that batches are full: use it on small corpora)",
     "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
               "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
@@ -412,6 +412,10 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
+    small = getattr(loader.sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
+    if d.main and loader.mix is None and cfg.passes == 1 and small is not None and small() > 1:
+        print(f"[{log_name}] this corpus fills fewer than 4 batches of the budget, so its batches are mostly "
+              f"empty; --passes 0 plans several passes an epoch with full ones", flush=True)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")

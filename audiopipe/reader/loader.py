@@ -163,7 +163,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 2. how to batch
                 max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
                 quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
-                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = None,
+                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = 1,
                 shapes: int | None = None,
                 # 3. how to hand batches over
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
@@ -194,8 +194,8 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
       seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
       min_efficiency, pools: the padding efficiency the most wasteful batches are split to reach, and the random
         pools an epoch is sorted in (None: the most that keep min_efficiency; docs/sampler.md).
-      passes: passes over the corpus per epoch, cut into batches as one stream (None: by corpus size, several
-        only when the corpus fills fewer than 4 budgets, so its batches are full; 1: one pass).
+      passes: passes over the corpus per epoch, cut into batches as one stream (default 1; None: by corpus size,
+        several only when the corpus fills fewer than 4 budgets, so that its batches are full: for small corpora).
       shapes: at most this many batch shapes in the whole run (None: off): every batch is padded to one of K
         (items, frames) shapes (audiopipe/sampler/shapes.py), for torch.compile or CUDA graphs.
     3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
@@ -250,7 +250,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           block_bytes=table.nbytes, window=opts.window, ahead=opts.ahead,
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
-        if (min_efficiency, pools, passes, shapes) != (0.97, None, None, None):
+        if (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None):
             raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
                              "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)

@@ -122,7 +122,7 @@ class BucketBatchSampler(EpochPasses):
 
     Small corpora (passes, repeat.py): passes=k makes an epoch k passes over the items, sorted by length and cut
     into full batches as one stream (no batch holds an item twice); passes=None chooses by corpus size (several
-    only below repeat.SMALL_CORPUS_BUDGETS budgets of kept frames; make_loader's default). min_efficiency and
+    only below repeat.SMALL_CORPUS_BUDGETS budgets of kept frames). min_efficiency and
     pools apply to one-pass epochs.
 
     Few batch shapes (shapes, shapes.py): shapes=K fits K length edges to the lengths and plans every batch to fit
@@ -202,8 +202,7 @@ class BucketBatchSampler(EpochPasses):
         # partly empty ones. Automatic: by how many budgets the kept frames fill.
         self.requested_passes = None if passes is None else int(passes)
         if passes is None:
-            frames = int((self._order.values * self._order.counts).sum())
-            passes = 1 if epoch_items is not None else auto_passes(frames, self.budget.max_frames, self.world_size)
+            passes = 1 if epoch_items is not None else self.small_corpus_passes()
         self.passes = int(passes)
         if pools is None:
             target = min(self.min_efficiency + 0.015, 0.995)
@@ -236,6 +235,11 @@ class BucketBatchSampler(EpochPasses):
             # Only this batch's items are computed (the plan holds position ranges): O(batch), not O(corpus).
             yield current.batch(b).tolist()
         pos.finished = True
+
+    def small_corpus_passes(self) -> int:
+        """The passes passes=None would choose for this corpus (1 from 4 budgets of kept frames on)."""
+        frames = int((self._order.values * self._order.counts).sum())
+        return auto_passes(frames, self.budget.max_frames, self.world_size)
 
     def __len__(self) -> int:
         """Batches this rank gets in the next pass (or the pass in progress)."""
