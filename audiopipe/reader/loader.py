@@ -243,6 +243,9 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
     corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"])
     mode = opts.resolve(remote=remote, mixed=mixed, num_workers=num_workers, corpus_bytes=corpus_bytes)
+    bucket_only = (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None)  # settings block windows lack
+    if mode == "blocks" and opts.mode == "auto" and bucket_only:
+        mode = "rows"
     if mode == "blocks":
         table = ds.blocks(opts.block_bytes)
         rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
@@ -250,7 +253,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           block_bytes=table.nbytes, window=opts.window, ahead=opts.ahead,
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
-        if (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None):
+        if bucket_only:
             raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
                              "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
