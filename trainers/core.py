@@ -52,6 +52,11 @@ class RunConfig:
     bucket_budget: str = ""  # a per-length-bucket budget file (audiopipe/sampler/bucket_budget.py) instead
     quadratic: float = 0.0  # attention cost term of the batch budget (see BucketBatchSampler)
     max_items: int | None = None
+    min_efficiency: float = 0.97  # split the most wasteful batches until the epoch pads no more than this
+    pools: int = 0  # random pools an epoch is sorted in; 0: automatic
+    passes: int = 1  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
+    shapes: int = 0  # at most this many batch shapes in the run; 0: off
+    compile: bool = False  # torch.compile the model's forward and backward
     grad_accum: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.01
@@ -74,6 +79,13 @@ class RunConfig:
 FLAG_HELP = {
     "quadratic": "attention term of the batch budget: cost = n*m + quadratic*n*m^2 (0 = padded frames only)",
     "max_items": "at most this many utterances per batch",
+    "min_efficiency": "padding efficiency the sampler reaches by splitting the most wasteful batches (0 = off: "
+                      "full batches; docs/sampler.md)",
+    "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
+    "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
+              "it fills fewer than 4 batches, so that batches are full: use it on small corpora)",
+    "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
+              "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
                      "benchmarks/gpu_proof.py; docs/sampler.md) used instead of --batch-frames; --max-items "
                      "still caps every bucket (default: none, one global --batch-frames budget)",
@@ -129,12 +141,15 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume"):
+        if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume", "compile"):
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
         shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name), choices=CHOICES.get(f.name),
                        help=f"{helps.get(f.name, '')}{shown}".strip())
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (inductor); with --shapes it meets at most that many batch "
+                        "shapes, so it compiles at most that many times (default off; docs/trainers/core.md)")
     if extra:
         extra(p)
     a = p.parse_args(argv)
@@ -397,6 +412,10 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
+    small = getattr(loader.sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
+    if d.main and loader.mix is None and cfg.passes == 1 and small is not None and small() > 1:
+        print(f"[{log_name}] this corpus fills fewer than 4 batches of the budget, so its batches are mostly "
+              f"empty; --passes 0 plans several passes an epoch with full ones", flush=True)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
@@ -427,8 +446,14 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     for h in hooks:
         h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    # --compile: only the forward the loss calls is compiled; checkpoints and hooks keep the plain module.
+    forward = compiled(ddp, cfg) if cfg.compile else ddp
     move = to_device or default_to_device
     f0 = loader.collate.features[0]  # the feature whose frames and padding are logged
+    # fill: the padded frames of the budget's feature (rows x T_max, what the budget counts) / the budget
+    lf = length_feature or features[0]
+    fill_key = f"{lf if lf in loader.collate.features else f0}_mask"  # crops collate under another name
+    budget_frames = float(loader.sampler.budget.max_frames)
     clock, window = _Clock(d.device), _Window()
     last: dict[str, Any] = {}
 
@@ -459,9 +484,11 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             ctx = ddp.no_sync() if (d.world > 1 and not sync) else nullcontext()
             with ctx:
                 with autocast:
-                    loss, logs = loss_fn(ddp, batch)
+                    loss, logs = loss_fn(forward, batch)
                 scaler.scale(loss / cfg.grad_accum).backward()
             pending.add(loss, logs, batch[f"{f0}_lengths"], batch["padding_ratio"][f0], cfg.grad_accum)
+            if fill_key in batch:
+                pending.fill += batch[fill_key].numel() / budget_frames
             if not sync:
                 continue
             window.merge(pending)
@@ -530,10 +557,23 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         if d.world > 1:
             dist.barrier()
         return files_loader(cfg.shards, features, cache, **common)
+    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, passes=cfg.passes or None,
+                  shapes=cfg.shapes or None)
     # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
     if len(dirs) > 1:
         common["weights"] = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     return make_loader(dirs if len(dirs) > 1 else cfg.shards, features, on_corrupt=cfg.on_corrupt, **common)
+
+
+def compiled(model: torch.nn.Module, cfg: RunConfig) -> Callable[..., Any]:
+    """torch.compile(model) for --compile. Shapes that change are compiled again (a dimension seen to change
+    becomes dynamic); with --shapes K a run meets at most K batch shapes, so the recompile limit is raised to
+    hold them all rather than fall back to eager mode."""
+    import torch._dynamo
+
+    if cfg.shapes:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.shapes)
+    return torch.compile(model)
 
 
 def _fail(message: str, d: Dist) -> None:
@@ -580,6 +620,7 @@ class _Window:
         self.frames: Any = 0
         self.terms: dict[str, Any] = {}
         self.pad: list[Any] = []
+        self.fill = 0.0  # sum over micro-batches of padded frames / budget
         self.micro = 0
         self.steps = 0
 
@@ -587,6 +628,7 @@ class _Window:
         self.loss = self.loss + other.loss
         self.frames = self.frames + other.frames
         self.pad += other.pad
+        self.fill += other.fill
         self.micro += other.micro
         for k, v in other.terms.items():
             self.terms[k] = self.terms.get(k, 0.0) + v
@@ -672,12 +714,13 @@ def _log(w: _Window, clock: _Clock, step: int, lr: float, gnorm: torch.Tensor | 
     # The only host sync of the loop: the window's sums come back from the device here.
     step_t, wait = clock.read()
     # Sums over ranks for work done; the slowest rank's times, since every rank waits for it at the all-reduce.
-    sums = torch.tensor([float(w.frames), float(w.loss), float(w.steps)], dtype=torch.float64, device=d.device)
+    sums = torch.tensor([float(w.frames), float(w.loss), float(w.steps), w.fill, float(w.micro)],
+                        dtype=torch.float64, device=d.device)
     maxes = torch.tensor([wait, step_t], dtype=torch.float64, device=d.device)
     if d.world > 1:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-    frames, loss_sum, n_all = sums.tolist()
+    frames, loss_sum, n_all, fill, micro = sums.tolist()
     wait, step_t = maxes.tolist()
     n = max(w.steps, 1)
     terms = {k: float(v) / max(w.micro, 1) for k, v in w.terms.items()}
@@ -685,11 +728,13 @@ def _log(w: _Window, clock: _Clock, step: int, lr: float, gnorm: torch.Tensor | 
            "grad_norm": float(gnorm) if gnorm is not None else 0.0,
            "step_time": step_t / n, "data_wait": wait / n, "data_wait_share": wait / step_t if step_t > 0 else 0.0,
            "frames_per_s": frames / step_t if step_t > 0 else 0.0,
-           "padding_ratio": float(np.mean([float(p) for p in w.pad])) if w.pad else 0.0, "world": d.world,
+           "padding_ratio": float(np.mean([float(p) for p in w.pad])) if w.pad else 0.0,
+           "fill": fill / micro if micro else 0.0, "world": d.world,
            "device": str(d.device), **terms}
     if d.main:
         print(f"[{name}] step {step} loss {rec['loss']:.4f} lr {lr:.2e} step {rec['step_time'] * 1e3:.0f} ms "
               f"data-wait {rec['data_wait_share'] * 100:.1f}% pad {rec['padding_ratio'] * 100:.1f}% "
+              f"fill {rec['fill'] * 100:.0f}% "
               f"{rec['frames_per_s']:.0f} frames/s", flush=True)
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -130,7 +130,9 @@ class AddTextIds:
         self.tokenizer = tokenizer
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        batch["text_ids"] = self.tokenizer.batch(batch["text"])
+        # With --shapes the mel has a shape's rows: its empty rows (length 0) get empty transcripts.
+        empty = batch["mel"].shape[0] - len(batch["text"])
+        batch["text_ids"] = self.tokenizer.batch(list(batch["text"]) + [""] * empty)
         return batch
 
 

@@ -100,6 +100,9 @@ class PadCollator:
     (int64 [B], frames before padding), `f_mask` (bool [B, T_max], True on real frames); `padding_ratio`
     ({f: padded-but-empty frames / all frames of the tensor}); and `key: [item[key] ...]` for every other key
     (id, speaker, text, scalars). T_max is the longest item, rounded up to a multiple of pad_to_multiple.
+    With `shapes` (sampler/shapes.py's BatchShapes, the sampler's `shapes`), every batch is padded to one of its
+    shapes: T_max to the first edge at or above the longest item, and B to that edge's size with empty rows
+    (length 0, mask all False) after the items; the other keys' lists hold the items only.
     Items are dicts of numpy arrays (read-only mmap views are fine: they are only read, once).
     """
 
@@ -112,6 +115,7 @@ class PadCollator:
         ring_size: int = 2,
         pin_memory: bool = False,
         layout: str = "BCT",
+        shapes: Any = None,
     ):
         if isinstance(features, str) or not features:
             raise InvalidValue(f"features must be a non-empty list of feature names, got {features!r}")
@@ -124,6 +128,7 @@ class PadCollator:
         if layout not in LAYOUTS:
             raise InvalidValue(f"layout must be one of {', '.join(LAYOUTS)} (batch axes), got {layout!r}")
         self.layout = layout
+        self.shapes = shapes  # BatchShapes or None
         self.features = list(features)
         self.pad_to_multiple = pad_to_multiple
         if isinstance(pad_value, Mapping):
@@ -214,22 +219,25 @@ class PadCollator:
         lengths = np.array([s[-1] for s in shapes], dtype=np.int64)
         tensor, mask = self._allocate(f, lengths, lead, dtype, in_worker)
         dst = tensor.numpy()
-        n, t_max = mask.shape
+        n, t_max = len(arrays), mask.shape[1]
         pad = self.pad_value[f]
-        t_min = int(lengths.min())
+        if mask.shape[0] > n:  # a shape's empty rows: pad only, length 0
+            dst[n:] = pad
+            lengths = np.concatenate([lengths, np.zeros(mask.shape[0] - n, dtype=np.int64)])
+        t_min = int(lengths[:n].min())
         # Bucketed batches have similar lengths: filling the box [t_min, t_max) of every row in one call
         # costs less than one call per item and writes at most twice the pad area. Otherwise, per item.
-        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths.sum()))
+        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths[:n].sum()))
         if self.layout == "BTC" and lead:  # time-major rows: [t, *lead] slots, items transposed on the way in
             if box_fill:
-                dst[:, t_min:] = pad
+                dst[:n, t_min:] = pad
             for row, a, (*_, t) in zip(dst, arrays, shapes):
                 row[:t] = np.moveaxis(a, -1, 0)
                 if t < t_max and not box_fill:
                     row[t:] = pad
             return tensor, torch.from_numpy(lengths), mask, self._finish(f, lengths, mask)
         if box_fill:
-            dst[..., t_min:] = pad
+            dst[:n, ..., t_min:] = pad
         for row, a, (*_, t) in zip(dst, arrays, shapes):
             row[..., :t] = a  # the one copy of this item
             if t < t_max and not box_fill:
@@ -241,8 +249,10 @@ class PadCollator:
         """The uninitialised batch [B, *lead, T_max] ([B, T_max, *lead] for "BTC") and mask [B, T_max]: ring slots,
         or fresh shared memory."""
         m = self.pad_to_multiple
-        n = lengths.size
-        t_max = -(-int(lengths.max()) // m) * m
+        n, t_max = lengths.size, int(lengths.max())
+        if self.shapes is not None:  # the shape this batch is padded to: more rows, a longer T_max
+            n, t_max = self.shapes.shape(n, t_max)
+        t_max = -(-t_max // m) * m
         shape = (n, t_max, *lead) if self.layout == "BTC" else (n, *lead, t_max)
         numel = int(np.prod(shape))
         tdtype = _torch_dtype(dtype, f)
@@ -282,6 +292,9 @@ class PadCollator:
             tensor, mask = self._allocate(f, lengths, (ch,) if ch else (), parts[0].values.dtype, in_worker)
             dst = tensor.view(-1).numpy()
             pad_rows_into(dst, parts, ch, mask.shape[1], self.pad_value[f], self.layout)
+            if mask.shape[0] > n:  # a shape's empty rows: pad only, length 0
+                tensor[n:] = self.pad_value[f]
+                lengths = np.concatenate([lengths, np.zeros(mask.shape[0] - n, dtype=np.int64)])
             out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, torch.from_numpy(lengths), mask
             ratios[f] = self._finish(f, lengths, mask)
         out["padding_ratio"] = ratios

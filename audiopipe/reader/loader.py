@@ -165,6 +165,8 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 2. how to batch
                 max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
                 quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
+                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = 1,
+                shapes: int | None = None,
                 # 3. how to hand batches over
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
                 batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
@@ -192,6 +194,12 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
         the index's (indexed like subset when one is given).
       quadratic, max_items: extra cost per frame squared; items per batch at most.
       seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
+      min_efficiency, pools: the padding efficiency the most wasteful batches are split to reach, and the random
+        pools an epoch is sorted in (None: the most that keep min_efficiency; docs/sampler.md).
+      passes: passes over the corpus per epoch, cut into batches as one stream (default 1; None: by corpus size,
+        several only when the corpus fills fewer than 4 budgets, so that its batches are full: for small corpora).
+      shapes: at most this many batch shapes in the whole run (None: off): every batch is padded to one of K
+        (items, frames) shapes (audiopipe/sampler/shapes.py), for torch.compile or CUDA graphs.
     3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
       layout: "BCT" ([B, C, T_max], rows copied as stored) or "BTC" (transposed while copied: slower on CPU).
       pad_to_multiple: T_max rounded up to it.
@@ -240,6 +248,9 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
     corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"])
     mode = opts.resolve(remote=remote, mixed=mixed, num_workers=num_workers, corpus_bytes=corpus_bytes)
+    bucket_only = (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None)  # settings block windows lack
+    if mode == "blocks" and opts.mode == "auto" and bucket_only:
+        mode = "rows"
     if mode == "blocks":
         table = ds.blocks(opts.block_bytes)
         rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
@@ -247,6 +258,9 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           block_bytes=table.nbytes, window=opts.window, ahead=opts.ahead,
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
+        if bucket_only:
+            raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
+                             "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
         sampler.on_release = ds.release_blocks
     else:
@@ -254,7 +268,10 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
             raise InvalidValue("Reading(nodes=...) partitions shards by node for block-window reading; "
                                "give mode='blocks'")
         sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
-                                     shuffle=shuffle, rank=rank, world_size=world_size)
+                                     shuffle=shuffle, rank=rank, world_size=world_size,
+                                     min_efficiency=min_efficiency, pools=pools,
+                                     passes=1 if mixed and passes is None else passes,  # a mix sets its repeats
+                                     shapes=shapes, shape_multiple=pad_to_multiple)
     mix = None
     if mixed:
         # The sampler plans positions (of the subset, when one is given): weights need each position's corpus
@@ -314,7 +331,8 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
     depth = max(prefetch, 1) if prefetch or device is not None else 0
     pinned = device is not None and device.type == "cuda"
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple,
-                          ring_size=depth + 2 if depth else 2, pin_memory=pinned, layout=layout)
+                          ring_size=depth + 2 if depth else 2, pin_memory=pinned, layout=layout,
+                          shapes=getattr(sampler, "shapes", None))
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": max(prefetch, 1), "persistent_workers": True}
