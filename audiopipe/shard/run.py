@@ -263,11 +263,11 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
 
     n_workers, notes = plan_workers(workers, ray_address, engine)
     nice = default_niceness() if nice is None else nice
-    out.prepare()
+    out.prepare(job.identity())  # before anything is written: the folder must be empty or ours (a marker)
 
     old_plan = out.read_json(PLAN_NAME)
-    if old_plan and old_plan["job_identity"] != job.identity():
-        raise JobError(f"{out} holds shards made with other settings (job {old_plan['job_identity']}, "
+    if old_plan and old_plan.get("job_identity") != job.identity():
+        raise JobError(f"{out} holds shards made with other settings (job {old_plan.get('job_identity')}, "
                        f"now {job.identity()}); use a new --out or delete the folder")
     # What a previous run finished (on s3:// each object is re-read and its sha256 checked, once).
     finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
