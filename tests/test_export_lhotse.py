@@ -175,7 +175,8 @@ def test_overwrite_only_replaces_an_earlier_export(mixed, tmp_path, capsys):
         export_lhotse(mixed.shards, out)
     export_lhotse(mixed.shards, out, overwrite=True, audio="none", features=["mel"])
     assert not list(out.glob("fbank.*")) and list(out.glob("mel.*")) and not list(out.glob("recording.*"))
-    assert [p.name for p in tmp_path.iterdir()] == ["shar"]  # no temporaries, no old copy left
+    # No temporaries, no old copy left; the marker lies beside the folder (lhotse reads every file in it).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shar.audiopipe-export.json", "shar"]
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")

@@ -117,7 +117,8 @@ def export_lhotse(shards_dir: str | Path, out_dir: str | Path, *, features: list
         fields = {"recording": "flac", **fields}
     rows = seconds = 0
     shar_shards = 0
-    with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_shar, what="lhotse Shar") as tmp, \
+    with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_shar, what="lhotse Shar",
+                       marker_beside=True) as tmp, \
             progress_bar(len(src), "export-lhotse", progress) as bar, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lhotse warns about every custom field it has not seen before
         for _, start, stop in src.shard_ranges():
