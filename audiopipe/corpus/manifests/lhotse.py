@@ -198,7 +198,9 @@ def read(paths: list[str], root: str, options: Any) -> Read:
     if supervisions and not recordings:
         raise ValueError("lhotse supervisions name their audio by recording id only: give the recordings "
                          "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
-    if recordings and not supervisions:
+    # Recordings alone are whole-file utterances only when nothing but recordings was given (a supervisions
+    # manifest whose every line was refused still says that the recordings are to be cut).
+    if recordings and not supervisions and len(recording_files) == len(paths):
         hint = next((s for s in map(_sibling_supervisions, recording_files) if s), None)
         out.notes.append(f"only lhotse recordings were given: {len(recordings)} whole recordings without text "
                          f"or speaker" + (f" (add --manifest {hint})" if hint else ""))
