@@ -63,3 +63,23 @@ def test_the_marker_is_written_first_and_names_the_job(synthetic_corpus, tmp_pat
     (out / "notes.txt").write_text("mine")
     with pytest.raises(JobError, match=r"it holds arrow, done, index\.arrow, manifest\.json, notes\.txt and 3 more"):
         shard(synthetic_corpus.root, out, MEL, workers=0)
+
+
+def test_a_row_longer_than_one_row_may_be_is_refused_by_its_declared_length(tmp_path):
+    """A 3-hour row with --max-duration 20000 peaked at 10.9 GB. A row longer than MAX_ROW_S is refused from its
+    header, naming the limit, whatever --max-duration says; the other rows are written."""
+    import numpy as np
+    import soundfile as sf
+
+    from audiopipe.shard.run import MAX_ROW_S
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    sr = 8000
+    sf.write(corpus / "long.wav", np.zeros(int((MAX_ROW_S + 1) * sr), np.int16), sr, subtype="PCM_16")
+    t = np.arange(sr) / sr
+    sf.write(corpus / "short.wav", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sr, subtype="PCM_16")
+    s = shard(corpus, tmp_path / "out", [("pcm", {})], workers=0, max_duration=20000.0)
+    assert s.written == 1 and s.reject_reasons == {"too_long": 1}
+    rej = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert rej[0]["source"] == "long.wav" and f"longer than the {MAX_ROW_S:.0f} s one row may be" in rej[0]["detail"]

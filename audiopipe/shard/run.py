@@ -40,6 +40,10 @@ PLAN_NAME = "plan.json"
 # at a few hundred times real time per worker this is a minute or two of work, where Ray's start-up (5-10 s of
 # wall time and several CPU-seconds on a 2-core machine) stops mattering.
 LOCAL_MAX_AUDIO_S_PER_WORKER = 10 * 3600.0
+# The longest row a job builds, whatever --max-duration allows: a row's audio and features are held in memory
+# whole while it is built (about 1 MB per second of audio: a 3-hour row peaked at 10.9 GB), so a longer one is
+# refused by the length its header declares, before anything is decoded.
+MAX_ROW_S = 1800.0
 
 
 @dataclass
@@ -138,6 +142,7 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
     for u in disc.utterances:
         try:
             check_header(u, limits)
+            _check_row_length(u.duration)
         except RejectError as e:
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
@@ -157,6 +162,16 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
         "hint": disc.hint,
     }
     return plan, discovery_s
+
+
+def _check_row_length(seconds: float) -> None:
+    from audiopipe.decode.audio import RejectError
+
+    if seconds > MAX_ROW_S:
+        raise RejectError("too_long", f"{seconds:.3f} s is longer than the {MAX_ROW_S:.0f} s one row may be, "
+                                      f"whatever --max-duration allows (a row is built whole in memory, about 1 MB "
+                                      f"per second of audio); cut it into segments (a Kaldi segments file, NeMo "
+                                      f"offsets or lhotse supervisions)")
 
 
 def _clean_temporaries(out: str | os.PathLike[str]) -> None:
