@@ -148,3 +148,30 @@ def test_overwrite_never_deletes_a_users_own_nemo_dataset(mixed, tmp_path):
     (out / "README").unlink()
     export_nemo(mixed.shards, out, overwrite=True)  # wholly an earlier export: replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp", "mine"]
+
+
+def test_an_id_too_long_for_a_file_name_is_exported(tmp_path):
+    """A 300-character id: its audio file name would pass the file system's 255 bytes ("System error"). The name
+    is cut short with a hash of the key, and the manifest line points at it."""
+    from audiopipe.shard.run import run_job
+    from shard_helpers import make_job
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    t = np.arange(16000) / 16000
+    x = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16)
+    sf.write(corpus / "a.wav", x, 16000, subtype="PCM_16")
+    sf.write(corpus / "b.wav", x[::-1].copy(), 16000, subtype="PCM_16")
+    long_id = "x" * 300
+    (corpus / "list.jsonl").write_text(json.dumps({"path": "a.wav", "id": long_id, "text": "long"}) + "\n" +
+                                       json.dumps({"path": "b.wav", "id": "y" * 300, "text": "other"}) + "\n")
+    shards = tmp_path / "shards"
+    run_job(make_job(corpus, shards, [("pcm", {})]), workers=0, manifest=str(corpus / "list.jsonl"),
+            show_progress=False)
+    out = tmp_path / "nemo"
+    assert export_nemo(shards, out)["rows"] == 2
+    items = {i["text"]: i for i in nemo_items(out / "manifest.json")}
+    names = {i["audio_file"] for i in items.values()}
+    assert len(names) == 2 and all(len(Path(n).name.encode()) <= 255 for n in names)
+    pcm, sr = nemo_load(items["long"])  # the shards' pcm (resampled to its rate), one second of it
+    assert len(pcm) == sr and np.abs(pcm).max() > 0
