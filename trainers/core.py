@@ -145,7 +145,7 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
         if typ is bool:  # a switch: --check-finite / --no-check-finite
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(base, f.name),
-                           help=helps.get(f.name, ""))
+                           help=f"{helps.get(f.name, '')} (default: {'on' if getattr(base, f.name) else 'off'})")
             continue
         shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name), choices=CHOICES.get(f.name),
