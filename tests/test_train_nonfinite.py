@@ -157,3 +157,30 @@ def test_resume_of_another_models_checkpoint_is_one_line(clean, tmp_path):
                    features=["mel"])
     assert str(e.value).startswith("train: error: --resume: ckpt-00000001.pt does not fit this model and run")
     assert "\n" not in str(e.value)
+
+
+def test_two_ranks_stop_together_naming_the_bad_batch_of_whichever_rank_read_it(poisoned, tmp_path):
+    """Under torchrun with 2 ranks the verdicts are all-reduced: both ranks stop at the same step, and rank 0
+    names the bad utterance even when rank 1 read it; --skip-nonfinite skips on both ranks alike."""
+    import os
+    import sys
+
+    from launch import run_group
+
+    shards, bad_id = poisoned
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(here.parent / "trainers"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(here / "core_trainer_fixture.py"), "--shards", str(shards), "--log-every", "2", "--warmup-steps", "1",
+           "--batch-frames", "1200", "--max-steps", "12", "--ckpt-every", "3"]
+    r = run_group(cmd + ["--out", str(tmp_path / "stop")], timeout=300, env=env)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if "the loss is NaN or inf at step" in line]
+    assert len(lines) == 1 and lines[0].startswith("train: error: ") and bad_id in lines[0], r.stderr[-3000:]
+    assert 'core.py", line' not in r.stderr
+    assert all(_all_finite(ck) for ck in (tmp_path / "stop").glob("ckpt-*.pt"))
+    r = run_group(cmd + ["--out", str(tmp_path / "skip"), "--skip-nonfinite", "100"], timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert bad_id in r.stdout and "skipped step" in r.stdout
+    assert all(_all_finite(ck) for ck in (tmp_path / "skip").glob("ckpt-*.pt"))

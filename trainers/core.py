@@ -535,7 +535,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             guard.see(batch)
             if not sync:
                 continue
-            if guard.bad(pending.loss, step, opt):  # never a step on NaN: its gradients are dropped
+            if guard.bad(pending.loss, step, opt):  # --skip-nonfinite: a NaN step's gradients are dropped
                 pending = _Window()
                 continue
             window.merge(pending)
@@ -553,6 +553,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                 h.after_step(step, model)
             clock.step_end()
             window.steps += 1
+            if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+                guard.check()  # a NaN/inf loss since the last check stops the run before it is logged or saved
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 last = _log(window, clock, step, lr, gnorm, d, log_path, log_name, epoch)
                 if on_log:
@@ -636,13 +638,19 @@ def _resume_state(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: to
 
 class _NonFiniteGuard:
     """Stops the run at a NaN/inf loss, naming the step's utterance ids, or skips up to --skip-nonfinite such
-    steps. One host sync per optimizer step (the flag read back); with several ranks an all_reduce of it, so that
-    every rank skips or stops together."""
+    steps (whose gradients are then dropped before the optimizer moves).
+
+    Stopping costs no host sync of its own: each step's flag stays on the device and the flags are read where
+    the loop reads the device anyway, at a log line or a checkpoint (`check`), so the run stops there, before
+    anything of the bad steps is logged or saved. Skipping must decide before the optimizer steps, so with
+    --skip-nonfinite the flag is read back every step. With several ranks the flags are all-reduced, so that
+    every rank skips or stops together, and the ids named are those of every rank whose batch was bad."""
 
     def __init__(self, limit: int, d: Dist, name: str) -> None:
         self.limit, self.d, self.name = limit, d, name
         self.skipped = 0
         self.ids: list[str] = []
+        self.pending: list[tuple[int, torch.Tensor, list[str]]] = []  # (step, flag on the device, ids)
 
     def see(self, batch: dict[str, Any]) -> None:
         ids = batch.get("id")
@@ -659,31 +667,59 @@ class _NonFiniteGuard:
             raise SystemExit(1) from None
 
     def bad(self, loss: Any, step: int, opt: torch.optim.Optimizer) -> bool:
-        """Whether this step's summed loss is not finite (then its gradients are dropped); stops the run beyond
-        the limit."""
+        """Whether this step (about to become step + 1) must be skipped: its summed loss is not finite and
+        --skip-nonfinite allows it (its gradients are dropped). Without --skip-nonfinite the flag is kept for
+        `check` and the step goes on."""
         ids, self.ids = self.ids, []
-        flag = (~torch.isfinite(torch.as_tensor(loss, dtype=torch.float32))).to(torch.float32).reshape(1)
-        if self.d.world > 1:
-            flag = flag.to(self.d.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not bool(flag.item()):
+        flag = (~torch.isfinite(torch.as_tensor(loss).detach().float())).reshape(1)
+        if self.limit == 0:
+            self.pending.append((step + 1, flag, ids))
+            return False
+        flags, mine = self._agree(flag)
+        if not flags[0]:
             return False
         opt.zero_grad(set_to_none=True)
-        if self.d.world > 1:  # every rank's ids: the bad batch may be another rank's
-            mine = ids if bool(~torch.isfinite(torch.as_tensor(loss)).all()) else []
-            every: list[Any] = [None] * self.d.world
-            dist.all_gather_object(every, mine)
-            ids = [i for part in every for i in part]
+        named = self._named([ids if mine[0] else []])
         self.skipped += 1
-        named = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
         if self.skipped > self.limit:
-            _fail(f"{self.name}: error: the loss is NaN or inf at step {step + 1}, in the batch of utterance(s) "
-                  f"{named}: stopped (no checkpoint of it is written; --skip-nonfinite N skips up to N such "
-                  f"steps; `audiopipe verify` or --check-finite finds damaged shards)", self.d)
+            self._stop(step + 1, named)
         if self.d.main:
             print(f"[{self.name}] skipped step {step + 1}: the loss is NaN or inf in the batch of utterance(s) "
                   f"{named} ({self.skipped} of --skip-nonfinite {self.limit})", flush=True)
         return True
+
+    def check(self) -> None:
+        """At a log line or a checkpoint: stop in one line when a step since the last check had a NaN/inf loss."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        flags, mine = self._agree(torch.cat([f for _, f, _ in pending]))
+        if any(flags):
+            i = flags.index(True)
+            self._stop(pending[i][0], self._named([pending[i][2] if mine[i] else []]))
+
+    def _agree(self, flag: torch.Tensor) -> tuple[list[bool], list[bool]]:
+        """(every rank's verdict, this rank's own) for each flag: one read back from the device."""
+        local = flag.to(torch.float32)
+        agreed = local.clone()
+        if self.d.world > 1:
+            agreed = agreed.to(self.d.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        both = torch.stack([agreed.to(local.device), local]).tolist()
+        return [bool(x) for x in both[0]], [bool(x) for x in both[1]]
+
+    def _named(self, ids: list[list[str]]) -> str:
+        if self.d.world > 1:  # the bad batch may be another rank's
+            every: list[Any] = [None] * self.d.world
+            dist.all_gather_object(every, ids[0])
+            ids = every
+        flat = [i for part in ids for i in part]
+        return ", ".join(flat[:8]) + (f" and {len(flat) - 8} more" if len(flat) > 8 else "")
+
+    def _stop(self, step: int, named: str) -> None:
+        _fail(f"{self.name}: error: the loss is NaN or inf at step {step}, in the batch of utterance(s) {named}: "
+              f"stopped (no checkpoint of it is written; --skip-nonfinite N skips up to N such steps; "
+              f"`audiopipe verify` or --check-finite finds damaged shards)", self.d)
 
 
 def _fail(message: str, d: Dist) -> None:
