@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,10 +177,31 @@ def test_overwrite_only_replaces_an_earlier_export(mixed, tmp_path, capsys):
         export_lhotse(mixed.shards, out)
     export_lhotse(mixed.shards, out, overwrite=True, audio="none", features=["mel"])
     assert not list(out.glob("fbank.*")) and list(out.glob("mel.*")) and not list(out.glob("recording.*"))
-    assert [p.name for p in tmp_path.iterdir()] == ["shar"]  # no temporaries, no old copy left
+    # No temporaries, no old copy left; the marker lies beside the folder (lhotse reads every file in it).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shar.audiopipe-export.json", "shar"]
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match="does not look like a lhotse Shar export"):
         export_lhotse(mixed.shards, other, overwrite=True)
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_pcm_export_never_loads_torchaudio(mixed, tmp_path):
+    """With every extra installed, torchcrepe pulls in a torchaudio built for another torch, whose library fails
+    to load (`_torchaudio.so`); lhotse's default backend took torchaudio for the FLAC and the export failed. A
+    torchaudio that fails to import the same way is first on the path here: the export writes with soundfile."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "torchaudio"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise OSError('_torchaudio.so: undefined symbol (built for another torch)')\n")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "shar"
+    r = subprocess.run([sys.executable, "-m", "audiopipe.cli", "export-lhotse", "--shards", str(mixed.shards),
+                        "--out", str(out), "--audio", "pcm", "--no-progress"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(root)])},
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(out.glob("recording.*.tar")) and len(_cuts(out)) == 14

@@ -32,6 +32,7 @@ from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up
 from audiopipe.collate.pad import PadCollator, padded_bytes
 from audiopipe.errors import InvalidValue
 from audiopipe.reader import integrity
+from audiopipe.reader.errors import NonFiniteBatch
 from audiopipe.reader.open_dataset import is_remote, open_dataset, shard_sets
 from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.reading import Reading
@@ -76,8 +77,9 @@ class _View:
 class _Collate:
     """PadCollator, then an optional batch transform, both inside the worker that built the batch."""
 
-    def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False):
-        self.pad, self.batch_transform = pad, batch_transform
+    def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False,
+                 check_finite: bool = False):
+        self.pad, self.batch_transform, self.check_finite = pad, batch_transform, check_finite
         # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
         # second batch: started as the first is returned, it held the GIL the hand-over needed).
         self.batches_before_release = 1 if release_kernels else -1
@@ -87,7 +89,26 @@ class _Collate:
             release_warm_up()
         self.batches_before_release -= self.batches_before_release >= 0
         batch = self.pad(items)
+        if self.check_finite:
+            check_finite(batch, self.pad.features)
         return self.batch_transform(batch) if self.batch_transform else batch
+
+
+def check_finite(batch: dict[str, Any], features: Sequence[str]) -> None:
+    """Raise NonFiniteBatch when a padded float feature of `batch` holds NaN or inf, naming the feature and the
+    utterances whose rows do (one pass over the batch, in the process that built it; padding is 0)."""
+    for f in features:
+        t = batch.get(f)
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        bad = ~torch.isfinite(t).flatten(1).all(dim=1)
+        if bool(bad.any()):
+            ids = batch.get("id")
+            rows = bad.nonzero().flatten().tolist()
+            named = ", ".join(str(ids[r]) for r in rows[:5]) if ids is not None else f"rows {rows[:5]}"
+            more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+            raise NonFiniteBatch(f"feature {f!r} holds NaN or inf in utterance(s) {named}{more}: the shard's "
+                                 f"bytes changed; run `audiopipe verify` on the shard set to find the shard")
 
 
 @dataclass
@@ -174,7 +195,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 4. for DDP
                 rank: int | None = None, world_size: int | None = None,
                 # 5. on damage
-                verify: str = "size", on_corrupt: str = "fail") -> Loader:
+                verify: str = "size", on_corrupt: str = "fail", check_finite: bool = False) -> Loader:
     """A Loader over `shards` reading `features`: `make_loader("./shards", ["mel"], max_frames=38_400)`.
 
     1. What to read
@@ -221,7 +242,10 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     5. On damage (audiopipe/reader/integrity.py, docs/loader.md "Corrupt shards")
       verify: "size" (sizes, footers, headers, row counts) or "checksum" (also every byte, once at open).
       on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its
-        rows leave the plan, logged once, in loader.dataset.diagnostics()). With torch.distributed, "skip" runs
+        rows leave the plan, logged once, in loader.dataset.diagnostics()).
+      check_finite: also check every padded float feature of every batch for NaN and inf (one pass over the
+        batch where it is built): a NonFiniteBatch naming the feature and the utterance ids. Bytes changed in
+        place keep a shard's size, so only verify="checksum" (once, at open) or this (per batch) sees them. With torch.distributed, "skip" runs
         a collective inside make_loader so that all ranks skip the same shards: an all_reduce every rank must
         reach, run only when this loader is one of the whole group's (rank/world_size left to default or equal
         to the group's); a loader built on one rank alone (rank=0, world_size=1) skips what it found, and runs
@@ -287,7 +311,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     return loader_over(ds, sampler, features, subset=subset, layout=layout, pad_to_multiple=pad_to_multiple,
                        item_transform=item_transform, batch_transform=batch_transform,
                        collate_features=collate_features, prefetch=prefetch, num_workers=num_workers, device=dev,
-                       seed=seed, announce_rows=announce, mix=mix)
+                       seed=seed, announce_rows=announce, mix=mix, check_finite=check_finite)
 
 
 def rows_to_plan(ds: Any, length_feature: str, lengths: np.ndarray | None,
@@ -309,7 +333,7 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
                 batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
                 prefetch: int = 2, num_workers: int = 0, device: torch.device | None = None, seed: int = 0,
-                announce_rows: bool = True, mix: CorpusWeights | None = None) -> Loader:
+                announce_rows: bool = True, mix: CorpusWeights | None = None, check_finite: bool = False) -> Loader:
     """The loader step alone: `ds` (a map-style dataset with manifest and channels, as open_dataset gives) read
     in the batches `sampler` plans, padded by PadCollator into a DataLoader (make_loader's arguments of the
     same names). announce_rows: the sampler announces each batch's rows to ds.read_ahead `prefetch` batches
@@ -339,7 +363,8 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
-                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0),
+                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0,
+                                                         check_finite=check_finite),
                                      num_workers=num_workers, pin_memory=pinned,
                                      generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=device, mix=mix)

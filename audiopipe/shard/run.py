@@ -52,6 +52,12 @@ def codec_stays_local(audio_s: float, workers: int) -> bool:
     return audio_s / CODEC_X_REAL_TIME <= RAY_START_S + audio_s / (CODEC_X_REAL_TIME * max(1, workers))
 
 
+# The longest row a job builds, whatever --max-duration allows: a row's audio and features are held in memory
+# whole while it is built (about 1 MB per second of audio: a 3-hour row peaked at 10.9 GB), so a longer one is
+# refused by the length its header declares, before anything is decoded.
+MAX_ROW_S = 1800.0
+
+
 @dataclass
 class Summary:
     discovered: int
@@ -148,6 +154,7 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
     for u in disc.utterances:
         try:
             check_header(u, limits)
+            _check_row_length(u.duration)
         except RejectError as e:
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
@@ -167,6 +174,16 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
         "hint": disc.hint,
     }
     return plan, discovery_s
+
+
+def _check_row_length(seconds: float) -> None:
+    from audiopipe.decode.audio import RejectError
+
+    if seconds > MAX_ROW_S:
+        raise RejectError("too_long", f"{seconds:.3f} s is longer than the {MAX_ROW_S:.0f} s one row may be, "
+                                      f"whatever --max-duration allows (a row is built whole in memory, about 1 MB "
+                                      f"per second of audio); cut it into segments (a Kaldi segments file, NeMo "
+                                      f"offsets or lhotse supervisions)")
 
 
 def _clean_temporaries(out: str | os.PathLike[str]) -> None:
@@ -273,11 +290,11 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
 
     n_workers, notes = plan_workers(workers, ray_address, engine)
     nice = default_niceness() if nice is None else nice
-    out.prepare()
+    out.prepare(job.identity())  # before anything is written: the folder must be empty or ours (a marker)
 
     old_plan = out.read_json(PLAN_NAME)
-    if old_plan and old_plan["job_identity"] != job.identity():
-        raise JobError(f"{out} holds shards made with other settings (job {old_plan['job_identity']}, "
+    if old_plan and old_plan.get("job_identity") != job.identity():
+        raise JobError(f"{out} holds shards made with other settings (job {old_plan.get('job_identity')}, "
                        f"now {job.identity()}); use a new --out or delete the folder")
     # What a previous run finished (on s3:// each object is re-read and its sha256 checked, once).
     finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()

@@ -85,8 +85,11 @@ def kind_of(path: str) -> str:
         first = _first_object(path)
         if first is not None and "audio_filepath" in first:
             return "nemo"
-        if first is not None and _lhotse_item(first) or first is None and _LHOTSE_NAME.search(name):
-            return "lhotse"  # (no line readable: lhotse's own reader says why, rather than another reader)
+        # By its items, or by lhotse's file names when the first readable line names no audio file (none
+        # readable, or a damaged item): lhotse's reader then rejects each line it cannot parse.
+        named = _LHOTSE_NAME.search(name) and (first is None or not {"path", "audio"} & first.keys())
+        if first is not None and _lhotse_item(first) or named:
+            return "lhotse"
         return "plain"
     if stem.endswith(".tsv"):
         with open_binary(path) as f:
