@@ -65,7 +65,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     by_reason = Counter(r for _, r in _skipped)
     tr.write_sep("-", f"{len(_skipped)} skipped, by reason")
     for reason, n in by_reason.most_common():
-        tr.write_line(f"{n:4d}  {'allowed' if allowed(reason) else 'NOT ALLOWED'}: {reason}")
+        tr.write_line(f"{n:4d}  {'allowed' if allowed(reason) else 'fails make test'}: {reason}")
     bad = [(t, r) for t, r in _skipped if not allowed(r)]
     if bad and _strict():
         tr.write_line(f"FAILED: {len(bad)} tests skipped for a reason tests/skips.py does not allow "

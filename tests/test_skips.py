@@ -51,7 +51,7 @@ def test_by_hand_a_missing_package_skips_saying_what_to_install_and_the_run_coun
     assert r.returncode == 0, r.stdout[-3000:]
     assert "2 skipped, by reason" in r.stdout
     assert "1  allowed: no CUDA device here" in r.stdout
-    assert "1  NOT ALLOWED: Debian package espeak-ng not installed (`make sysdeps` installs it)" in r.stdout
+    assert "1  fails make test: Debian package espeak-ng not installed (`make sysdeps` installs it)" in r.stdout
 
 
 def test_under_make_test_a_missing_package_fails(monkeypatch):
