@@ -39,6 +39,7 @@ def test_needs_a_package():
 def run(tmp_path: Path, suite: str = SUITE, workers: int = 0, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_small.py").write_text(suite)
+    (tmp_path / "test_optional.py").write_text('import pytest\npytest.importorskip("no_such_module")\n')
     e = {k: v for k, v in os.environ.items() if k != "AUDIOPIPE_SYSDEPS"} | env
     xdist = ["-n", str(workers)] if workers else ["-p", "no:xdist"]
     return subprocess.run([sys.executable, "-m", "pytest", "-q", *xdist, "-p", "no:cacheprovider", "--rootdir",
@@ -49,7 +50,8 @@ def run(tmp_path: Path, suite: str = SUITE, workers: int = 0, **env: str) -> sub
 def test_by_hand_a_missing_package_skips_saying_what_to_install_and_the_run_counts_skips_by_reason(tmp_path):
     r = run(tmp_path, workers=1)  # the skips happen in a worker process
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "2 skipped, by reason" in r.stdout
+    assert "3 skipped, by reason" in r.stdout  # a whole module skipped at collection counts too
+    assert "1  fails make test: could not import 'no_such_module'" in r.stdout
     assert "1  allowed: no CUDA device here" in r.stdout
     assert "1  fails make test: Debian package espeak-ng not installed (`make sysdeps` installs it)" in r.stdout
 
@@ -66,8 +68,8 @@ def test_under_make_test_a_skip_not_allowed_fails_the_run(tmp_path):
     other = SUITE.replace("present=False", "present=True") + "\ndef test_other():\n    pytest.skip('no network')\n"
     r = run(tmp_path, other, AUDIOPIPE_SYSDEPS="installed")
     assert r.returncode == 1, r.stdout[-3000:]  # every test passed or skipped, but one skip was not a decision
-    assert "2 passed, 2 skipped" in r.stdout
-    assert "1 tests skipped for a reason tests/skips.py does not allow" in r.stdout
+    assert "2 passed, 3 skipped" in r.stdout
+    assert "2 tests skipped for a reason tests/skips.py does not allow" in r.stdout
     assert "test_small.py::test_other: no network" in r.stdout
 
 
