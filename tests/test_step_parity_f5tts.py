@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 import core
 import train_f5tts as f5
 from audiopipe.checkpoints import f5tts as ck
-from step_parity import max_abs_diff, replay
+from step_parity import max_gap, replay
 from upstream_oracle import run_upstream
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -76,9 +76,9 @@ def test_three_updates_equal_f5s_trainer(upstream):
     assert last.ema_step == UPDATES
     start = dict(init.online_weights)
     online = {k: v.detach() for k, v in model.state_dict().items()}
-    gap, where = max_abs_diff(online, last.online_weights)
+    gap, where = max_gap(online, last.online_weights)
     assert gap < 1e-5, (where, gap)
     moved = max(((online[k] - start[k]).abs().max().item(), k) for k in online)
     assert moved[0] > 100 * 1e-5, moved  # the steps moved the weights far beyond the tolerance
-    gap, where = max_abs_diff({k: ema.weights[k] for k in last.ema_weights}, last.ema_weights)
+    gap, where = max_gap({k: ema.weights[k] for k in last.ema_weights}, last.ema_weights)
     assert gap < 1e-5, (where, gap)
