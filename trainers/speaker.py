@@ -319,11 +319,14 @@ def evaluate_and_export(name: str, model: SpeakerModel, data: SpeakerData, cfg: 
         last = {**last, "eer": res["eer"]}
     if args.export_upstream:
         try:
+            # asked for before training: written, with each way speakerlab computes otherwise printed
             done = ckpt.export_upstream(name, cfg.out, args.export_upstream,
-                                        check_config=ckpt.MODEL_CONFIG_CHECKS.get(name))
+                                        check_config=ckpt.MODEL_CONFIG_CHECKS.get(name), allow_different=True)
         except CheckpointError as e:
             raise SystemExit(f"{name}: error: --export-upstream {e}") from None
         print(f"[{name}] wrote {done['path']}: a speakerlab experiment folder of {ckpt.UPSTREAM_CLASS[name]}"
               f"({', '.join(f'{k}={v}' for k, v in done['args'].items())})", flush=True)
+        for note in done["notes"]:
+            print(f"[{name}] note: {note}", flush=True)
         last = {**last, "export": done["path"]}
     return last

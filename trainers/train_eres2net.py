@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiopipe.checkpoints.speaker import UPSTREAM_POOL_EPS
+
 import core
 import speaker
 from speaker_data import speaker_data
@@ -44,7 +46,7 @@ class ERes2NetConfig:
     base_width: int = 32  # Res2Net group width = planes * base_width / 64
     scale: int = 2  # channel groups per block
     aff_reduction: int = 4
-    pool_eps: float = 1e-7  # under the pooling's square root; 3D-Speaker's is 1e-8 (--pool-eps)
+    pool_eps: float = UPSTREAM_POOL_EPS  # under the pooling's square root, 3D-Speaker's (--pool-eps)
 
 
 CONFIGS = {
@@ -57,7 +59,6 @@ CONFIGS = {
 #: egs/voxceleb/sv-eres2net/conf/eres2net.yaml
 RECIPE = speaker.Recipe(lr=0.2, min_lr=5e-5, epochs=70, warmup_epochs=5, margin=0.3, margin_start_epoch=20,
                         margin_fix_epoch=50, aug_prob=0.8)
-UPSTREAM_POOL_EPS = 1e-8
 
 
 def upstream_args(c: ERes2NetConfig) -> dict | None:
@@ -192,9 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
     def flags(p):
         speaker.add_speaker_args(p, RECIPE)
         p.add_argument("--pool-eps", type=float, default=None,
-                       help=f"epsilon under the pooling's square root (default: {UPSTREAM_POOL_EPS} when --init-from "
-                            f"is a 3D-Speaker checkpoint, as it was trained; a resumed or continued run's own; "
-                            f"else the config's)")
+                       help=f"epsilon under the pooling's square root (default: a resumed or continued run's own, "
+                            f"else {UPSTREAM_POOL_EPS}, 3D-Speaker's; another value makes the export compute "
+                            f"other embeddings in speakerlab)")
 
     cfg, args = core.parse_args("Train ERes2Net speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
                                 defaults=speaker.run_defaults(RECIPE), extra=flags, argv=argv,
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> dict:
     if d.main and from_upstream:
         print(f"[eres2net] --init-from is a 3D-Speaker checkpoint: pooling epsilon {pool_eps} as it was trained",
               flush=True)
+    if d.main and pool_eps != UPSTREAM_POOL_EPS:
+        print(f"[eres2net] pooling epsilon {pool_eps} is not speakerlab's {UPSTREAM_POOL_EPS}: its export computes "
+              f"other embeddings there, so export-checkpoint refuses it without --allow-different", flush=True)
 
     # data: held-out speakers, 3 s crops, speed perturbation (3 classes per speaker), noise/reverb
     data = speaker_data(cfg, args, verbose=d.main)
