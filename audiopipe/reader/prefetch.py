@@ -195,6 +195,10 @@ class LookAhead:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def ready(self) -> int:
+        """Batches built and waiting to be taken (the ends of passes not counted)."""
+        return self._queue.qsize() - (self._ends[0] - self._ends[1])
+
     @property
     def running(self) -> bool:
         """Not stopped and not ended: what it builds next is still the next batch in pass order."""
@@ -227,7 +231,8 @@ class PrefetchIterator:
         item = self.look.take()
         if isinstance(item, _End):
             self.finished = True
-            self._finalizer.detach()  # the pass is over: the thread may run on into the next one
+            self._finalizer.detach()  # the pass is over: the thread may run on into the next one,
+            self.look = None  # for as long as its owner (the loader) keeps it, not this spent iterator
             raise StopIteration
         if isinstance(item, _Failed):
             self.close()
@@ -255,4 +260,4 @@ class PrefetchIterator:
 
     @property
     def alive(self) -> bool:
-        return self.look.alive
+        return self.look is not None and self.look.alive
