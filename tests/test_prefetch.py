@@ -83,7 +83,9 @@ def test_resume_counts_consumed_not_prefetched_batches(shards, stop_at):
     loader.set_epoch(1)
     it = iter(loader)
     taken = [_summary(next(it)) for _ in range(stop_at)]
-    _wait_yielded(loader, stop_at + k)  # the thread filled its queue: more yielded than consumed
+    # The thread filled its queue: more yielded than consumed (before the first take, only the first batch is
+    # built: it goes to the consumer alone).
+    _wait_yielded(loader, stop_at + k if stop_at else 1)
     state = loader.state_dict()  # no consumed_batches given: the loader knows what was consumed
     assert state["segments"][-1] == [1, stop_at]
     del it

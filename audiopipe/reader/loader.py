@@ -77,8 +77,9 @@ class _Collate:
 
     def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False):
         self.pad, self.batch_transform = pad, batch_transform
-        # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
-        # second batch: started as the first is returned, it held the GIL the hand-over needed).
+        # num_workers=0 without a prefetch thread: the kernel load waits until the first batch has been handed over
+        # (it starts with the second batch: started as the first is returned, it held the GIL the hand-over
+        # needed). With the thread, the loader releases it as the consumer takes the first batch.
         self.batches_before_release = 1 if release_kernels else -1
 
     def __call__(self, items):
@@ -115,7 +116,9 @@ class Loader:
         look = self._take_over()
         if look is None:
             look = self._look_ahead()
-        it = PrefetchIterator(look=look)
+        # The copy kernel's background load (num_workers=0) starts once the consumer holds the first batch: started
+        # by the thread's second collate, it held the GIL while the first batch was being handed over.
+        it = PrefetchIterator(look=look, on_first=release_warm_up if self.dataloader.num_workers == 0 else None)
         self._active, self._progress = weakref.ref(it), it.progress
         return it
 
@@ -398,7 +401,8 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
-                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0),
+                                     collate_fn=_Collate(collate, batch_transform,
+                                                         release_kernels=num_workers == 0 and depth == 0),
                                      num_workers=num_workers, pin_memory=pinned,
                                      generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=device, mix=mix)

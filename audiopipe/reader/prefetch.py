@@ -34,7 +34,7 @@ import collections
 import queue
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -95,14 +95,15 @@ def _produce(passes: Iterator[Iterator], out: queue.SimpleQueue, space: Any, dep
     counts those put, ends[1] those taken), and one more is built and waits for room (the thread waits on `space`,
     a lock the consumer releases after each take), as a queue.Queue(maxsize=depth) would hold them."""
 
-    def room() -> bool:
-        while out.qsize() - (ends[0] - ends[1]) >= depth:
+    def room(limit: int = depth) -> bool:
+        while out.qsize() - (ends[0] - ends[1]) >= limit:
             if stop.is_set():
                 return False
             space.acquire(timeout=_POLL_S)  # a take releases it; the timeout re-checks the stop flag
             spent.clear()
         return not stop.is_set()
 
+    first = True
     try:
         for source in passes:
             while not stop.is_set():
@@ -117,6 +118,12 @@ def _produce(passes: Iterator[Iterator], out: queue.SimpleQueue, space: Any, dep
                 if not room():
                     return
                 out.put(batch)
+                # The very first batch goes to the consumer alone: building the second at once held the GIL the
+                # consumer's wake-up needed (time to the first batch). The second then overlaps the first step.
+                if first:
+                    first = False
+                    if not room(1):
+                        return
             if stop.is_set():
                 return
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -214,8 +221,9 @@ class PrefetchIterator:
     """
 
     def __init__(self, source: Iterator | None = None, depth: int = 2, device: torch.device | str | None = None, *,
-                 look: LookAhead | None = None):
+                 look: LookAhead | None = None, on_first: Callable[[], None] | None = None):
         self.look = look if look is not None else LookAhead(iter([source]), depth, device)
+        self._on_first = on_first  # called once the first batch is in the consumer's hands
         self.depth, self.device = self.look.depth, self.look.device
         self.progress = Progress()
         self.finished = False
@@ -245,6 +253,9 @@ class PrefetchIterator:
                     v.record_stream(current)
         self.progress.consumed += 1
         self.look.held = item
+        if self._on_first is not None:
+            self._on_first, on_first = None, self._on_first
+            on_first()
         return item
 
     @property
