@@ -1,6 +1,6 @@
 """`audiopipe bench-loader`: time the audiopipe loaders against the usual alternatives on one shard folder.
 
-    audiopipe bench-loader --shards ./shards [--batch-frames 38400] [--workers N] [--json out.json] [--plot out.png]
+    audiopipe bench-loader --shards ./shards [--full] [--batch-frames 38400] [--workers N] [--json out.json] [--plot out.png]
 
 Each loader (see audiopipe/bench/loaders.py) runs in a fresh subprocess, so its peak memory is its own, after
 its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", required=True, help="shard folder written by `audiopipe shard`, or "
                    "s3://bucket/prefix (then make_loader alone is timed: audiopipe/bench/s3_loader.py)")
     p.add_argument("--batch-frames", type=int, default=38400, help="padded frames per batch (default 38400)")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers, the same for every loader (default 2)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="DataLoader workers, the same for every loader (default 0, make_loader's own default)")
     p.add_argument("--feature", default="mel", help="feature to load (default mel)")
     p.add_argument("--seconds", type=float, default=None,
                    help="seconds timed per loader after its first batch (default 3; 10 with --full)")
