@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from audiopipe.errors import Failed
 from audiopipe.features.registry import build_feature
 from audiopipe.index.lengths import build_index
 from audiopipe.reader.loader import make_loader
@@ -98,7 +99,7 @@ def measure(shards: Path, rounds: int = 9) -> dict:
         ref = _reference_epoch(views, batches)
         got = _loader_epoch(loader, 1 + r)
         if got[2] != ref[2]:
-            raise RuntimeError(f"the loader padded {got[2]} values, the reference {ref[2]}: not the same batches")
+            raise Failed(f"the loader padded {got[2]} values, the reference {ref[2]}: not the same batches")
         for k, m in (("loader", got), ("reference", ref)):
             side[k]["wall"].append(round(m[0], 5))
             side[k]["cpu"].append(round(m[1], 5))

@@ -368,7 +368,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
         if bucket_only:
-            raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
+            raise InvalidValue("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
                              "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
         sampler.on_release = ds.release_blocks

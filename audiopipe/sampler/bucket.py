@@ -170,9 +170,9 @@ class BucketBatchSampler(EpochPasses):
             self.budget = ShapeBudget(self.budget, self.shapes)
         if passes is not None and (isinstance(passes, bool) or not isinstance(passes, (int, np.integer))
                                    or passes < 1):
-            raise ValueError(f"passes must be None (automatic: by corpus size) or an integer >= 1, got {passes!r}")
+            raise InvalidValue(f"passes must be None (automatic: by corpus size) or an integer >= 1, got {passes!r}")
         if passes is not None and passes > 1 and epoch_items is not None:
-            raise ValueError("passes > 1 repeats one corpus; a weighted mix of corpora (weights) sets its own "
+            raise InvalidValue("passes > 1 repeats one corpus; a weighted mix of corpora (weights) sets its own "
                              "repeats: leave passes at None or 1")
         if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
             raise InvalidValue(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
