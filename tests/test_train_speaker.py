@@ -444,6 +444,17 @@ def test_exact_resume(name, spk_shards, tmp_path):
     assert len({m for _, _, m in losses("straight")}) > 3  # the margin really moved during the run
 
 
+@pytest.mark.parametrize("name", ["campplus", "eres2net"])
+def test_heldout_speakers_leaving_none_to_train_is_one_line(name, spk_shards, tmp_path):
+    """4 speakers, 4 held out: one line naming the flag and the count, no traceback (and no run folder written)."""
+    with pytest.raises(SystemExit) as e:
+        TRAINERS[name].main(_argv(spk_shards, tmp_path / "x", 1, "--heldout-speakers", "4"))
+    msg = str(e.value.code)
+    assert msg.startswith(f"{name}: error: --heldout-speakers 4 leaves no speaker to train on") and "\n" not in msg
+    assert "4 speakers" in msg and "at most 3" in msg
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_batch_budget_is_refused(spk_shards, tmp_path):
     with pytest.raises(SystemExit, match="holds no crop"):
         train_campplus.main(_argv(spk_shards, tmp_path / "x", 1) + ["--batch-frames", "1000"])

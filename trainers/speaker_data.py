@@ -73,8 +73,9 @@ def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout:
         raise ValueError(f"no usable utterance: {int(unlabelled.sum())} have no speaker label and "
                          f"{int(short.sum())} are shorter than {min_samples} samples")
     if heldout >= len(names):
+        fix = f"at most {len(names) - 1}, or 0 for no EER" if len(names) > 2 else "0 (no EER)"
         raise ValueError(f"--heldout-speakers {heldout} leaves no speaker to train on: the shards have "
-                         f"{len(names)} speakers with usable utterances")
+                         f"{len(names)} speakers with usable utterances; hold out {fix}")
     rng = np.random.default_rng([seed, 0x5E1D])
     out = sorted(rng.choice(np.array(names, dtype=object), size=heldout, replace=False).tolist()) if heldout else []
     train_names = [n for n in names if n not in set(out)]
