@@ -57,7 +57,7 @@ def _dominant_hz(x: np.ndarray) -> float:
 
 def _finish(crops: speaker_data.SpeakerCrops, items: list[dict]) -> np.ndarray:
     """The device path of a list of SpeakerCrops(on_device=True) outputs: collated, then DeviceAugment (CPU)."""
-    batch = PadCollator(["wav"])(items)
+    batch = speaker_augment.stack_for_device(PadCollator(["wav"])(items))
     return speaker_augment.DeviceAugment(crops.speeds, crops.crop_samples)(batch).numpy()
 
 
@@ -99,9 +99,15 @@ def test_crops_are_slices_and_speeds_are_uniform():
 
 
 def test_short_utterance_is_repeat_padded():
-    pcm = _noise_pcm(5000, seed=2)
-    out = speaker_data.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,))({"pcm": pcm, "index": 0})
-    assert np.array_equal(out["wav"], np.resize(pcm, SR))
+    """The loader hands the whole short utterance (no copy); the device repeats it, as the CPU path does."""
+    short, full = _noise_pcm(5000, seed=2), _noise_pcm(SR, seed=3)
+    crops = speaker_data.SpeakerCrops(np.array([0, 0]), seed=0, crop_samples=SR, speeds=(1.0,))
+    items = [crops({"pcm": short, "index": 0}), crops({"pcm": full, "index": 1})]
+    assert items[0]["wav"] is short
+    got = _finish(crops, items)
+    assert np.array_equal(np.round(got * 32768).astype(np.int16), np.stack([np.resize(short, SR), full]))
+    cpu = speaker_data.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,), on_device=False)
+    assert np.array_equal(cpu({"pcm": short, "index": 0})["wav"], got[0])
 
 
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "soxr"])

@@ -3,7 +3,8 @@ reverberation, additive noise. torch ops only, so the same code runs on the CPU 
 
 The loader's item transform (speaker_data.SpeakerCrops) draws every random choice on the CPU and only slices:
 the int16 source samples of each crop out of the mmap, and, for a corrupted crop, the impulse response and a
-stretch of noise from the cached folder files. `DeviceAugment` turns such a batch into [B, crop] float32
+stretch of noise from the cached folder files; `stack_for_device`, the loader's batch transform, stacks the
+latter into tensors that travel with the batch. `DeviceAugment` turns such a batch into [B, crop] float32
 waveforms in [-1, 1], the same crops the per-utterance path (`--augment-on cpu`: soxr, scipy, numpy) makes from
 the same draws, within the resamplers' difference (tests/test_train_speaker.py measures it on real speech).
 
@@ -80,12 +81,29 @@ def fft_convolve_head(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return y[..., :n]
 
 
-def _stack(rows: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
-    """float32 [m, longest] on device, zero after each row's end (one host copy, one transfer)."""
+def _stack(rows: Sequence[np.ndarray]) -> torch.Tensor:
+    """float32 [m, longest], zero after each row's end."""
     out = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.float32)
     for dst, r in zip(out, rows):
         dst[: len(r)] = r
-    return torch.from_numpy(out).to(device, non_blocking=device.type == "cuda")
+    return torch.from_numpy(out)
+
+
+def stack_for_device(batch: dict[str, Any]) -> dict[str, Any]:
+    """The loader's batch_transform, run where the batch is collated (its thread or a worker), so that the step
+    reads nothing back from the device and copies nothing on the host: `source_lengths`, the collated sources'
+    lengths as a list; the corrupted crops' impulse responses and noise stretches (lists with None for a clean
+    crop) as tensors the loader moves to the device with the batch: `rir` [m, k], `noise` [m, crop] float32 and
+    `snr` [m] float64, or None when no crop of the batch has one; `rir_rows` / `noise_rows`, the crops they
+    belong to."""
+    batch["source_lengths"] = batch["wav_lengths"].tolist()
+    for key in ("rir", "noise"):
+        rows = [i for i, x in enumerate(batch[key]) if x is not None]
+        batch[f"{key}_rows"] = rows
+        if key == "noise":
+            batch["snr"] = torch.tensor([float(batch["snr"][i]) for i in rows], dtype=torch.float64) if rows else None
+        batch[key] = _stack([batch[key][i] for i in rows]) if rows else None
+    return batch
 
 
 class DeviceAugment:
@@ -115,8 +133,9 @@ class DeviceAugment:
             have = self._on[device] = {k: copy.deepcopy(m).to(device) for k, m in self._kernels.items()}
         return have
 
-    def speed(self, src: torch.Tensor, speed: list[int]) -> torch.Tensor:
-        """int16 sources [B, L] -> float32 crops [B, crop], each row at its speed."""
+    def speed(self, src: torch.Tensor, lengths: list[int], speed: list[int]) -> torch.Tensor:
+        """int16 sources [B, L] (row i holds lengths[i] samples) -> float32 crops [B, crop], each at its speed.
+        A source shorter than its crop needs is an utterance shorter than the crop: repeated from its start."""
         n, out = self.crop, None
         kernels = self.kernels(src.device)
         groups: dict[int, list[int]] = {}
@@ -124,8 +143,15 @@ class DeviceAugment:
             groups.setdefault(int(k), []).append(row)
         for k, rows in groups.items():
             s = self.speeds[k]
-            take = src if len(groups) == 1 else src[torch.tensor(rows, device=src.device)]
-            x = take[:, : source_samples(n, s)].float() / INT16_SCALE
+            need = source_samples(n, s)
+            x = (src if len(groups) == 1 else src[_index(rows, src.device)])[:, :need]
+            short = [j for j, row in enumerate(rows) if lengths[row] < need]
+            if short:  # cyclic repetition, as np.resize: sample t of the crop is sample t mod length
+                x = x.clone()
+                at = _index(short, src.device)
+                have = torch.tensor([lengths[rows[j]] for j in short], device=src.device)
+                x[at] = x[at].gather(1, torch.arange(need, device=src.device) % have[:, None])
+            x = x.float() / INT16_SCALE
             if s != 1.0:
                 first = first_output(s)
                 x = kernels[k](x)[:, first: first + n]
@@ -133,26 +159,27 @@ class DeviceAugment:
                 return x.contiguous()
             if out is None:
                 out = torch.empty(len(speed), n, dtype=torch.float32, device=src.device)
-            out[torch.tensor(rows, device=src.device)] = x
+            out[_index(rows, src.device)] = x
         assert out is not None
         return out
 
     def __call__(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The batch's finished crops [B, crop] (after `stack_for_device`)."""
         with exact_float32():
-            wav = self.speed(batch["wav"], batch["speed"])
+            wav = self.speed(batch["wav"], batch["source_lengths"], batch["speed"])
             dev = wav.device
-            rev = [i for i, r in enumerate(batch["rir"]) if r is not None]
-            if rev:
-                idx = torch.tensor(rev, device=dev)
-                h = _stack([batch["rir"][i] for i in rev], dev)
+            if batch["rir"] is not None:
+                idx = _index(batch["rir_rows"], dev)
+                h = batch["rir"].to(dev)
                 h = h / h.double().square().sum(dim=-1, keepdim=True).sqrt().clamp_min(1e-12).float()
                 wav[idx] = fft_convolve_head(wav[idx], h)
-            noisy = [i for i, x in enumerate(batch["noise"]) if x is not None]
-            if noisy:
-                idx = torch.tensor(noisy, device=dev)
-                noise = _stack([batch["noise"][i] for i in noisy], dev)
-                snr = torch.tensor([float(batch["snr"][i]) for i in noisy], dtype=torch.float64, device=dev)
-                speech = wav[idx]
-                gain = torch.pow(10.0, (energy_db(speech) - energy_db(noise) - snr) / 20.0)
+            if batch["noise"] is not None:
+                idx = _index(batch["noise_rows"], dev)
+                noise, speech = batch["noise"].to(dev), wav[idx]
+                gain = torch.pow(10.0, (energy_db(speech) - energy_db(noise) - batch["snr"].to(dev)) / 20.0)
                 wav[idx] = speech + gain.float()[:, None] * noise
             return wav
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int64, device=device)

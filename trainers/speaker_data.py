@@ -33,7 +33,8 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 
 import core
-from speaker_augment import SAMPLE_RATE, DeviceAugment, first_output, source_samples, speed_rates
+from speaker_augment import (SAMPLE_RATE, DeviceAugment, first_output, source_samples, speed_rates,
+                             stack_for_device)
 
 NUM_MEL_BINS = 80
 SPEEDS = (1.0, 0.9, 1.1)  # index 0 is the unperturbed speed, so class speaker * 3 is the original voice
@@ -101,12 +102,17 @@ def read_speaker_index(shards: str | Path) -> tuple[list[str], np.ndarray]:
 
 # ----------------------------------------------------------------------------- crops, speed, augmentation
 
-def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n consecutive samples at a random start (a view); a shorter utterance is repeated from its start to fill n."""
+def pick_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n consecutive samples at a random start (a view), or the whole utterance when it is shorter than n."""
     if len(pcm) >= n:
         start = int(rng.integers(0, len(pcm) - n + 1))
         return pcm[start:start + n]
-    return np.resize(pcm, n)  # cyclic repetition
+    return pcm
+
+
+def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n consecutive samples at a random start; a shorter utterance is repeated from its start to fill n."""
+    return np.resize(pick_segment(pcm, n, rng), n)  # np.resize repeats cyclically; a full-length view is kept
 
 
 def speed_soxr(src: np.ndarray, n: int, speed: float) -> np.ndarray:
@@ -234,9 +240,10 @@ class Augment:
 class SpeakerCrops:
     """The loader's item_transform: {"pcm", "index", ...} -> one crop's draws and slices.
 
-    on_device=True (the trainers' default): {"wav": int16 source samples (`source_samples(crop, speed)` of them,
-    a view of the mmap when the utterance is long enough), "speed": index into speeds, "rir", "noise", "snr"
-    (Augment.draw), "label", "index"}, which `DeviceAugment` finishes per batch on the training device.
+    on_device=True (the trainers' default): {"wav": int16 source samples, a view of the mmap (the
+    `source_samples(crop, speed)` the crop reads, or the whole utterance when it is shorter: the device repeats
+    it), "speed": index into speeds, "rir", "noise", "snr" (Augment.draw), "label", "index"}, which
+    `stack_for_device` (the batch transform) and `DeviceAugment` finish per batch.
     on_device=False (`--augment-on cpu`): {"wav": float32 [crop], "label", "index"}, finished here per crop with
     soxr and scipy, 3D-Speaker's way. The two make the same crops from the same draws, within the resamplers'
     difference.
@@ -288,12 +295,13 @@ class SpeakerCrops:
             raise ValueError(f"utterance {item.get('id')!r} (index {index}) is not a training utterance")
         rng = np.random.default_rng([self.seed, self.epoch, index])
         n, k = self.crop_samples, int(rng.integers(len(self.speeds)))
-        src = take_segment(item["pcm"], source_samples(n, self.speeds[k]), rng)
+        need = source_samples(n, self.speeds[k])
+        src = pick_segment(item["pcm"], need, rng)
         rir, noise, snr = self.augment.draw(n, rng) if self.augment is not None else (None, None, 0.0)
         label = spk * len(self.speeds) + k
-        if self.on_device:  # slices only: DeviceAugment finishes the batch next to the fbank
+        if self.on_device:  # slices only: DeviceAugment repeats a short one and finishes the batch
             return {"wav": src, "speed": k, "rir": rir, "noise": noise, "snr": snr, "label": label, "index": index}
-        wav = Augment.apply(speed_soxr(src, n, self.speeds[k]), rir, noise, snr)
+        wav = Augment.apply(speed_soxr(np.resize(src, need), n, self.speeds[k]), rir, noise, snr)
         return {"wav": wav, "label": label, "index": index}
 
 
@@ -359,6 +367,7 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, d: core.Dist, na
         print(f"[speaker] {repeats} training utterances listed twice so that every batch is full "
               f"(the other side of 3D-Speaker's drop_last; CAM++'s last BatchNorm needs 2+ crops)", flush=True)
     loader_kw = {"item_transform": crops, "subset": subset, "collate_features": ["wav"],
+                 "batch_transform": stack_for_device if on_device else None,
                  "lengths": np.full(len(subset), crop, dtype=np.int64)}  # the budget counts crops, not sources
     return SpeakerData(split, speakers, crops, loader_kw, len(split.train_speakers) * len(crops.speeds),
                        DeviceAugment(crops.speeds, crop) if on_device else None)
