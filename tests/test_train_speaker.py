@@ -108,6 +108,11 @@ def test_short_utterance_is_repeat_padded():
     assert np.array_equal(np.round(got * 32768).astype(np.int16), np.stack([np.resize(short, SR), full]))
     cpu = speaker_data.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.0,), on_device=False)
     assert np.array_equal(cpu({"pcm": short, "index": 0})["wav"], got[0])
+    # perturbed, in a batch where no source is as long as the crop needs: the same as the repeated source
+    fast = speaker_data.SpeakerCrops(np.array([0]), seed=0, crop_samples=SR, speeds=(1.1,))
+    need = speaker_augment.source_samples(SR, 1.1)
+    assert np.array_equal(_finish(fast, [fast({"pcm": short, "index": 0})]),
+                          _finish(fast, [fast({"pcm": np.resize(short, need), "index": 0})]))
 
 
 @pytest.mark.parametrize("on_device", [True, False], ids=["device", "soxr"])

@@ -146,8 +146,11 @@ class DeviceAugment:
             need = source_samples(n, s)
             x = (src if len(groups) == 1 else src[_index(rows, src.device)])[:, :need]
             short = [j for j, row in enumerate(rows) if lengths[row] < need]
-            if short:  # cyclic repetition, as np.resize: sample t of the crop is sample t mod length
+            if x.shape[1] < need:  # no source in the batch is this long: room for the repetition below
+                x = torch.cat([x, x.new_zeros(len(x), need - x.shape[1])], dim=1)
+            elif short:
                 x = x.clone()
+            if short:  # cyclic repetition, as np.resize: sample t of the crop is sample t mod length
                 at = _index(short, src.device)
                 have = torch.tensor([lengths[rows[j]] for j in short], device=src.device)
                 x[at] = x[at].gather(1, torch.arange(need, device=src.device) % have[:, None])
