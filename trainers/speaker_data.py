@@ -112,7 +112,7 @@ def pick_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarra
 
 def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """n consecutive samples at a random start; a shorter utterance is repeated from its start to fill n."""
-    return np.resize(pick_segment(pcm, n, rng), n)  # np.resize repeats cyclically; a full-length view is kept
+    return np.resize(pick_segment(pcm, n, rng), n)  # a copy; np.resize repeats a short array cyclically
 
 
 def speed_soxr(src: np.ndarray, n: int, speed: float) -> np.ndarray:
