@@ -21,7 +21,9 @@ growth shows), the files and bytes it wrote, and the load average before and aft
 - kill9: a fresh output, SIGKILL of the whole job once half of its shards are done, then the rerun; every file
   of the result compared (sha256) with the shard stage's output, every utterance accounted for;
 - ray: the same job on a 3-raylet Ray cluster on 127.0.0.1 (bench_chaos.Cluster), compared file by file with
-  the shard stage's output (the local engine).
+  the shard stage's output (the local engine);
+- compare: the kill9 and ray outputs against each other, file by file, when both were kept (an output that
+  equals the shard stage's is deleted), and each one's plan.json against the shard stage's by content.
 
 Results are merged into --json after every stage, so a long run keeps what it has measured.
 """
@@ -276,18 +278,33 @@ def stage_noop(a, corpus, out, res) -> dict[str, Any]:
     return run_stage(shard_cmd(a, corpus, out, None, ["--workers", str(a.workers), "--engine", "local"]), out)
 
 
+_VERIFY = r"""
+import json, sys, time
+from audiopipe.shard.verify import verify
+t, c = time.perf_counter(), time.process_time()
+rep = verify(sys.argv[1], tars=sys.argv[2] == "1")
+print("RESULT " + json.dumps({"verify_wall_s": round(time.perf_counter() - t, 3), "verify_cpu_s":
+      round(time.process_time() - c, 3), "ok": rep.ok, "records": rep.records, "shards": rep.shards}))
+"""
+
+
 def stage_verify(a, corpus, out, res) -> dict[str, Any]:
-    """The command, on the page cache (every file read once first); bytes per CPU-second of the command."""
+    """verify() on the page cache (every file read once first): bytes per CPU-second of verify() itself (its
+    imports apart), then the command as a user runs it."""
     _, nbytes = tree_size(out)
     for dirpath, _, names in os.walk(out):
         for n in names:
             with open(os.path.join(dirpath, n), "rb") as f:
                 while f.read(1 << 24):
                     pass
+    r = run_stage([PY, "-c", _VERIFY, str(out), "0" if a.no_tar else "1"], None)
+    for line in r.get("stdout_tail", "").splitlines():
+        if line.startswith("RESULT "):
+            r.update(json.loads(line[7:]))
+    r.update(bytes_checked=nbytes, gb_per_cpu_s=round(nbytes / r["verify_cpu_s"] / 1e9, 3)
+             if r.get("verify_cpu_s") else None)
     cmd = [PY, "-m", "audiopipe.cli", "verify", str(out)] + (["--no-tar"] if a.no_tar else [])
-    r = run_stage(cmd, None)
-    r.update(bytes_checked=nbytes, gb_per_s_wall=round(nbytes / r["wall_s"] / 1e9, 3),
-             gb_per_cpu_s=round(nbytes / r["cpu_s"] / 1e9, 3) if r["cpu_s"] else None)
+    r["command"] = run_stage(cmd, None)
     return r
 
 
@@ -424,13 +441,63 @@ def stage_ray(a, corpus, out, res) -> dict[str, Any]:
     return r
 
 
+def plot(results: list[Path], png: Path) -> None:
+    """Left: shard throughput per decile of each run's shards (x real time per CPU-second). Right: the driver's
+    peak RSS of each run's shard stage against its utterances."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    sizes, peaks = [], []
+    for path in results:
+        r = json.loads(path.read_text())
+        st = r["stages"].get("shard", {})
+        label = f"{r['corpus']['utterances']:,} utt, {r.get('features') or r.get('preset')}"
+        d = st.get("throughput", {}).get("deciles", [])
+        if d:
+            a.plot([x["decile"] for x in d], [x["x_rt_per_cpu_s"] for x in d], marker="o", label=label)
+        if st.get("driver_peak_rss_mb"):
+            sizes.append(r["corpus"]["utterances"])
+            peaks.append(st["driver_peak_rss_mb"])
+    a.set(xlabel="decile of shards, in the order they finished", ylabel="x real time per CPU-second",
+          title="shard throughput over the run", ylim=(0, None))
+    a.legend(fontsize=8)
+    b.plot(sizes, peaks, marker="o")
+    b.axhline(1536, color="red", linestyle="--", label="goal at 500k: 1.5 GB")
+    b.set(xlabel="utterances", ylabel="MB", title="driver peak RSS (shard stage)", ylim=(0, None))
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def stage_compare(a, corpus, out, res) -> dict[str, Any]:
+    """The kill -9 + rerun output against the Ray output, file by file (both kept when they differed from the
+    shard stage's output), and plan.json of each against the shard stage's by content."""
+    runs = {k: a.data / f"shards_{a.tag}_{k}" for k in ("kill9", "ray")}
+    r: dict[str, Any] = {}
+    if all(p.is_dir() for p in runs.values()):
+        r["kill9_vs_ray"] = compare_trees(runs["kill9"], runs["ray"])
+    ref = json.loads((out / "plan.json").read_text())
+    for k, p in runs.items():
+        if (p / "plan.json").is_file():
+            r[f"plan_json_{k}_equal_by_content"] = json.loads((p / "plan.json").read_text()) == ref
+    return r
+
+
 STAGES = {"shard": stage_shard, "noop": stage_noop, "verify": stage_verify, "inspect": stage_inspect,
           "loader": stage_loader, "resume": stage_resume, "export": stage_export, "kill9": stage_kill9,
-          "ray": stage_ray}
+          "ray": stage_ray, "compare": stage_compare}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "plot":  # bench_scale.py plot OUT.png RESULT.json...
+        plot([Path(x) for x in argv[2:]], Path(argv[1]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="bench_scale.py plot OUT.png RESULT.json...: the figure of docs/scale.md")
     p.add_argument("--data", type=Path, required=True, help="folder for the corpus and shards (outside git)")
     p.add_argument("--utterances", type=int, default=500_000)
     p.add_argument("--seed", type=int, default=0)
@@ -456,11 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     res.update({
         "machine": f"{os.cpu_count()}-core shared CPU VM, no GPU; other engineers used the CPU at the same time "
                    f"({platform.platform()})",
-        "command": "benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "corpus": stats, "features": a.features, "preset": a.preset, "no_tar": a.no_tar,
         "workers": a.workers, "shard_size": a.shard_size,
     })
     res.setdefault("stages", {})
+    res.setdefault("commands", []).append("benchmarks/bench_scale.py " + " ".join(argv))  # each one that added stages
     for name in a.stages.split(","):
         print(f"== {name} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
         r = STAGES[name](a, corpus, out, res)
