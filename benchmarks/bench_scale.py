@@ -443,30 +443,28 @@ def stage_ray(a, corpus, out, res) -> dict[str, Any]:
 
 def plot(results: list[Path], png: Path) -> None:
     """Left: shard throughput per decile of each run's shards (x real time per CPU-second). Right: the driver's
-    peak RSS of each run's shard stage against its utterances."""
+    memory through planning, before and after the plan fix (a bench_plan_memory.py results file among them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes, peaks = [], []
     for path in results:
         r = json.loads(path.read_text())
-        st = r["stages"].get("shard", {})
-        label = f"{r['corpus']['utterances']:,} utt, {r.get('features') or r.get('preset')}"
-        d = st.get("throughput", {}).get("deciles", [])
+        if "rows" in r:  # scale_plan_memory.json
+            n = [row["utterances"] for row in r["rows"]]
+            for k in ("before", "after"):
+                b.plot(n, [row[k]["peak_mb"] for row in r["rows"]], marker="o", label=f"{k} (peak RSS)")
+            continue
+        d = r["stages"].get("shard", {}).get("throughput", {}).get("deciles", [])
         if d:
+            label = f"{r['corpus']['utterances']:,} utt, {r.get('features') or r.get('preset')}"
             a.plot([x["decile"] for x in d], [x["x_rt_per_cpu_s"] for x in d], marker="o", label=label)
-        if st.get("driver_peak_rss_mb"):
-            sizes.append(r["corpus"]["utterances"])
-            peaks.append(st["driver_peak_rss_mb"])
     a.set(xlabel="decile of shards, in the order they finished", ylabel="x real time per CPU-second",
           title="shard throughput over the run", ylim=(0, None))
     a.legend(fontsize=8)
-    b.plot(sizes, peaks, marker="o")
-    b.axhline(1536, color="red", linestyle="--", label="goal at 500k: 1.5 GB")
-    b.set(xlabel="utterances", ylabel="MB", title="driver peak RSS (shard stage)", ylim=(0, None))
+    b.set(xlabel="utterances", ylabel="MB", title="driver through discovery + plan + plan.json", ylim=(0, None))
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -497,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         plot([Path(x) for x in argv[2:]], Path(argv[1]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="bench_scale.py plot OUT.png RESULT.json...: the figure of docs/scale.md")
+                                epilog="bench_scale.py plot OUT.png RESULT.json...: the figure of docs/scale.md (with bench_plan_memory's results among them)")
     p.add_argument("--data", type=Path, required=True, help="folder for the corpus and shards (outside git)")
     p.add_argument("--utterances", type=int, default=500_000)
     p.add_argument("--seed", type=int, default=0)
