@@ -111,3 +111,14 @@ def test_a_frame_count_that_disagrees_with_the_duration_is_named(shards, tmp_pat
     assert [x.split(": ", 1)[0] for x in f] == [f"{shard_name} {ids[-1]}"] * 4, f
     assert [x.split(": ", 1)[1].split()[0] for x in f] == ["f0", "fbank", "mel", "voiced"]
     assert all(" frames but " in x and " s implies " in x for x in f)
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_the_mapped_checksum_is_the_streamed_one(shards, tmp_path, algorithm):
+    from audiopipe.shard.verify import _mapped_checksum
+
+    arrow = shards / read_manifest(shards)["shards"][0]["arrow"]["path"]
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for path in (arrow, empty):
+        assert _mapped_checksum(path, algorithm) == file_checksum(path, algorithm)
