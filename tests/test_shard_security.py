@@ -106,7 +106,7 @@ def test_a_shard_job_on_ray_listens_on_loopback_only_and_refuses_a_client_withou
     home.mkdir()
     env = _new_user_env(home)
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(asterisk_corpus.root),
-                             "--out", str(tmp_path / "out"), "--features", "vocos_mel", "--engine", "ray",
+                             "--out", str(tmp_path / "out"), "--features", "mel", "--engine", "ray",
                              "--workers", "1", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT, start_new_session=True)
     deadline = time.monotonic() + 240
