@@ -12,7 +12,7 @@ TORCH   ?= torch==2.13.0
 # `make test PYTEST_ARGS=` runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 DEBS    := espeak-ng sox asterisk-core-sounds-en-wav asterisk-core-sounds-en asterisk-core-sounds-ru-wav \
-           asterisk-prompt-it-menardi-wav asterisk-prompt-es-co alsa-utils
+           asterisk-prompt-it-menardi-wav asterisk-prompt-es-co alsa-utils codec2-examples
 
 .PHONY: demo test sysdeps venv upstream bench clean-demo gpu-bundle
 
