@@ -573,12 +573,14 @@ CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 # ----------------------------------------------------------------------------- running parts as processes
 
 
-def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | None = None) -> dict[str, Any]:
-    """Run one part in a child process under a time cap; its result, status and output tail."""
+def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | None = None,
+              script: Path | None = None) -> dict[str, Any]:
+    """Run one part in a child process under a time cap; its result, status and output tail. `script`: the
+    script whose `--child` runs it (this one by default; gpu_proof2.py runs its own parts)."""
     name = part + (f"-{extra[1]}" if extra else "")
     result_path = a.work / f"{name}.json"
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--bundle", str(a.bundle), "--out",
+    cmd = [sys.executable, str(script or Path(__file__).resolve()), "--child", part, "--bundle", str(a.bundle), "--out",
            str(a.out), "--work", str(a.work), "--device", a.device, "--without", a.without, "--trainers", a.trainers,
            "--deadline", str(time.time() + cap - 3), "--cap", str(cap), *(extra or [])]
     if a.quick:
