@@ -143,7 +143,7 @@ def _run_quietly(cmd: list[str]) -> str | None:
 def install_wheels(bundle: Path, site: Path) -> dict[str, Any]:
     """pip-install the bundle's wheels into `site` when the modules they carry do not import here."""
     wheels = sorted((bundle / "wheels").glob("*.whl"))
-    missing = [m for m in ("soundfile", "soxr") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("soundfile", "soxr", "julius") if importlib.util.find_spec(m) is None]
     if not wheels or not missing:
         return {"installed": [], "missing_before": missing, "wheels": [w.name for w in wheels]}
     site.mkdir(parents=True, exist_ok=True)

@@ -203,11 +203,11 @@ def part_full_batches(a: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- part: cores
 
 
-def pin(cores: int) -> list[int]:
-    """This process's threads (and what they start from now on) on the first `cores` CPUs it may use."""
+def pin(cores: int, allowed: list[int]) -> list[int]:
+    """This process's threads (and what they start from now on) on the first `cores` of `allowed` (the CPUs it
+    was given: read once, before any pinning, since the affinity read later is the pinned one)."""
     import torch
 
-    allowed = sorted(os.sched_getaffinity(0))
     chosen = allowed[:cores]
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -230,7 +230,8 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
     k = warm + timed
     s = f5_setup(a, copies_for(a, k + 2))
     dev, cpu = s["dev"], torch.device("cpu")
-    available = len(os.sched_getaffinity(0))
+    allowed = sorted(os.sched_getaffinity(0))
+    available = len(allowed)
     counts = [c for c in CORES if c <= available] if not a.quick else [c for c in (1, 2) if c <= available]
     res: dict[str, Any] = {"model": "tiny" if a.quick else "default", "precision": s["precision"],
                            "batch_frames": s["cfg"].batch_frames, "cores_available": available,
@@ -254,7 +255,7 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
     ds = OnTheFlyMel(str(s["shards"]), "mel", str(a.bundle / "wavs" / "en"))
     plan = [[i % len(ds) for i in r] for r in rows]  # copy c's item i is global index c * len + i (one folder)
     for c in counts:
-        chosen = pin(c)
+        chosen = pin(c, allowed)
         row: dict[str, Any] = {"cpus": chosen}
         loader = g1._f5_loader(s, 2, dev)
         loader.set_epoch(0)
@@ -274,7 +275,7 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
         g1.save_partial(a, res)
         print(f"[cores] {c}: audiopipe {row['audiopipe']['step_ms']:.1f} ms, F5's rule "
               f"{row['f5_own_rule']['step_ms']:.1f} ms, on the device {res['on_device']['step_ms']:.1f} ms", flush=True)
-    pin(available)
+    pin(available, allowed)
     res["fewest_cores_within"] = {
         feed: next((int(c) for c, r in res["by_cores"].items() if r[feed]["vs_on_device"] <= 1 + WITHIN), None)
         for feed in ("audiopipe", "f5_own_rule")}
