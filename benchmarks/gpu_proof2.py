@@ -22,6 +22,8 @@ Parts, in order of value; each in its own process under its own cap:
   calibrate     calibrate_batches.py for F5-TTS, then whether the budget holds: every bucket's largest shapes
                 trained in turn 10 times (no out-of-memory error, peak reserved memory <= 92 % of the device),
                 and F5's frames/s with it against one global budget's (>= 1x)
+  speakers      ERes2Net and CAM++ `default` as the trainers run (their own main(), prefetch 2) on the bundle's
+                speaker shards grown the same way: 10 warm-up + 60 timed steps, data wait from their log
   features      bench_gpu_features.py with --equal: clips in batches of equal length (each group of B
                 length-sorted clips cut to its shortest), mel, fbank and codec in fp32, batched against one at a
                 time on the same cut clips
@@ -45,13 +47,15 @@ for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
 
 import gpu_proof as g1  # noqa: E402 - after the path set-up: the machinery of the first round
 
-PARTS = ("full_batches", "cores", "features", "calibrate")
+PARTS = ("full_batches", "cores", "features", "calibrate", "speakers")
 # Seconds each part may take on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the calibrate part of round
 # 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
-CAPS = {"full_batches": 120, "cores": 140, "features": 40, "calibrate": 80}
-FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 40}
-QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 120, "calibrate": 120}
-QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8}
+CAPS = {"full_batches": 120, "cores": 130, "features": 35, "calibrate": 70, "speakers": 40}
+FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20}
+QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 120, "calibrate": 120, "speakers": 150}
+QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8}
+SPEAKER_STEPS = {"full": (10, 60), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
+SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
 HOLD_ROUNDS = {"full": 10, "quick": 1}  # calibrate: rounds over every bucket's largest shapes
 PEAK_SHARE = 0.92  # calibrate: the peak (reserved) memory the budget may reach, of the device's total
 STEPS = {"full": (10, 200), "quick": (1, 2)}  # full_batches: warm-up, timed mid-epoch
@@ -292,8 +296,8 @@ def part_features(a: argparse.Namespace) -> dict[str, Any]:
 
     clips = a.work / "gpu_clips"
     shutil.rmtree(clips, ignore_errors=True)
-    # The bundle's re-sliced speech whole (LibriTTS-like lengths); on a CPU, six half-second pieces.
-    info = bgf.make_clips(a.bundle / "wavs", clips, 3.0 if a.quick else 480.0, piece_s=0.5 if a.quick else None)
+    # The bundle's re-sliced speech whole (LibriTTS-like lengths); on a CPU, three half-second pieces.
+    info = bgf.make_clips(a.bundle / "wavs", clips, 1.5 if a.quick else 480.0, piece_s=0.5 if a.quick else None)
     out = a.work / "gpu_features2.json"
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
     sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch",
@@ -327,9 +331,36 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+# ----------------------------------------------------------------------------- part: speakers
+
+
+def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
+    """The speaker trainers' data wait as they train (whatever data path their defaults take)."""
+    import importlib
+
+    warm, timed = SPEAKER_STEPS["quick" if a.quick else "full"]
+    dirs = grown(a, a.bundle / "shards" / "speakers", 2 if a.quick else SPEAKER_COPIES)
+    res: dict[str, Any] = {"warmup_steps": warm, "timed_steps": timed, "copies": len(dirs)}
+    for name, script in (("eres2net", "train_eres2net"), ("campplus", "train_campplus")):
+        out = a.work / f"speakers-{name}"
+        argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default", "--out", str(out),
+                "--max-steps", str(warm + timed), "--log-every", str(warm), "--ckpt-every", str(10 ** 9),
+                "--prefetch", "2", "--seed", "0", *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
+        t0 = time.perf_counter()
+        importlib.import_module(script).main(argv)
+        log = out / "log.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        res[name] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1), **g1._window_stats(records, warm)}
+        shutil.rmtree(out, ignore_errors=True)
+        g1.save_partial(a, res)
+        g1.ensure(res[name].get("timed_steps") == timed, f"{name}: {res[name].get('timed_steps')} timed steps, "
+                                                         f"expected {timed}")
+    return res
+
+
 CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "full_batches": part_full_batches, "cores": part_cores, "features": part_features,
-    "calibrate": part_calibrate,
+    "calibrate": part_calibrate, "speakers": part_speakers,
     "info": lambda a: g1.device_info(a.device)}
 
 
@@ -359,6 +390,12 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
             lines.append(f"  margin {h['margin']}: every bucket's largest shapes ran without OOM: {h['no_out_of_memory']}; "
                          f"peak reserved {h['peak_reserved_share']} of the device (limit {h['limit']}); frames/s "
                          f"{h['frames_per_s_gain']:.2f}x the global budget's")
+        elif part == "speakers":
+            for name in ("eres2net", "campplus"):
+                r = res.get(name, {})
+                if r.get("timed_steps"):
+                    lines.append(f"  {name}: {r['step_ms']:.1f} ms/step, data wait {100 * r['data_wait_share']:.3f} %, "
+                                 f"{r['epochs']} epochs")
         elif part == "features" and "summary" in res:
             lines += [f"  {k}: {v['x_rt']} x real time" for k, v in res["summary"].items()]
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
@@ -382,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of all parts together (default 380; 600 with --quick)")
+                    help="wall-clock budget of all parts together (default 395; 700 with --quick)")
     ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--trainers", default="", help=argparse.SUPPRESS)  # gpu_proof's child protocol carries these
@@ -414,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     started = time.time()
-    budget = a.budget_s if a.budget_s is not None else (600.0 if a.quick else 380.0)
+    budget = a.budget_s if a.budget_s is not None else (700.0 if a.quick else 395.0)
     caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
     wheels = g1.install_wheels(a.bundle, a.work / "site")
     paths = [wheels["site"]] if wheels.get("site") else []
