@@ -8,6 +8,7 @@ The flow, one sub-package per stage:
     ap.shard(corpus, out, preset=...)       the `audiopipe shard` job; returns its summary
     ap.verify(shards) / ap.inspect(shards)  check every checksum and row / a summary dict of a shard folder
     ap.make_loader(shards, features, max_frames=...)   the training loader (ap.Reading: how it reads)
+    ap.split(shards, by="speaker", test=...)   training and held-out rows, as make_loader's subset=
     ap.export_hf / ap.export_lhotse / ap.export_nemo / ap.export_f5   shards out to other tools' formats
     ap.open_dataset, ap.BucketBatchSampler, ap.PadCollator   the loader's dataset, sampler and collate, to
                                             compose your own
@@ -32,6 +33,7 @@ _EXPORTS = {
     "Loader": ("audiopipe.reader.loader", "Loader"),
     "Reading": ("audiopipe.reader.reading", "Reading"),
     "open_dataset": ("audiopipe.reader.open_dataset", "open_dataset"),
+    "split": ("audiopipe.reader.split", "split"),
     "BucketBatchSampler": ("audiopipe.sampler.bucket", "BucketBatchSampler"),
     "PadCollator": ("audiopipe.collate.pad", "PadCollator"),
     "export_hf": ("audiopipe.export.hf", "export_hf"),

@@ -7,11 +7,14 @@ Every user-fixable problem ends in one line `audiopipe: error: ...` and a non-ze
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Iterator
 
+from audiopipe.errors import AudiopipeError, AudiopipeWarning, in_flags
 from audiopipe.shard.checksum import ALGORITHMS, DEFAULT as DEFAULT_CHECKSUM
 
 EPILOG_SHARD = """\
@@ -19,7 +22,7 @@ examples:
   audiopipe shard --corpus ./wavs                       # F5-TTS mels into ./shards
   audiopipe shard --corpus ./LibriTTS --preset f5tts,eres2net --workers 16
   audiopipe shard --corpus ./vctk --preset ns2 --codec-checkpoint ./encodec_24khz
-  audiopipe shard --corpus ./wavs --features vocos_mel,f0 --ray-address ray://head:10001
+  audiopipe shard --corpus ./wavs --features mel,f0 --ray-address ray://head:10001
   audiopipe shard --corpus ./aishell3 --preset f5tts,gpt_sovits --language zh   # Mandarin: GPT-SoVITS phones
   audiopipe shard --corpus ./data/train --layout kaldi --preset eres2net        # wav.scp + segments
   audiopipe shard --corpus ./VCTK-Corpus-0.92 --vctk-mic mic2                   # txt/ + wav48_silence_trimmed/
@@ -103,8 +106,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "heartbeat, at once when its holder ran on this host and is gone)")
     s.add_argument("--preset", default="f5tts", help="comma-separated presets (default f5tts); see above")
     s.add_argument("--features", default=None,
-                   help="comma-separated feature kinds instead of a preset's (vocos_mel, slaney_mel, f0, "
-                        "energy, kaldi_fbank, pcm)")
+                   help="comma-separated features instead of a preset's: mel (F5-TTS's vocos mel), slaney_mel, "
+                        "fbank (Kaldi), f0, energy, pcm; the same names make_loader and the exports read "
+                        "(vocos_mel and kaldi_fbank are accepted for mel and fbank)")
     s.add_argument("--manifest", action="append", default=None, metavar="PATH",
                    help="use only what a manifest lists (repeat for several): audiopipe JSONL/CSV/TSV "
                         "(path[,id,text,speaker]), lhotse recordings + supervisions or cuts (.jsonl[.gz]) or a "
@@ -194,6 +198,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     v.add_argument("shards", nargs="?", default="./shards",
                    help="shard folder or s3://bucket/prefix (default ./shards); each s3 object is read once")
     v.add_argument("--no-tar", action="store_true", help="skip the WebDataset tars")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
 
     i = sub.add_parser("inspect", help="print counts, hours, speakers; write a duration histogram PNG",
                        description="Summarise a shard folder from its manifest and length index.")
@@ -245,7 +250,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
 def _cmd_verify(a: argparse.Namespace) -> int:
     from audiopipe.shard.verify import verify
 
-    report = verify(a.shards, tars=not a.no_tar)
+    report = verify(a.shards, tars=not a.no_tar, progress=not a.no_progress)
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
@@ -306,23 +311,53 @@ def _leave(rc: int) -> None:
     os._exit(rc)
 
 
+def as_flags(message: str, parser: argparse.ArgumentParser, command: str | None) -> str:
+    """A library message in the command's words (audiopipe.errors.in_flags with the command's flags)."""
+    sub = next((a.choices.get(command) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return in_flags(message, {o for a in (sub or parser)._actions for o in a.option_strings})
+
+
+@contextlib.contextmanager
+def _notes_as_lines(parser: argparse.ArgumentParser, command: str | None) -> Iterator[None]:
+    """audiopipe's own warnings (an alias translated, rows without transcripts) as `audiopipe: note: ...` lines,
+    each time they happen, while a command runs."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, AudiopipeWarning):
+            print(f"audiopipe: note: {as_flags(str(message), parser, command)}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", AudiopipeWarning)
+        warnings.showwarning = show
+        yield
+
+
 def _main(argv: list[str] | None) -> int:
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
     handlers = {"shard": _cmd_shard, "verify": _cmd_verify, "inspect": _cmd_inspect}
     try:
         _refuse_urls(args)
-        if args.command in PLUGGED:
-            import importlib
+        with _notes_as_lines(parser, args.command):
+            if args.command in PLUGGED:
+                import importlib
 
-            return importlib.import_module(PLUGGED[args.command][0]).run(args)
-        return handlers[args.command](args)
+                return importlib.import_module(PLUGGED[args.command][0]).run(args)
+            return handlers[args.command](args)
     except KeyboardInterrupt:
         print("audiopipe: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except (AudiopipeError, OSError, ValueError, RuntimeError, KeyError) as e:
         if os.environ.get("AUDIOPIPE_DEBUG"):
             raise
         msg = str(e).strip() or type(e).__name__
+        if isinstance(e, AudiopipeError):
+            msg = as_flags(msg, parser, args.command)
         print(f"audiopipe: error: {msg}", file=sys.stderr)
         return 2
 

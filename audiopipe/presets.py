@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from audiopipe.errors import InvalidValue
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -70,7 +72,7 @@ def resolve(names: list[str]) -> Preset:
     """
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
-        raise ValueError(f"unknown preset {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
+        raise InvalidValue(f"unknown preset {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
     feats: list[tuple[str, dict[str, Any]]] = []
     trim = None
     phones = codec = False
@@ -83,7 +85,7 @@ def resolve(names: list[str]) -> Preset:
                 continue
             clash = [g for g in feats if g[0] == f[0] and g[1].get("name") == f[1].get("name")]
             if clash:
-                raise ValueError(
+                raise InvalidValue(
                     f"presets {', '.join(names)} ask for feature {f[0]!r} twice with different parameters "
                     f"({clash[0][1]} and {f[1]}); shard them into separate folders"
                 )

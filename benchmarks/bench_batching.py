@@ -16,11 +16,22 @@ Corpora (audiopipe/bench/synthetic_lengths.py, seeded): short_clip (median 3 s, 
 
 Epoch 0 is measured; "pairs together again" is the share of epoch 1's item pairs that shared a batch in
 epoch 0. --resume and --collate add the resume-cost and collate-throughput measurements on the largest corpus.
+
+--shapes 8,16,32 adds audiopipe with at most K batch shapes (sampler/shapes.py); its padded frames are those of
+the shape each batch is padded to (rows x edge), so its padding efficiency is what the GPU really computes.
+--passes adds audiopipe with passes=None (by corpus size: several passes an epoch on a corpus of fewer than 4
+budgets, sampler/repeat.py); on larger corpora it plans the same batches as one pass.
+
+    python benchmarks/bench_batching.py --sizes 1000,10000,100000 --shapes 8,16,32 --no-lhotse \
+        --json benchmarks/results/batching_shapes.json --plot docs/img/batching_shapes.png
+    python benchmarks/bench_batching.py --sizes 78,1000,10000 --passes --world-size 1 --no-lhotse \
+        --json benchmarks/results/batching_small.json
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -105,7 +116,10 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray, max
     e1 = plan(1)
     sizes = np.array([b.size for b in e0], dtype=np.float64)
     longest = np.array([lengths[b].max() for b in e0], dtype=np.float64)
-    padded = sizes * longest
+    samplers = getattr(plan, "samplers", None)
+    shaped = samplers is not None and samplers[0].shapes is not None
+    # With shapes a batch is padded to its shape (rows x edge), not to its own items x longest.
+    padded = samplers[0].budget.padded(sizes, longest) if shaped else sizes * longest
     real = float(sum(lengths[b].sum() for b in e0))
     placed = np.concatenate(e0) if e0 else np.empty(0, dtype=np.int64)
     # Composition change: identical multi-item batches, and item pairs still together, from epoch 0 to 1.
@@ -128,6 +142,9 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray, max
         "items_missing": int(lengths.size - np.unique(placed).size),
         "padding_efficiency": real / float(padded.sum()),
         "fill_ratio": float(padded.mean() / max_frames),
+        "frame_fill": real / len(e0) / max_frames if e0 else 0.0,
+        "shapes_seen": len({(a, b) for a, b in zip(sizes.tolist(), longest.tolist())}) if not shaped else
+        len(set(samplers[0].shapes.shape(int(a), int(b)) for a, b in zip(sizes, longest))),
         "over_budget_batches": int((padded > max_frames).sum()),
         "worst_padded_over_budget": float(padded.max() / max_frames),
         "same_batches_next_epoch": same / max(len(multi1), 1),
@@ -342,7 +359,8 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
             ax.set_xscale("log")
             ax.set_xlabel("utterances")
             ax.grid(alpha=0.3)
-        axes[0][c].set_ylim(0.85, 1.0)
+        low = min(r["padding_efficiency"] for r in rows if r["corpus"] == corpus)
+        axes[0][c].set_ylim(min(0.85, low - 0.02), 1.0)  # every strategy's points stay in view
         axes[1][c].set_yscale("log")
         axes[0][c].legend(fontsize=8)
     fig.suptitle(f"bench_batching, budget 38,400 padded frames; {machine}", fontsize=10)
@@ -370,6 +388,8 @@ def main() -> None:
     p.add_argument("--tradeoff", action="store_true",
                    help="ONLY the efficiency / pair-overlap trade-off of the pools knob (with and without "
                         "min_efficiency) on --sizes, next to lhotse and F5; --json/--plot get its results")
+    p.add_argument("--shapes", default="", help="comma-separated K: also audiopipe with at most K batch shapes")
+    p.add_argument("--passes", action="store_true", help="also audiopipe with passes=None (by corpus size)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)",
                    help="label for the JSON and the plot")
     p.add_argument("--json", type=Path)
@@ -402,6 +422,12 @@ def main() -> None:
         ours = audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size)
         strategies = [(f"audiopipe (W={args.world_size})", ours),
                       ("f5_sort", f5_sort_batches(lengths, args.max_frames, args.seed))]
+        for k in [int(x) for x in args.shapes.split(",") if x]:
+            strategies.append((f"audiopipe shapes={k} (W={args.world_size})",
+                               audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size, shapes=k)))
+        if args.passes:
+            strategies.append((f"audiopipe passes=auto (W={args.world_size})",
+                               audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size, passes=None)))
         if args.random:
             strategies.append(("random", random_batches(lengths, args.max_frames, args.seed)))
         if not args.no_lhotse and lengths.size <= args.lhotse_max_items:
@@ -409,7 +435,7 @@ def main() -> None:
                                lhotse_batches(lengths, args.max_frames, args.seed, args.frame_rate)))
         for j, (label, plan) in enumerate(strategies):
             row = {"corpus": name, "items": int(lengths.size), **evaluate(label, plan, lengths, args.max_frames)}
-            if j == 0:
+            if label.startswith("audiopipe"):
                 row["plan_seconds"] /= args.world_size  # every rank plans the whole epoch: one rank's time
             rows.append(row)
             print("  " + markdown([row]).splitlines()[-1], flush=True)
@@ -427,6 +453,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
         "machine": {"label": args.machine, "python": platform.python_version(),
                     "cpu": platform.processor() or platform.machine()},
+        "load_average": os.getloadavg(),
         "budget_frames": args.max_frames,
         "world_size": args.world_size,
         "corpora": {k: {"median_s": v[0], "sigma": v[1], "min_s": v[2], "max_s": v[3]} for k, v in DISTRIBUTIONS.items()},

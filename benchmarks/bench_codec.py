@@ -28,7 +28,7 @@ from audiopipe.features.codec import EncodecEncoder  # noqa: E402
 
 def speech(seconds: float) -> list[np.ndarray]:
     root = Path(tempfile.mkdtemp(prefix="audiopipe-codec-")) / "wavs"
-    build_demo_corpus(root, espeak_speakers=2, per_speaker=12)
+    build_demo_corpus(root, per_voice=12)  # 4 recorded voices
     clips, total = [], 0.0
     for p in sorted(root.rglob("*.wav")):
         wav, sr = load_audio(p)

@@ -7,8 +7,8 @@
     python benchmarks/make_loader_corpus.py /tmp/loaderbench/short --per-speaker 124 --median-chars 22 \
         --sigma 0.55 --max-chars 150
 
-- The Asterisk prompts (one real female speaker, 8 kHz, ~0.3 h) as in `python -m audiopipe.corpus.demo`;
-- espeak-ng speakers (22.05 kHz): base voice x variant x rate x pitch, each reading Asterisk transcripts joined
+- every English Asterisk prompt (one real female speaker, 8 kHz, ~0.3 h);
+- synthetic espeak-ng speakers (22.05 kHz): base voice x variant x rate x pitch, each reading Asterisk transcripts joined
   up to a log-normal target length (median ~75 characters, at most 280), so that durations spread from ~1 s
   to ~25 s with a median near 5 s, like LibriTTS.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audiopipe.corpus.demo import asterisk_transcripts, build_demo_corpus, run_builder, speak
+from audiopipe.corpus.demo import ALLISON, asterisk_transcripts, place_prompts, run_builder, speak
 
 BASE_VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-us-nyc", "en-gb-x-rp")
 VARIANTS = ("", "+f2", "+m3", "+f4", "+m1", "+f3", "+m7", "+f1")
@@ -54,7 +54,7 @@ def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int =
 
 def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: int = 2, median_chars: float = 75.0,
           sigma: float = 0.7, max_chars: int = 280) -> int:
-    build_demo_corpus(root, espeak_speakers=0)  # the Asterisk prompts (real speech)
+    place_prompts(ALLISON, root / "allison")  # every English Asterisk prompt (real speech)
     texts = sorted(t for t in set(asterisk_transcripts().values()) if len(t) <= min(200, max_chars))
     rng = np.random.default_rng(seed)
     work = []

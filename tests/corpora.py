@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from audiopipe.corpus.demo import (ASTERISK_SOUNDS, ESPEAK_SENTENCES, ESPEAK_VOICES, MissingSource, place, speak,
+from audiopipe.corpus.demo import (ASTERISK_SOUNDS, ESPEAK_SENTENCES, ESPEAK_VOICES, place, speak,
                                    usable_asterisk_prompts)
 
 
@@ -223,13 +223,10 @@ def make_asterisk_corpus(dir: str | os.PathLike[str], n: int | None = None,
     that many, evenly spaced over the sorted names (deterministic). Ids are "wavs/<name>", speaker "".
     copy=True copies the files instead of linking them (for a corpus that must travel to another machine).
     """
-    try:
-        usable = [(name, text, sf.info(str(ASTERISK_SOUNDS / f"{name}.wav")))
-                  for name, text in usable_asterisk_prompts(n)]
-    except MissingSource as e:
-        import pytest
+    from sysdeps import require
 
-        pytest.skip(str(e))
+    require("asterisk-core-sounds-en-wav", "asterisk-core-sounds-en")
+    usable = [(name, text, sf.info(str(ASTERISK_SOUNDS / f"{name}.wav"))) for name, text in usable_asterisk_prompts(n)]
     root = Path(dir)
     (root / "wavs").mkdir(parents=True, exist_ok=True)
     out = []
@@ -251,10 +248,9 @@ def make_espeak_corpus(dir: str | os.PathLike[str], speakers: int = 4, per_speak
     Speaker k uses ESPEAK_VOICES[k] (rate and pitch vary too) and sentences starting at offset k, so texts differ
     between speakers. Ids are "spk<k>/utt<j>", speakers "spk<k>". Returns the expected utterances by id.
     """
-    if shutil.which("espeak-ng") is None:
-        import pytest
+    from sysdeps import require
 
-        pytest.skip("espeak-ng is not installed")
+    require("espeak-ng", present=shutil.which("espeak-ng") is not None)
     if not 1 <= speakers <= len(ESPEAK_VOICES):
         raise ValueError(f"speakers must be in 1..{len(ESPEAK_VOICES)}, got {speakers}")
     root = Path(dir)

@@ -43,10 +43,9 @@ class Expect:
 
 
 def _require_espeak() -> None:
-    if shutil.which("espeak-ng") is None:
-        import pytest
+    from sysdeps import require
 
-        pytest.skip("espeak-ng is not installed")
+    require("espeak-ng", present=shutil.which("espeak-ng") is not None)
 
 
 def _pool_pcm(x: np.ndarray, sr: int) -> np.ndarray:

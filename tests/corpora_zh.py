@@ -27,10 +27,9 @@ SPEAKERS = [("SSB0005", 160, 40), ("SSB0011", 190, 70)]  # (id, words per minute
 
 
 def _require_espeak() -> None:
-    if shutil.which("espeak-ng") is None:
-        import pytest
+    from sysdeps import require
 
-        pytest.skip("espeak-ng is not installed")
+    require("espeak-ng", present=shutil.which("espeak-ng") is not None)
 
 
 def say(text: str, wav: Path, wpm: int = 170, pitch: int = 50) -> np.ndarray:

@@ -5,15 +5,18 @@ minute) and at length by benchmarks/bench_fuzz.py.
 Kinds of example (KINDS): audio of every container libsndfile writes, whole, cut, with flipped header bytes or a
 header field overwritten, with junk appended; a walked folder whose sidecar transcripts are random bytes,
 latin-1, pipes, /dev/zero, folders or 2 MiB; audiopipe's JSONL and CSV manifests, NeMo manifests, lhotse
-recordings + supervisions, Common Voice TSVs, Kaldi data dirs and Emilia JSONL indexes whose values are of any
-JSON type (lists, objects, NaN, lone surrogates) and whose lines may be latin-1 or cut; Emilia tars with sparse,
+recordings + supervisions (with lines that are not JSON or items lhotse refuses), lhotse Shar folders, Hugging
+Face parquet tables (audio cells of WAV bytes, junk, empty or null), Common Voice TSVs, Kaldi data dirs and
+Emilia JSONL indexes whose values are of any JSON type (lists, objects, NaN, lone surrogates) and whose lines
+may be latin-1 or cut; Emilia tars with sparse,
 linked, duplicate, nested, odd and cut members and JSON members that are lists, invalid or latin-1.
 
 The invariant, on every example (`check`):
 - discovery and the decoding of every utterance (RecordingCache.load, what the shard builder calls) end within
   TIME_LIMIT_S, and the process's peak memory rises by less than MEMORY_LIMIT;
 - nothing raises but a RejectError for one input, or a one-line error naming the index file where a whole
-  index is unusable (a JSONL line that is not JSON, a CSV with a NUL byte: docs/corpus.md);
+  index is unusable (a JSONL cut inside its gzip stream, a CSV with a NUL byte: docs/corpus.md); one bad row of
+  a lhotse, Shar, NeMo or Hugging Face manifest is one reject, never a stop; no reject names an object address;
 - discovered = written + rejected: every input the example holds is an utterance or a reject, and every reject
   has a reason from the documented list and a one-line detail;
 - each written input holds exactly its data: the text and speaker it was given (or no utterance at all), and the
@@ -82,6 +85,7 @@ class Expect:
     stop_ok: str | None = None  # a file a one-line stop error may name; None: discovery must not stop
     manifest: list[Path] | None = None
     layout: str = "auto"
+    options: Any = None  # audiopipe.corpus.options.CorpusOptions (e.g. the audio column of a table)
 
 
 class Example:
@@ -134,7 +138,7 @@ def _timed(fn: Callable[[], Any]) -> Any:
 
 def _check(root: Path, expect: Expect) -> None:
     try:
-        d = discover(root, manifest=expect.manifest, layout=expect.layout, header_threads=1)
+        d = discover(root, manifest=expect.manifest, layout=expect.layout, header_threads=1, options=expect.options)
     except STOPS as e:
         msg = str(e)
         assert type(e) in STOPS, f"{type(e).__name__}: {msg}"
@@ -144,6 +148,7 @@ def _check(root: Path, expect: Expect) -> None:
     for r in d.rejects:
         assert r.reason in REASONS, f"undocumented reason {r.reason!r}: {r}"
         assert r.detail and "\n" not in r.detail and "Traceback" not in r.detail, r
+        assert " at 0x" not in r.detail, f"an object address in a reject (differs between runs): {r}"
         json.dumps(r.to_dict(), ensure_ascii=False).encode("utf-8")  # a reject record can be written
     if expect.inputs is not None:
         assert d.discovered == expect.inputs, (f"discovered {d.discovered} (written {len(d.utterances)} + rejected "
@@ -527,6 +532,7 @@ def _span(offset: Any, duration: Any, total: int) -> tuple[int, int] | None:
 def lhotse_example(draw) -> Example:
     grid = st.integers(0, 100).map(lambda n: n / 100)
     sups = draw(st.lists(st.tuples(grid, grid, VALUE, VALUE), min_size=1, max_size=3))
+    bad_lines = draw(st.lists(st.sampled_from(BAD_LINES), max_size=2))
 
     def build(root: Path) -> Expect:
         x = _wav(root / "rec.wav", seconds=1.0)
@@ -546,11 +552,91 @@ def lhotse_example(draw) -> Example:
             e.wants[f"s{i}"] = Want(text=t, speaker=s, samples=x[span[0]:span[1]])
         recs, sp = root / "x_recordings_all.jsonl", root / "x_supervisions_all.jsonl"
         recs.write_text(json.dumps(rec) + "\n")
-        sp.write_bytes(b"\n".join(lines) + b"\n")
+        sp.write_bytes(b"\n".join(lines + bad_lines) + b"\n")  # each bad line is one reject, never a stop
+        e.inputs += len(bad_lines)
         e.manifest = [recs, sp]
-        e.stop_ok = "x_supervisions_all.jsonl"  # an item lhotse's own parser refuses stops the manifest
         return e
-    return Example(build, sups=sups)
+    return Example(build, sups=sups, bad_lines=bad_lines)
+
+
+# Lines of a JSON-lines manifest that name nothing readable: not JSON, not an object, an item lhotse refuses.
+BAD_LINES = [b"{not json", b'["a", "list"]', b"17", b'{"id": "x", "recording_id": "rec", "start": "soon"}',
+             b'{"id": "y", "sources": "nowhere", "sampling_rate": 16000}', b"\xe9t\xe9"]
+
+
+@st.composite
+def shar_example(draw) -> Example:
+    """A lhotse Shar folder (cuts.000000.jsonl.gz + recording.000000.tar) whose cuts' texts are any JSON value,
+    with lines that are not cuts among them: each cut is written with its text or refused, each bad line is one
+    reject."""
+    texts = draw(st.lists(VALUE, min_size=1, max_size=3))
+    bad_lines = draw(st.lists(st.sampled_from(BAD_LINES[:3] + BAD_LINES[5:]), max_size=2))
+
+    def build(root: Path) -> Expect:
+        import gzip
+
+        from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+        wavs = [root / "audio" / f"c{i}.wav" for i in range(len(texts))]
+        for i, w in enumerate(wavs):
+            _wav(w, seed=i)
+        recs = RecordingSet.from_recordings(Recording.from_file(w, recording_id=f"c{i}") for i, w in enumerate(wavs))
+        sups = SupervisionSet.from_segments(SupervisionSegment(f"c{i}", f"c{i}", 0.0, recs[f"c{i}"].duration,
+                                                               text="x", speaker="spk") for i in range(len(wavs)))
+        shar = root / "shar"
+        shar.mkdir()
+        CutSet.from_manifests(recordings=recs, supervisions=sups).to_shar(shar, fields={"recording": "wav"},
+                                                                          shard_size=100)
+        cuts = shar / "cuts.000000.jsonl.gz"
+        e = Expect(inputs=len(texts) + len(bad_lines))
+        lines = []
+        for line, text in zip(gzip.decompress(cuts.read_bytes()).splitlines(), texts):
+            cut = json.loads(line)
+            cut["supervisions"][0]["text"] = text
+            lines.append(json.dumps(cut, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+            t = expected_text(text)
+            if t is None:
+                e.refused.add(cut["id"])
+            else:
+                e.wants[cut["id"]] = Want(text=t, speaker="spk")
+        cuts.write_bytes(gzip.compress(b"\n".join(lines + bad_lines) + b"\n"))
+        e.manifest = [shar]
+        return e
+    return Example(build, texts=texts, bad_lines=bad_lines)
+
+
+@st.composite
+def hf_example(draw) -> Example:
+    """A parquet table whose audio cells are WAV bytes, junk, empty or null, and whose texts are any text: each
+    row is written with exactly its audio and text or refused, and no reject names an object address."""
+    cells = draw(st.lists(st.tuples(st.sampled_from(["wav", "wav", "junk", "riff", "empty", "null"]),
+                                    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=24)),
+                          min_size=1, max_size=4))
+
+    def build(root: Path) -> Expect:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        root.mkdir(parents=True)
+        e = Expect(inputs=len(cells))
+        blobs: list[bytes | None] = []
+        for i, (kind, text) in enumerate(cells):
+            data = audio_bytes(signal(0.3, SR, i), SR, "WAV", "PCM_16")
+            blobs.append({"wav": data, "junk": bytes(range(256)) * 3, "riff": data[:60], "empty": b"",
+                          "null": None}[kind])
+            if kind == "wav":
+                e.wants[f"h{i}"] = Want(text=collapse(text), samples=decoded(data))
+            elif kind == "riff":  # a header cut short: refused when found or when decoded, as libsndfile decides
+                e.wants[f"h{i}"] = Want(must=False)
+            else:
+                e.refused.add(f"h{i}")
+        pq.write_table(pa.table({"audio": pa.array(blobs, pa.binary()), "text": [t for _, t in cells],
+                                 "id": [f"h{i}" for i in range(len(cells))]}), root / "d.parquet")
+        from audiopipe.corpus.options import CorpusOptions
+
+        e.manifest, e.options = [root / "d.parquet"], CorpusOptions(audio_column="audio")
+        return e
+    return Example(build, cells=cells)
 
 
 @st.composite
@@ -792,6 +878,8 @@ KINDS: dict[str, Any] = {
     "manifest": manifest_example(),
     "nemo": nemo_example(),
     "lhotse": lhotse_example(),
+    "shar": shar_example(),
+    "hf": hf_example(),
     "commonvoice": commonvoice_example(),
     "kaldi": kaldi_example(),
     "emilia_jsonl": emilia_jsonl_example(),

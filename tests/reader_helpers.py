@@ -129,3 +129,23 @@ def run_torchrun(script: Path, *args: str, timeout: float = 150) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
     r = run_group(cmd, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def poison_feature(path: Path, feature: str = "mel", values: int = 4) -> None:
+    """Overwrite the first `values` floats of `feature` in an Arrow shard (its first row) with NaN, in place: the
+    file keeps its size, so only a checksum or a look at the numbers can tell."""
+    import struct
+
+    import pyarrow as pa
+
+    from audiopipe.reader import ipc_layout
+
+    data = bytearray(path.read_bytes())
+    flen = ipc_layout.footer_length(bytes(data[-10:]))
+    block = ipc_layout.record_batch_blocks(bytes(data[len(data) - 10 - flen:len(data) - 10]))[0]
+    schema = pa.ipc.open_file(pa.BufferReader(bytes(data))).schema
+    head = bytes(data[block.offset:block.offset + block.metadata_length])
+    off, n = ipc_layout.columns(schema, ipc_layout.batch_layout(block, head))[feature].buffers[-1]
+    assert n >= 4 * values
+    data[off:off + 4 * values] = struct.pack(f"<{values}f", *[float("nan")] * values)
+    path.write_bytes(bytes(data))

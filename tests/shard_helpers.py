@@ -18,7 +18,10 @@ def make_job(corpus: Path, out: Path, features, *, shard_bytes: int = 256 << 20,
                shard_bytes=shard_bytes)
 
 
-def shard(corpus: Path, out: Path, features, workers: int = 2, **kw):
+def shard(corpus: Path, out: Path, features, workers: int = 0, **kw):
+    """Build in this process by default: the bytes never depend on the engine (tests/test_shard_engines.py,
+    test_shard_cluster.py), and a test process has threads (pytest-xdist's), so worker processes would be spawned
+    interpreters importing torch & co. again, seconds of CPU each, for corpora that take a second to build."""
     return run_job(make_job(corpus, out, features, **kw), workers=workers, show_progress=False)
 
 

@@ -354,3 +354,69 @@ def test_make_loader_first_batch_does_not_wait_for_the_kernel(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "READY_AT_FIRST False READY_AFTER True" in out.stdout
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=9),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from(["float32", "int16"]),
+    st.sampled_from(["BCT", "BTC"]),
+    st.integers(1, 4),
+    st.integers(0, 1000),
+)
+def test_shapes_pad_time_to_the_edge_and_items_to_its_size(lengths, channels, dtype, layout, n_shards, seed):
+    """With BatchShapes the batch is [size, ..., edge] of the first edge >= its longest item: the items as the
+    plain collator gives them, then padding; the empty rows have length 0 and an all-False mask; list keys hold
+    the items only. The row-batch path gives the same tensors."""
+    from audiopipe.sampler.shapes import BatchShapes
+
+    shapes = BatchShapes((12, 30, 40), (9, 9, 9))
+    rows, items = _row_batch(lengths, channels, dtype, n_shards, seed)
+    plain = PadCollator(["feat"], pad_value=5, ring_size=1, layout=layout)(items)
+    shaped = [PadCollator(["feat"], pad_value=5, ring_size=1, layout=layout, shapes=shapes)(x) for x in (items, rows)]
+    n, longest = len(lengths), max(lengths)
+    edge = next(e for e in shapes.edges if e >= longest)
+    for out in shaped:
+        t_axis = 1 if layout == "BTC" else -1
+        assert out["feat"].shape[0] == 9 and out["feat"].shape[t_axis] == edge
+        assert out["feat_mask"].shape == (9, edge)
+        got = out["feat"][:n].narrow(t_axis, 0, plain["feat"].shape[t_axis])
+        assert torch.equal(got, plain["feat"])
+        assert (out["feat"][n:] == 5).all() and (out["feat"].narrow(t_axis, longest, edge - longest) == 5).all()
+        assert out["feat_lengths"].tolist() == list(lengths) + [0] * (9 - n)
+        assert not out["feat_mask"][n:].any() and torch.equal(out["feat_mask"][:n, :longest], plain["feat_mask"])
+        assert out["id"] == plain["id"]
+    assert torch.equal(shaped[0]["feat"], shaped[1]["feat"])
+
+
+def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_path):
+    """make_loader(passes=None) plans a corpus of 2 budgets as several passes (fuller batches than one pass), and
+    shapes=2 hands over batches of the sampler's two shapes only, the items first and exact."""
+    from reader_helpers import write_shards
+
+    from audiopipe.reader.arrow_dataset import ShardDataset
+    from audiopipe.reader.loader import make_loader
+
+    w = write_shards(tmp_path / "s", (6, 5), seed=3, tars=False)
+    one = make_loader(w.root, ["mel"], max_frames=10**9, passes=1, prefetch=0)
+    lengths = one.sampler.lengths
+    budget = max(int(lengths.sum()) // 2, int(lengths.max()))
+    one = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0)
+    auto = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0, passes=None)
+    assert one.sampler.passes == 1 and auto.sampler.passes > 1
+    assert auto.sampler.diagnostics.fill_ratio > one.sampler.diagnostics.fill_ratio
+    shaped = make_loader(w.root, ["mel"], max_frames=budget, shapes=2, prefetch=0)
+    allowed = set(zip(shaped.sampler.shapes.sizes, shaped.sampler.shapes.edges))
+    ds = ShardDataset(w.root, ["mel"])
+    seen = set()
+    for batch in shaped:
+        rows, t = batch["mel"].shape[0], batch["mel"].shape[-1]
+        assert (rows, t) in allowed and rows * t <= budget
+        seen.add((rows, t))
+        n = len(batch["index"])
+        for row, i in enumerate(batch["index"]):
+            mel = ds[i]["mel"]
+            assert np.array_equal(batch["mel"][row, :, :mel.shape[1]].numpy(), mel)
+        assert batch["mel_lengths"][n:].eq(0).all() and not batch["mel_mask"][n:].any()
+    assert seen

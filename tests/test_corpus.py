@@ -373,9 +373,11 @@ def test_manifest_duplicates_and_errors(tmp_path):
     assert reasons(d) == {"spk1/b.wav": "duplicate_id"}
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"path": "a.wav"}\n{oops\n')
-    with pytest.raises(TranscriptError, match=r"bad\.jsonl:2"):
-        discover(root, manifest=bad)
+    bad.write_text(json.dumps({"path": str(root / "spk1/a.wav")}) + '\n{oops\n{"text": "no path"}\n')
+    d = discover(root, manifest=bad)  # one bad line is one reject naming it; the other rows are read
+    assert [u.source for u in d.utterances] == ["spk1/a.wav"]
+    assert sorted((r.reason, r.detail.split(": ")[0].rsplit("/", 1)[-1]) for r in d.rejects) == \
+        [("bad_json", "bad.jsonl:2"), ("bad_value", "bad.jsonl:3")]
     nopath = tmp_path / "nopath.csv"
     nopath.write_text("file,text\na.wav,hi\n")
     with pytest.raises(TranscriptError, match="'path' or 'audio' column"):

@@ -328,6 +328,49 @@ def test_a_permuted_or_out_of_range_index_is_a_named_error(shards, tmp_path, cha
         ShardDataset(c.root, ["mel"], check_shards=False)
 
 
+def _rewrite_index_column(root: Path, column: str, change) -> None:
+    """index.arrow with one column changed by `change(values)`, and the manifest rehashed to match: only a
+    comparison with the shards themselves can tell."""
+    from audiopipe.shard.checksum import file_checksum
+
+    path = root / "index.arrow"
+    t = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+    i = t.column_names.index(column)
+    t = t.set_column(i, column, pa.array(change(t.column(column).to_pylist()), t.schema.field(column).type))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    m = json.loads((root / "manifest.json").read_text())
+    m["index"] = {"path": "index.arrow", "sha256": file_checksum(path, "sha256"),
+                  "xxh3_128": file_checksum(path, "xxh3_128")}
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def _swap_first_two(values):
+    values[0], values[1] = values[1], values[0]
+    return values
+
+
+@pytest.mark.parametrize("column, says", [
+    ("id", r"index\.arrow is corrupt: entry 0 says id '.+', shard .+ row 0 holds '.+'"),
+    ("mel_frames", r"index\.arrow is corrupt: entry 0 says \d+ mel frames, shard .+ row 0 holds \d+"),
+], ids=["ids", "frames"])
+def test_an_index_whose_ids_or_frames_disagree_with_the_shards_is_named_by_loader_and_verify(shards, tmp_path,
+                                                                                              column, says):
+    """The red team's case: ids (or frame counts) swapped in index.arrow and the manifest rehashed. Both the
+    loader and `verify` passed it, and the loader paired one id with another utterance's mel."""
+    from audiopipe.reader.errors import CorruptIndexError
+    from audiopipe.shard.verify import verify
+
+    c = copy_shards(shards, tmp_path / "c")
+    _rewrite_index_column(c.root, column, _swap_first_two)
+    loader = make_loader(c.root, ["mel"], max_frames=100_000, rank=0, world_size=1, prefetch=0, shuffle=False)
+    loader.set_epoch(0)
+    with pytest.raises(CorruptIndexError, match=says):
+        list(loader)
+    report = verify(c.root, tars=False)
+    assert not report.ok and any("index.arrow: entry 0 says" in f for f in report.failures), report.failures
+
+
 def _shrink_offsets_buffer(path: Path, feature: str = "mel") -> None:
     """Set the length of `feature`'s offsets buffer in the record-batch header to 16 bytes (same file size)."""
     import struct

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,12 +148,12 @@ def test_refusals_are_one_line_and_leave_nothing(mixed, whole, tmp_path, capsys)
     out = tmp_path / "x"
     with pytest.raises(ExportError, match=r"has no feature codes \(it has pcm, fbank, mel, energy\)"):
         export_lhotse(mixed.shards, out, features=["codes"])
-    with pytest.raises(ExportError, match="--audio pcm needs shards that hold the pcm feature"):
+    with pytest.raises(ExportError, match="audio='pcm' needs shards that hold the pcm feature"):
         export_lhotse(whole.shards, out, audio="pcm")
     # Segments of long recordings cannot point at their files: refused at the first such row, mid-export,
     # and the staged folder goes with it.
     with pytest.raises(ExportError, match=r"utterance 'rec0-0' cannot point at .*rec0\.wav: the row is .* \(a "
-                                          r"segment of a longer recording\); use --audio pcm"):
+                                          r"segment of a longer recording\); use audio=\'pcm\'"):
         export_lhotse(mixed.shards, out, audio="source")
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with pytest.raises(ExportError, match="not found"):
@@ -171,14 +173,35 @@ def test_overwrite_only_replaces_an_earlier_export(mixed, tmp_path, capsys):
     assert run(p.parse_args(["--shards", str(mixed.shards), "--out", str(out), "--features", "fbank",
                              "--no-progress"])) == 0
     assert "exported 14 cuts" in capsys.readouterr().out
-    with pytest.raises(ExportError, match="pass --overwrite"):
+    with pytest.raises(ExportError, match="pass overwrite=True"):
         export_lhotse(mixed.shards, out)
     export_lhotse(mixed.shards, out, overwrite=True, audio="none", features=["mel"])
     assert not list(out.glob("fbank.*")) and list(out.glob("mel.*")) and not list(out.glob("recording.*"))
-    assert [p.name for p in tmp_path.iterdir()] == ["shar"]  # no temporaries, no old copy left
+    # No temporaries, no old copy left; the marker lies beside the folder (lhotse reads every file in it).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shar.audiopipe-export.json", "shar"]
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match="does not look like a lhotse Shar export"):
         export_lhotse(mixed.shards, other, overwrite=True)
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_pcm_export_never_loads_torchaudio(mixed, tmp_path):
+    """With every extra installed, torchcrepe pulls in a torchaudio built for another torch, whose library fails
+    to load (`_torchaudio.so`); lhotse's default backend took torchaudio for the FLAC and the export failed. A
+    torchaudio that fails to import the same way is first on the path here: the export writes with soundfile."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "torchaudio"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise OSError('_torchaudio.so: undefined symbol (built for another torch)')\n")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "shar"
+    r = subprocess.run([sys.executable, "-m", "audiopipe.cli", "export-lhotse", "--shards", str(mixed.shards),
+                        "--out", str(out), "--audio", "pcm", "--no-progress"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(root)])},
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(out.glob("recording.*.tar")) and len(_cuts(out)) == 14

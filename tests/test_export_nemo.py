@@ -14,6 +14,7 @@ import soundfile as sf
 from audiopipe.export.errors import ExportError
 from audiopipe.cli import main as cli_main
 from audiopipe.export.nemo import add_arguments, export_nemo, nemo_duration, run
+from audiopipe.export.staging import MARKER_NAME
 from export_helpers import mixed, whole, shard_items, shard_order
 
 
@@ -46,7 +47,8 @@ def nemo_load(item: dict) -> tuple[np.ndarray, int]:
 def test_manifest_and_audio_as_nemo_reads_them(mixed, tmp_path):
     out = tmp_path / "nemo"
     summary = export_nemo(mixed.shards, out)
-    assert summary["audio"] == "pcm" and sorted(p.name for p in out.iterdir()) == ["audio", "manifest.json"]
+    assert summary["audio"] == "pcm" and sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "audio",
+                                                                                          "manifest.json"]
     items = nemo_items(out / "manifest.json")
     shards = shard_items(mixed.shards, ("pcm",))
     order = shard_order(mixed.shards)
@@ -64,7 +66,7 @@ def test_manifest_and_audio_as_nemo_reads_them(mixed, tmp_path):
 def test_source_paths_for_whole_files_and_refusals(whole, mixed, tmp_path, capsys):
     out = tmp_path / "src"
     assert export_nemo(whole.shards, out)["audio"] == "source"  # no pcm: point at the corpus files
-    assert [p.name for p in out.iterdir()] == ["manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "manifest.json"]
     items = nemo_items(out / "manifest.json")
     shards = shard_items(whole.shards, ("fbank",))
     for uid, item in zip(shard_order(whole.shards), items):
@@ -74,7 +76,7 @@ def test_source_paths_for_whole_files_and_refusals(whole, mixed, tmp_path, capsy
     bad = tmp_path / "bad"
     with pytest.raises(ExportError, match="a segment of a longer recording"):
         export_nemo(mixed.shards, bad, audio="source")
-    with pytest.raises(ExportError, match="--audio pcm needs shards that hold the pcm feature"):
+    with pytest.raises(ExportError, match="audio='pcm' needs shards that hold the pcm feature"):
         export_nemo(whole.shards, bad, audio="pcm")
     assert not bad.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
     p = argparse.ArgumentParser()
@@ -122,3 +124,54 @@ def test_a_missing_package_is_one_line(command, package, tmp_path, capsys, monke
     assert cli([command, "--shards", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"needs the {package} package: pip install" in err[0] and not (tmp_path / "o").exists()
+
+
+def test_overwrite_never_deletes_a_users_own_nemo_dataset(mixed, tmp_path):
+    """A NeMo dataset of the user's (manifest.json, its audio, a README) looks like an export by its manifest
+    alone; --overwrite used to delete it whole. Only a folder an export wrote, holding only what it wrote, is
+    replaced: the refusal names what is there."""
+    mine = tmp_path / "mine"
+    (mine / "wavs").mkdir(parents=True)
+    (mine / "manifest.json").write_text('{"audio_filepath": "wavs/a.wav", "duration": 1.0, "text": "hi"}\n')
+    (mine / "wavs" / "a.wav").write_bytes(b"RIFF")
+    (mine / "README").write_text("my corpus")
+    with pytest.raises(ExportError, match=f"was not written by an audiopipe NeMo export \\(no {MARKER_NAME}\\)"):
+        export_nemo(mixed.shards, mine, overwrite=True)
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["README", "manifest.json", "wavs",
+                                                                               "wavs/a.wav"]
+    out = tmp_path / "exp"
+    export_nemo(mixed.shards, out)
+    (out / "README").write_text("notes added to an export")  # a file the export did not write
+    with pytest.raises(ExportError, match=r"holds files the earlier NeMo export did not write \(README\)"):
+        export_nemo(mixed.shards, out, overwrite=True)
+    assert (out / "README").read_text() == "notes added to an export"
+    (out / "README").unlink()
+    export_nemo(mixed.shards, out, overwrite=True)  # wholly an earlier export: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp", "mine"]
+
+
+def test_an_id_too_long_for_a_file_name_is_exported(tmp_path):
+    """A 300-character id: its audio file name would pass the file system's 255 bytes ("System error"). The name
+    is cut short with a hash of the key, and the manifest line points at it."""
+    from audiopipe.shard.run import run_job
+    from shard_helpers import make_job
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    t = np.arange(16000) / 16000
+    x = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16)
+    sf.write(corpus / "a.wav", x, 16000, subtype="PCM_16")
+    sf.write(corpus / "b.wav", x[::-1].copy(), 16000, subtype="PCM_16")
+    long_id = "x" * 300
+    (corpus / "list.jsonl").write_text(json.dumps({"path": "a.wav", "id": long_id, "text": "long"}) + "\n" +
+                                       json.dumps({"path": "b.wav", "id": "y" * 300, "text": "other"}) + "\n")
+    shards = tmp_path / "shards"
+    run_job(make_job(corpus, shards, [("pcm", {})]), workers=0, manifest=str(corpus / "list.jsonl"),
+            show_progress=False)
+    out = tmp_path / "nemo"
+    assert export_nemo(shards, out)["rows"] == 2
+    items = {i["text"]: i for i in nemo_items(out / "manifest.json")}
+    names = {i["audio_file"] for i in items.values()}
+    assert len(names) == 2 and all(len(Path(n).name.encode()) <= 255 for n in names)
+    pcm, sr = nemo_load(items["long"])  # the shards' pcm (resampled to its rate), one second of it
+    assert len(pcm) == sr and np.abs(pcm).max() > 0

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+from sysdeps import require
 
 import hashlib
 from pathlib import Path
 
-from audiopipe.corpus.demo import ASTERISK_SOUNDS, MissingSource, speak
+from audiopipe.corpus.demo import ASTERISK_SOUNDS, speak
 from audiopipe.features.f0 import BACKENDS, F0, interpolate_unvoiced
 
 SR, HOP = 24000, 256
@@ -170,8 +171,7 @@ def _load_clip(source: str, ident: str, text: str, wpm: int, pitch: int, tmp: Pa
 @pytest.fixture(scope="module")
 def held_in(tmp_path_factory):
     """Held-in reference clips that need only `make sysdeps` (Asterisk prompts, espeak-ng): (audio, ref, mask)."""
-    if not ASTERISK_SOUNDS.is_dir():
-        pytest.skip("asterisk-core-sounds-en-wav not installed")
+    require("asterisk-core-sounds-en-wav", "espeak-ng")
     z = np.load(REFERENCE, allow_pickle=False)
     bounds = np.concatenate([[0], np.cumsum(z["frames"])])
     tmp = tmp_path_factory.mktemp("f0ref")
@@ -179,11 +179,8 @@ def held_in(tmp_path_factory):
     for i in range(len(z["frames"])):
         if z["split"][i] != "in" or z["source"][i] not in ("asterisk", "espeak"):
             continue
-        try:
-            x = _load_clip(str(z["source"][i]), str(z["ident"][i]), str(z["text"][i]), int(z["wpm"][i]),
-                           int(z["pitch"][i]), tmp)
-        except MissingSource:
-            pytest.skip("espeak-ng not installed")
+        x = _load_clip(str(z["source"][i]), str(z["ident"][i]), str(z["text"][i]), int(z["wpm"][i]),
+                       int(z["pitch"][i]), tmp)
         digest = hashlib.sha256(x.tobytes()).hexdigest()[:16]
         assert digest == z["digest"][i], f"{z['ident'][i]} decodes differently than when the reference was built"
         assert len(x) // REF_HOP + 1 == z["frames"][i]
@@ -336,26 +333,22 @@ def test_read_reference_follows_its_rule_and_pins_its_files():
 @pytest.fixture(scope="module")
 def read_test_debian():
     """Test-split clips of the real read speech set that Debian packages ship (the PyPI ones need a download):
-    {source: [(audio, ref, mask)]}; skips if none of those packages is installed."""
+    {source: [(audio, ref, mask)]}. The pinned scores hold for all of them: every package must be installed."""
     speech = _f0_speech()
+    require(*sorted({c.source.package for c in speech.CLIPS if c.split == "test" and c.source.origin == "deb"}),
+            "sox")  # sox decodes the GSM prompts
     z = np.load(REFERENCE_READ, allow_pickle=False)
     bounds = np.concatenate([[0], np.cumsum(z["frames"])])
     row = {str(n): i for i, n in enumerate(z["ident"])}
     out: dict = {}
-    missing = set()
     for c in speech.CLIPS:
         if c.split != "test" or c.source.origin != "deb":
-            continue
-        if not Path(c.path).is_file():
-            missing.add(c.source.package)
             continue
         x = speech.load(c, None)
         i = row[c.name]
         assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == z["digest"][i], f"{c.name} decodes differently"
         out.setdefault(c.source.name, []).append(
             (x, z["ref"][bounds[i]:bounds[i + 1]].astype(np.float64), z["mask"][bounds[i]:bounds[i + 1]] > 0))
-    if not out:
-        pytest.skip("none of the Debian packages of the read speech test split is installed: " + " ".join(missing))
     return out
 
 

@@ -70,11 +70,12 @@ def test_a_container_cut_short_is_truncated_not_a_shorter_clip(tmp_path, fmt, su
     p.write_bytes(data[:len(data) * 3 // 4])
     try:
         sf.info(str(p))
-    except RuntimeError:
-        pytest.skip(f"libsndfile refuses to open a cut {fmt}")  # then it is `unreadable`, never a short clip
+        want = "truncated"
+    except RuntimeError:  # libsndfile refuses to open some cut containers (CAF): unreadable, never a short clip
+        want = "unreadable"
     with pytest.raises(RejectError) as e:
         load_audio(p, DecodeLimits())
-    assert e.value.reason == "truncated", e.value
+    assert e.value.reason == want, e.value
 
 
 def test_an_rf64_claiming_a_trillion_frames_is_truncated(tmp_path):

@@ -246,7 +246,7 @@ def test_an_object_replaced_after_open_is_a_named_error(remote):
 
 def test_a_prefix_without_shards_is_a_one_line_error(s3):
     _, bucket = s3
-    with pytest.raises(FileNotFoundError, match=r"manifest.json not found: run `audiopipe shard` first"):
+    with pytest.raises(FileNotFoundError, match=r"manifest.json not found: not a shard set"):
         _loader(f"{bucket}/nothing/here")
 
 
@@ -357,7 +357,7 @@ def test_two_ranks_train_from_s3_under_torchrun_and_resume_bit_exact(remote, tmp
 
 
 @pytest.mark.parametrize("extra, says", [
-    ((), "manifest.json not found: run `audiopipe shard` first"),
+    ((), "manifest.json not found: not a shard set"),
     (("--reader", "files"), "--reader files exports a local shard folder"),
 ], ids=["missing-prefix", "files-reader"])
 def test_trainer_shards_s3_errors_are_one_line(s3, tmp_path, extra, says):

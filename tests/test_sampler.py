@@ -509,3 +509,178 @@ def test_a_tiny_corpus_is_not_cut_into_pools_of_single_items():
     sizes = sorted(len(b) for r in (0, 1) for b in BucketBatchSampler(lengths, 4 * 16000, seed=0, rank=r,
                                                                       world_size=2))
     assert sizes == [2, 2, 4, 4]
+
+
+# ---- small corpora: several passes an epoch (sampler/repeat.py) -------------------------------------------
+
+
+def _all_ranks(lengths: np.ndarray, world: int, epoch: int = 0, **kw) -> list[list[list[int]]]:
+    out = []
+    for r in range(world):
+        s = BucketBatchSampler(lengths, 38400, rank=r, world_size=world, **kw)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_78_utterance_corpus_gets_full_batches_at_f5s_budget(world):
+    """78 utterances fill F5's 38,400-frame budget about 1.3 times: one pass gives 17 batches 8 % full; several
+    passes cut as one stream give batches >= 80 % full (padded frames / budget), each item `passes` times (the
+    last batch's top-up once more), never twice in one batch, the same batch count on every rank."""
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+
+    lengths = synthetic_lengths("libritts_like", 78, seed=0)
+    one = BucketBatchSampler(lengths, 38400, seed=0, rank=0, world_size=world).diagnostics
+    s = BucketBatchSampler(lengths, 38400, seed=0, rank=0, world_size=world, passes=None)
+    d = s.diagnostics
+    assert one.passes == 1 and one.fill_ratio < 0.2
+    assert d.passes > 1 and d.fill_ratio >= 0.8
+    per_rank = _all_ranks(lengths, world, passes=None, seed=0)
+    assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) == d.batches_per_rank == len(s)
+    flat = [b for bs in per_rank for b in bs]
+    assert all(len(set(b)) == len(b) for b in flat)
+    assert all(len(b) * lengths[b].max() <= 38400 for b in flat)
+    counts = Counter(i for b in flat for i in b)
+    assert set(counts.values()) <= {d.passes, d.passes + 1} and len(counts) == 78
+    assert sum(counts.values()) == d.kept
+    padded = [len(b) * lengths[b].max() / 38400 for b in flat]
+    assert np.mean(padded) == pytest.approx(d.fill_ratio)
+    assert np.mean([lengths[b].sum() / 38400 for b in flat]) == pytest.approx(d.frame_fill)
+
+
+def test_automatic_passes_leave_a_corpus_of_four_budgets_and_more_as_it_is():
+    """From 4 budgets of frames on, passes=None plans exactly the one-pass epoch (so the padding benchmark's
+    corpora, 1,000 utterances and more, keep their figures)."""
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+
+    lengths = synthetic_lengths("short_clip", 1000, seed=1)
+    assert lengths.sum() >= 4 * 38400
+    auto = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2, passes=None)
+    one = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2)
+    assert auto.passes == 1 and list(auto) == list(one)
+    assert auto.state_dict() == one.state_dict()
+
+
+passes_configs = configs.filter(lambda c: c["max_items"] != 1).map(lambda c: {**c, "passes": 3})
+
+
+@FAST
+@given(passes_configs, st.data())
+def test_passes_resume_mid_epoch_and_equal_ranks(cfg, data):
+    """Exact resume and equal batch counts hold with passes: the state round trip mid-epoch yields exactly the
+    rest, on every rank."""
+    lengths = corpus(cfg["seed"], cfg["n"], cfg["spread"], cfg["max_frames"])
+
+    def make(rank):
+        return BucketBatchSampler(lengths, cfg["max_frames"], quadratic=cfg["quadratic"], max_items=cfg["max_items"],
+                                  seed=cfg["seed"], uneven=cfg["uneven"], rank=rank, world_size=cfg["world"],
+                                  passes=3)
+
+    epoch = data.draw(st.integers(0, 2))
+    full = []
+    for r in range(cfg["world"]):
+        s = make(r)
+        s.set_epoch(epoch)
+        full.append(list(s))
+    assert len({len(b) for b in full}) == 1
+    kept = (lengths > 0) & BatchBudget(cfg["max_frames"], cfg["quadratic"]).fits_alone(lengths)
+    flat = [i for bs in full for b in bs for i in b]
+    probe = make(0)
+    probe.set_epoch(epoch)
+    d = probe.diagnostics
+    if not d.repeated and not d.dropped_uneven:  # every kept item 3 times (the top-up: 4), the others never
+        counts = Counter(flat)
+        assert set(counts) == set(np.flatnonzero(kept).tolist()) and set(counts.values()) <= {3, 4}
+        assert sum(counts.values()) == d.kept
+    assert all(len(set(b)) == len(b) for bs in full for b in bs)
+    rank = data.draw(st.integers(0, cfg["world"] - 1))
+    k = data.draw(st.integers(0, len(full[rank])))
+    s = make(rank)
+    s.set_epoch(epoch)
+    it = iter(s)
+    for _ in range(k):
+        next(it)
+    state = json.loads(json.dumps(s.state_dict(consumed_batches=k)))
+    resumed = make(rank)
+    resumed.load_state_dict(state)
+    assert list(resumed) == full[rank][k:]
+
+
+# ---- few batch shapes (sampler/shapes.py) -----------------------------------------------------------------
+
+
+def test_best_edges_pad_least_among_all_choices():
+    """The dynamic programme against every choice of edges, on small random corpora."""
+    import itertools
+
+    from audiopipe.sampler.shapes import best_edges
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        lengths = rng.integers(1, 40, size=int(rng.integers(1, 25)))
+        k = int(rng.integers(1, 5))
+        edges = best_edges(lengths, k)
+
+        def padded(e):
+            e = np.sort(np.asarray(e))
+            return int(e[np.searchsorted(e, lengths)].sum())
+
+        values = np.unique(lengths)
+        best = min(padded([*c, values[-1]]) for r in range(min(k, values.size))
+                   for c in itertools.combinations(values[:-1], r))
+        assert padded(edges) == best and len(edges) <= k and edges[-1] == lengths.max()
+
+
+@FAST
+@given(configs.map(lambda c: {**c, "shapes": 1 + c["seed"] % 6}), st.data())
+def test_shapes_bound_every_batch_to_k_shapes_under_budget_with_exact_resume(cfg, data):
+    """Every batch of every rank and epoch fits one of at most K shapes (its items <= the edge's size, its
+    longest <= the edge), the padded shape is within the budget, ranks get equal counts, and a mid-epoch state
+    round trip yields exactly the rest."""
+    lengths = corpus(cfg["seed"], cfg["n"], cfg["spread"], cfg["max_frames"])
+    k = cfg["shapes"]
+    passes = data.draw(st.sampled_from([1, 2]))
+
+    def make(rank):
+        return BucketBatchSampler(lengths, cfg["max_frames"], quadratic=cfg["quadratic"], max_items=cfg["max_items"],
+                                  pools=cfg["pools"], seed=cfg["seed"], uneven=cfg["uneven"], rank=rank,
+                                  world_size=cfg["world"], shapes=k, passes=passes)
+
+    s0 = make(0)
+    shapes = s0.shapes
+    assert len(shapes.edges) <= k
+    budget = BatchBudget(cfg["max_frames"], cfg["quadratic"], cfg["max_items"])
+    assert all(budget.cost(n, e) <= cfg["max_frames"] for n, e in zip(shapes.sizes, shapes.edges))
+    seen = set()
+    for epoch in (0, 1):
+        per_rank = []
+        for r in range(cfg["world"]):
+            s = make(r) if r else s0
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        assert len({len(b) for b in per_rank}) == 1
+        for b in (b for bs in per_rank for b in bs):
+            rows, t = shapes.shape(len(b), int(lengths[b].max()))
+            assert (rows, t) in set(zip(shapes.sizes, shapes.edges))
+            seen.add((rows, t))
+    assert len(seen) <= k
+    s0.set_epoch(1)
+    full = list(s0)
+    j = data.draw(st.integers(0, len(full)))
+    it = iter(s0)
+    for _ in range(j):
+        next(it)
+    state = json.loads(json.dumps(s0.state_dict(consumed_batches=j)))
+    resumed = make(0)
+    resumed.load_state_dict(state)
+    assert list(resumed) == full[j:]
+    # Another K is another plan: its state is refused, not resumed into other batches.
+    if len(lengths[(lengths > 0)]) > 1:
+        other = BucketBatchSampler(lengths, cfg["max_frames"], quadratic=cfg["quadratic"],
+                                   max_items=cfg["max_items"], pools=cfg["pools"], seed=cfg["seed"],
+                                   uneven=cfg["uneven"], world_size=cfg["world"], rank=0, shapes=k + 1,
+                                   passes=passes)
+        if other.shapes != shapes:
+            with pytest.raises(ValueError):
+                other.load_state_dict(state)

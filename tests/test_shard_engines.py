@@ -126,6 +126,35 @@ def test_a_local_worker_process_that_dies_is_replaced_and_the_job_ends_identical
     assert tree_digest(out) == tree_digest(tmp_path / "clean")
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting for a reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_driver_leaves_no_worker_behind(asterisk_corpus, tmp_path):
+    """SIGKILL to the driver of a local-engine job: its worker processes, blocked on their task pipe (their
+    siblings hold its other end, so no end of file comes), used to live on for good. The parent-death signal
+    ends them within 5 s."""
+    args = ["shard", "--corpus", str(asterisk_corpus.root), "--features", "vocos_mel", "--shard-size", "100kB",
+            "--no-progress", "--engine", "local", "--workers", "2", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.monotonic() + 240
+    while not (workers := _worker_processes(proc.pid)):
+        assert proc.poll() is None, "the job ended before its workers started"
+        assert time.monotonic() < deadline, "no worker started"
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    while any(_alive(w) for w in workers) and time.monotonic() - killed < 5:
+        time.sleep(0.05)
+    assert not [w for w in workers if _alive(w)], "a worker outlived its driver by 5 s"
+
+
 def _tiny_speech(root: Path, espeak_corpus, n: int = 3) -> Path:
     for u in espeak_corpus.utterances[:n]:
         spk, utt = u.id.split("/")
@@ -162,15 +191,15 @@ def test_workers_are_capped_by_the_cpus_and_by_the_shards_and_it_is_said(asteris
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--min-duration", "nan", "--min-duration must be a finite number"),
-    ("--max-duration", "-1", "--max-duration must be more than 0"),
-    ("--max-duration", "inf", "--max-duration must be a finite number"),
-    ("--min-duration", "40", "--min-duration (40 s) must be less than --max-duration (30 s)"),
-    ("--silence-dbfs", "6", "--silence-dbfs must be at most 0"),
-    ("--max-channels", "0", "--max-channels must be at least 1"),
-    ("--codec-batch-size", "0", "--codec-batch-size must be at least 1"),
-    ("--shard-size", "0", "--shard-size must be at least 1"),
-    ("--workers", "-2", "--workers must be at least 0"),
+    ("--min-duration", "nan", "--min-duration nan: must be a finite number"),
+    ("--max-duration", "-1", "--max-duration -1.0: must be more than 0"),
+    ("--max-duration", "inf", "--max-duration inf: must be a finite number"),
+    ("--min-duration", "40", "--min-duration 40 must be less than --max-duration 30 (seconds)"),
+    ("--silence-dbfs", "6", "--silence-dbfs 6.0: must be at most 0"),
+    ("--max-channels", "0", "--max-channels 0: must be at least 1"),
+    ("--codec-batch-size", "0", "--codec-batch-size 0: must be at least 1"),
+    ("--shard-size", "0", "--shard-size 0: must be at least 1"),
+    ("--workers", "-2", "--workers -2: must be at least 0"),
 ])
 def test_numeric_options_that_are_not_finite_or_not_ordered_get_one_line(flag, value, message, synthetic_corpus,
                                                                         tmp_path, capsys):
@@ -181,7 +210,7 @@ def test_numeric_options_that_are_not_finite_or_not_ordered_get_one_line(flag, v
 
 
 def test_the_python_entry_point_checks_the_same_and_returns_the_summary(synthetic_corpus, tmp_path):
-    with pytest.raises(JobError, match="--min-duration must be a finite number"):
+    with pytest.raises(JobError, match="min_duration=nan: must be a finite number"):
         shard(synthetic_corpus.root, tmp_path / "o", min_duration=float("nan"))
     with pytest.raises(JobError, match="unknown engine"):
         shard(synthetic_corpus.root, tmp_path / "o", engine="spark")

@@ -283,3 +283,18 @@ def test_trains_from_an_s3_prefix_as_from_the_folder(f5_shards, s3, tmp_path):
         logs.append([r["loss"] for r in _log(out)])
     assert len(logs[0]) == 2 and logs[0] == logs[1]
     assert (tmp_path / "s3" / "vocab.txt").read_text() == (tmp_path / "local" / "vocab.txt").read_text()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_shapes_pads_to_one_shape_and_trains_on_empty_rows(f5_shards, tmp_path):
+    """--shapes 1: every batch has the one shape, its empty rows get empty transcripts, and the loss stays finite
+    (the empty rows' frames are masked everywhere, and their all-masked attention never reaches a real frame)."""
+    out = tmp_path / "run"
+    f5.main(["--shards", str(f5_shards), "--config", "tiny", "--out", str(out), "--max-steps", "2",
+             "--log-every", "1", "--batch-frames", "1600", "--shapes", "1", "--lr", "1e-3"])
+    log = _log(out)
+    assert len(log) == 2 and all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in log)
+    # Fill: each batch's padded frames (the shape's rows x edge) over the budget: one shape, one figure.
+    assert len({r["fill"] for r in log}) == 1 and 0.5 < log[0]["fill"] <= 1
+    batch = {"mel": torch.zeros(4, 100, 8), "text": ["ab", "c"]}
+    assert f5.AddTextIds(f5.Tokenizer())(batch)["text_ids"].shape[0] == 4

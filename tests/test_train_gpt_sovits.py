@@ -64,7 +64,8 @@ def test_shapes_targets_and_reference_sizes():
     d = CONFIGS["default"]  # GPT-SoVITS configs/s1longer.yaml
     assert (d.dim, d.heads, d.layers, d.ff, d.vocab_size, d.eos) == (512, 16, 24, 2048, 1025, 1024)
     # Text2SemanticDecoder's parameter count at s1longer.yaml (v1: 512 phone rows), bert_proj included
-    assert sum(p.numel() for p in Text2Semantic(d).parameters()) == 77_493_762
+    with torch.device("meta"):  # counted without allocating or initialising 77 M parameters
+        assert sum(p.numel() for p in Text2Semantic(d).parameters()) == 77_493_762
 
 
 def test_future_tokens_do_not_change_past_logits():
@@ -230,7 +231,7 @@ def token_dir(tmp_path_factory):
     shards = tmp_path_factory.mktemp("ast12_shards")
     job = make_job(corpus, shards, [("pcm", {"sample_rate": 16000}), ("kaldi_fbank", {})], phones=True)
     job.language = "auto"  # English lines as GPT-SoVITS's phone ids, which its checkpoints read
-    run_job(job, workers=2, show_progress=False)
+    run_job(job, workers=0, show_progress=False)  # in this process: see shard_helpers.shard
     out = tmp_path_factory.mktemp("ast12_tokens")
     n = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -369,3 +370,32 @@ def test_data_wait_with_prefetch_hides_a_build_shorter_than_the_step(mel_shards,
     assert mean_wait < delay / 4, later  # far below what building on the training thread costs (>= delay)
     assert all(r["data_wait_share"] < 0.05 for r in later), later
     assert all(r["step_time"] >= step for r in later)
+
+
+def test_compile_at_fixed_shapes_trains_the_eager_losses(mel_shards, tmp_path):
+    """--shapes 2 --compile: torch.compile (inductor, compiled with gcc) of a small conv model gives, step by step,
+    the losses eager mode gives within float tolerance. Every batch has one of the sampler's 2 shapes, and the
+    log carries each window's fill (padded frames over the budget)."""
+    runs = {}
+    for mode in ("eager", "compile"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv1d(100, 32, 3, padding=1), torch.nn.GELU(),
+                                    torch.nn.Conv1d(32, 100, 1))
+        shapes = []
+
+        def loss_fn(m, b):
+            shapes.append((b["mel"].shape[0], b["mel"].shape[-1]))
+            return _mse(m, b)
+
+        out = tmp_path / mode
+        cfg, _ = core.parse_args("t", argv=_args(mel_shards, out, "--max-steps", "4", "--shapes", "2",
+                                                 "--ckpt-every", "100", *(["--compile"] if mode == "compile" else [])))
+        assert cfg.compile == (mode == "compile") and cfg.shapes == 2
+        core.train(model, loss_fn, cfg, core.Dist(), features=["mel"])
+        runs[mode] = (_log(out), shapes)
+    (eager, shapes), (comp, _) = runs["eager"], runs["compile"]
+    loader = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    allowed = set(zip(loader.sampler.shapes.sizes, loader.sampler.shapes.edges))
+    assert len(allowed) <= 2 and set(shapes) <= allowed and len(shapes) == 4
+    assert np.allclose([r["loss"] for r in comp], [r["loss"] for r in eager], rtol=1e-4, atol=1e-6)
+    assert all(r["fill"] == pytest.approx(s[0] * s[1] / 1200) for r, s in zip(eager, shapes))

@@ -22,7 +22,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -52,6 +52,11 @@ class RunConfig:
     bucket_budget: str = ""  # a per-length-bucket budget file (audiopipe/sampler/bucket_budget.py) instead
     quadratic: float = 0.0  # attention cost term of the batch budget (see BucketBatchSampler)
     max_items: int | None = None
+    min_efficiency: float = 0.97  # split the most wasteful batches until the epoch pads no more than this
+    pools: int = 0  # random pools an epoch is sorted in; 0: automatic
+    passes: int = 1  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
+    shapes: int = 0  # at most this many batch shapes in the run; 0: off
+    compile: bool = False  # torch.compile the model's forward and backward
     grad_accum: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.01
@@ -69,11 +74,21 @@ class RunConfig:
     ckpt_every: int = 500
     resume: bool = False
     init_from: str = ""  # model weights to start from (an upstream checkpoint or one of ours); weights only
+    skip_nonfinite: int = 0  # optimizer steps with a NaN/inf loss skipped before the run stops (0: stop at the first)
+    verify: str = "size"  # or "checksum": every shard byte hashed once at open
+    check_finite: bool = False  # every batch's features checked for NaN/inf where it is built
 
 
 FLAG_HELP = {
     "quadratic": "attention term of the batch budget: cost = n*m + quadratic*n*m^2 (0 = padded frames only)",
     "max_items": "at most this many utterances per batch",
+    "min_efficiency": "padding efficiency the sampler reaches by splitting the most wasteful batches (0 = off: "
+                      "full batches; docs/sampler.md)",
+    "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
+    "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
+              "it fills fewer than 4 batches, so that batches are full: use it on small corpora)",
+    "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
+              "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
                      "benchmarks/gpu_proof.py; docs/sampler.md) used instead of --batch-frames; --max-items "
                      "still caps every bucket (default: none, one global --batch-frames budget)",
@@ -98,6 +113,13 @@ FLAG_HELP = {
                  "page for the files it reads) or one of ours (a ckpt-*.pt, or a run folder for its latest); "
                  "weights only, so optimizer, step and data order start fresh. With --resume and a checkpoint "
                  "in --out, the resume wins",
+    "skip_nonfinite": "optimizer steps whose loss is NaN or inf that are skipped (their batches dropped, each "
+                      "named on one line) before the run stops; the run stops at the first beyond N with one line "
+                      "naming the batch's utterance ids, and never writes a checkpoint holding NaN or inf",
+    "verify": "size (sizes, footers, row counts: instant) or checksum (also every byte of every shard, once at "
+              "open: finds bytes changed in place, e.g. NaN written over a feature)",
+    "check_finite": "check every batch's features for NaN and inf where the batch is built (one pass over it): "
+                    "stops with one line naming the feature and the utterance ids",
 }
 
 # Flags with a fixed set of values: argparse refuses anything else in one line, on every rank, before any work.
@@ -105,6 +127,7 @@ CHOICES = {
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "reader": ("mmap", "files"),
     "on_corrupt": ("fail", "skip"),
+    "verify": ("size", "checksum"),
 }
 
 
@@ -129,18 +152,27 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume"):
+        if f.name in ("shards", "config", "out", "max_steps", "batch_frames", "resume", "compile"):
             continue
         typ = type(getattr(base, f.name)) if getattr(base, f.name) is not None else int
+        if typ is bool:  # a switch: --check-finite / --no-check-finite
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(base, f.name),
+                           help=f"{helps.get(f.name, '')} (default: {'on' if getattr(base, f.name) else 'off'})")
+            continue
         shown = " (default %(default)s)" if getattr(base, f.name) != "" else ""  # an empty default says nothing
         p.add_argument(flag, type=typ, default=getattr(base, f.name), choices=CHOICES.get(f.name),
                        help=f"{helps.get(f.name, '')}{shown}".strip())
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (inductor); with --shapes it meets at most that many batch "
+                        "shapes, so it compiles at most that many times (default off; docs/trainers/core.md)")
     if extra:
         extra(p)
     a = p.parse_args(argv)
     for name in ("grad_accum", "log_every", "ckpt_every", "max_steps", "batch_frames"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if a.skip_nonfinite < 0:
+        p.error(f"--skip-nonfinite must be 0 (stop at the first) or more steps, got {a.skip_nonfinite}")
     if a.prefetch < 0:
         p.error(f"--prefetch must be 0 (off) or more batches, got {a.prefetch}")
     dirs = [s.strip() for s in a.shards.split(",")]
@@ -270,8 +302,11 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler, loader: Loader, consumed: int, epoch: int, d: Dist,
-                    extra: dict[str, Any] | None = None, hooks: Sequence["TrainHook"] = ()) -> Path | None:
-    """Called on every rank (it gathers each rank's RNG state); rank 0 writes."""
+                    extra: dict[str, Any] | None = None, hooks: Sequence["TrainHook"] = (),
+                    name: str = "train") -> Path | None:
+    """Called on every rank (it gathers each rank's RNG state); rank 0 writes. Weights holding NaN or inf are
+    never written: every rank stops with one line (the weights are the same on every rank)."""
+    _refuse_nonfinite_weights(model, step, d, name)
     rng = [_rng_state()]
     if d.world > 1:  # each rank draws its own dropout masks and crops: keep every rank's stream
         rng = [None] * d.world
@@ -286,6 +321,59 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, opt: torch.opt
     with atomic_path(path) as tmp:  # a crash or full disk while saving never leaves a half checkpoint as latest
         torch.save(ckpt, tmp)
     return path
+
+
+def _refuse_nonfinite_weights(model: torch.nn.Module, step: int, d: Dist, name: str) -> None:
+    floats = [t for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
+    if floats and not bool(torch.stack([torch.isfinite(t).all() for t in floats]).all()):
+        bad = next(k for k, t in model.state_dict().items()
+                   if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()))
+        _fail(f"{name}: error: the weights hold NaN or inf at step {step} (first in {bad!r}): no checkpoint "
+              f"written; the checkpoints already in the run folder are intact (resume from them with a lower "
+              f"--lr, or check the data with --check-finite)", d)
+
+
+# What a checkpoint of ours holds: a file without these is not one (another program's, or damaged).
+CHECKPOINT_KEYS = ("step", "model", "optimizer", "scaler", "sampler", "epoch", "rng")
+
+
+def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
+    """One of our checkpoints, read without unpickling code; CheckpointError with a one-line reason."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message suggests weights_only=False, i.e. running the file's code: never pass that on.
+        raise CheckpointError(f"{path.name} holds objects other than tensors and plain values; it is not read "
+                              f"(a checkpoint of ours holds none)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path.name} cannot be read ({first}): damaged or cut short") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{path.name} is not a checkpoint of these trainers (no {', '.join(missing)})")
+    return state
+
+
+def load_resume(out: Path, device: torch.device, name: str) -> tuple[Path, dict[str, Any]] | None:
+    """The latest readable checkpoint in `out` and its state: a damaged or refused latest is said in one line
+    and the one before it is tried, down to the first. None when `out` holds none; CheckpointError (one line)
+    when it holds some and none is readable."""
+    cks = sorted(out.glob("ckpt-*.pt"), reverse=True)
+    reasons: list[str] = []
+    for ck in cks:
+        try:
+            state = _read_checkpoint(ck, device)
+        except CheckpointError as e:
+            reasons.append(str(e))
+            continue
+        for why in reasons:
+            print(f"[{name}] --resume: {why}; using the earlier {ck.name}", file=sys.stderr, flush=True)
+        return ck, state
+    if cks:
+        raise CheckpointError(f"--resume: no checkpoint in {out} can be read: {'; '.join(reasons)}")
+    return None
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -397,17 +485,17 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
+    small = getattr(loader.sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
+    if d.main and loader.mix is None and cfg.passes == 1 and small is not None and small() > 1:
+        print(f"[{log_name}] this corpus fills fewer than 4 batches of the budget, so its batches are mostly "
+              f"empty; --passes 0 plans several passes an epoch with full ones", flush=True)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
     step, epoch, resumed = 0, 0, False
     log_path = out / "log.jsonl"
-    if (ck := resume_from) is not None:
-        state = torch.load(ck, map_location=d.device, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        loader.load_state_dict(state["sampler"])
+    if resume_from is not None:
+        ck, state = _resume_state(model, opt, scaler, loader, out, d, log_name)
         step, epoch, resumed = state["step"], state["epoch"], True
         for h in hooks:
             if h.name in state.get("hooks", {}):
@@ -427,9 +515,16 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     for h in hooks:
         h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    # --compile: only the forward the loss calls is compiled; checkpoints and hooks keep the plain module.
+    forward = compiled(ddp, cfg) if cfg.compile else ddp
     move = to_device or default_to_device
     f0 = loader.collate.features[0]  # the feature whose frames and padding are logged
+    # fill: the padded frames of the budget's feature (rows x T_max, what the budget counts) / the budget
+    lf = length_feature or features[0]
+    fill_key = f"{lf if lf in loader.collate.features else f0}_mask"  # crops collate under another name
+    budget_frames = float(loader.sampler.budget.max_frames)
     clock, window = _Clock(d.device), _Window()
+    guard = _NonFiniteGuard(cfg.skip_nonfinite, d, log_name)
     last: dict[str, Any] = {}
 
     while step < cfg.max_steps:
@@ -440,7 +535,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             print(f"[{log_name}] {loader.mix_summary()}", flush=True)
         if batches < cfg.grad_accum and not resumed:  # a resumed pass may legitimately hold only a tail
             _fail(_no_step_message(loader, cfg, epoch, batches, log_name), d)
-        it = iter(loader)
+        it = guard.batches(iter(loader))
         opt.zero_grad(set_to_none=True)  # a partial accumulation at the end of an epoch is not carried over
         clock.start_pass()
         micro, steps_at_start = 0, step  # micro: batches of this pass, what the sampler's state_dict counts
@@ -459,10 +554,16 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
             ctx = ddp.no_sync() if (d.world > 1 and not sync) else nullcontext()
             with ctx:
                 with autocast:
-                    loss, logs = loss_fn(ddp, batch)
+                    loss, logs = loss_fn(forward, batch)
                 scaler.scale(loss / cfg.grad_accum).backward()
             pending.add(loss, logs, batch[f"{f0}_lengths"], batch["padding_ratio"][f0], cfg.grad_accum)
+            if fill_key in batch:
+                pending.fill += batch[fill_key].numel() / budget_frames
+            guard.see(batch)
             if not sync:
+                continue
+            if guard.bad(pending.loss, step, opt):  # --skip-nonfinite: a NaN step's gradients are dropped
+                pending = _Window()
                 continue
             window.merge(pending)
             pending = _Window()
@@ -479,13 +580,15 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                 h.after_step(step, model)
             clock.step_end()
             window.steps += 1
+            if step % cfg.log_every == 0 or step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+                guard.check()  # a NaN/inf loss since the last check stops the run before it is logged or saved
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 last = _log(window, clock, step, lr, gnorm, d, log_path, log_name, epoch)
                 if on_log:
                     on_log(last)
                 window = _Window()
             if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
-                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d, hooks=hooks)
+                save_checkpoint(out, step, ddp, opt, scaler, loader, micro, epoch, d, hooks=hooks, name=log_name)
                 if d.world > 1:
                     dist.barrier()
         # len(loader) promised a step; a loader that yields fewer batches than it announced must not spin forever.
@@ -530,10 +633,133 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         if d.world > 1:
             dist.barrier()
         return files_loader(cfg.shards, features, cache, **common)
+    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, passes=cfg.passes or None,
+                  shapes=cfg.shapes or None)
+    if cfg.verify != "size" or cfg.check_finite:  # the shards' integrity checks, when asked (mmap reader)
+        common.update(verify=cfg.verify, check_finite=cfg.check_finite)
     # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
     if len(dirs) > 1:
         common["weights"] = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     return make_loader(dirs if len(dirs) > 1 else cfg.shards, features, on_corrupt=cfg.on_corrupt, **common)
+
+
+def compiled(model: torch.nn.Module, cfg: RunConfig) -> Callable[..., Any]:
+    """torch.compile(model) for --compile. Shapes that change are compiled again (a dimension seen to change
+    becomes dynamic); with --shapes K a run meets at most K batch shapes, so the recompile limit is raised to
+    hold them all rather than fall back to eager mode."""
+    import torch._dynamo
+
+    if cfg.shapes:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.shapes)
+    return torch.compile(model)
+
+
+def _resume_state(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                  loader: Loader, out: Path, d: Dist, name: str) -> tuple[Path, dict[str, Any]]:
+    """Load the latest readable checkpoint of `out` into model, optimizer, scaler and sampler (load_resume);
+    what cannot be read or does not fit this model is one line on every rank, never a traceback."""
+    try:
+        found = load_resume(out, d.device, name)
+        assert found is not None  # train() resumes only when latest_checkpoint found a file
+        ck, state = found
+        try:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            scaler.load_state_dict(state["scaler"])
+            loader.load_state_dict(state["sampler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"--resume: {ck.name} does not fit this model and run ({first}); resume with "
+                                  f"the settings it was written with, or use a new --out") from None
+    except CheckpointError as e:
+        _fail(f"{name}: error: {e}", d)
+    return ck, state
+
+
+class _NonFiniteGuard:
+    """Stops the run at a NaN/inf loss, naming the step's utterance ids, or skips up to --skip-nonfinite such
+    steps (whose gradients are then dropped before the optimizer moves).
+
+    Stopping costs no host sync of its own: each step's flag stays on the device and the flags are read where
+    the loop reads the device anyway, at a log line or a checkpoint (`check`), so the run stops there, before
+    anything of the bad steps is logged or saved. Skipping must decide before the optimizer steps, so with
+    --skip-nonfinite the flag is read back every step. With several ranks the flags are all-reduced, so that
+    every rank skips or stops together, and the ids named are those of every rank whose batch was bad."""
+
+    def __init__(self, limit: int, d: Dist, name: str) -> None:
+        self.limit, self.d, self.name = limit, d, name
+        self.skipped = 0
+        self.ids: list[str] = []
+        self.pending: list[tuple[int, torch.Tensor, list[str]]] = []  # (step, flag on the device, ids)
+
+    def see(self, batch: dict[str, Any]) -> None:
+        ids = batch.get("id")
+        self.ids += [str(i) for i in ids] if isinstance(ids, (list, tuple)) else []
+
+    def batches(self, it: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The pass's batches; a shard found damaged while reading (NaN under --check-finite, a file cut short
+        after it was opened) ends the run with one line on this rank, the one that read it."""
+        try:
+            yield from it
+        except ShardError as e:
+            # The first line: the prefetch thread adds a second saying where it was raised.
+            print(f"{self.name}: error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+    def bad(self, loss: Any, step: int, opt: torch.optim.Optimizer) -> bool:
+        """Whether this step (about to become step + 1) must be skipped: its summed loss is not finite and
+        --skip-nonfinite allows it (its gradients are dropped). Without --skip-nonfinite the flag is kept for
+        `check` and the step goes on."""
+        ids, self.ids = self.ids, []
+        flag = (~torch.isfinite(torch.as_tensor(loss).detach().float())).reshape(1)
+        if self.limit == 0:
+            self.pending.append((step + 1, flag, ids))
+            return False
+        flags, mine = self._agree(flag)
+        if not flags[0]:
+            return False
+        opt.zero_grad(set_to_none=True)
+        named = self._named([ids if mine[0] else []])
+        self.skipped += 1
+        if self.skipped > self.limit:
+            self._stop(step + 1, named)
+        if self.d.main:
+            print(f"[{self.name}] skipped step {step + 1}: the loss is NaN or inf in the batch of utterance(s) "
+                  f"{named} ({self.skipped} of --skip-nonfinite {self.limit})", flush=True)
+        return True
+
+    def check(self) -> None:
+        """At a log line or a checkpoint: stop in one line when a step since the last check had a NaN/inf loss."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        flags, mine = self._agree(torch.cat([f for _, f, _ in pending]))
+        if any(flags):
+            i = flags.index(True)
+            self._stop(pending[i][0], self._named([pending[i][2] if mine[i] else []]))
+
+    def _agree(self, flag: torch.Tensor) -> tuple[list[bool], list[bool]]:
+        """(every rank's verdict, this rank's own) for each flag: one read back from the device."""
+        local = flag.to(torch.float32)
+        agreed = local.clone()
+        if self.d.world > 1:
+            agreed = agreed.to(self.d.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        both = torch.stack([agreed.to(local.device), local]).tolist()
+        return [bool(x) for x in both[0]], [bool(x) for x in both[1]]
+
+    def _named(self, ids: list[list[str]]) -> str:
+        if self.d.world > 1:  # the bad batch may be another rank's
+            every: list[Any] = [None] * self.d.world
+            dist.all_gather_object(every, ids[0])
+            ids = every
+        flat = [i for part in ids for i in part]
+        return ", ".join(flat[:8]) + (f" and {len(flat) - 8} more" if len(flat) > 8 else "")
+
+    def _stop(self, step: int, named: str) -> None:
+        _fail(f"{self.name}: error: the loss is NaN or inf at step {step}, in the batch of utterance(s) {named}: "
+              f"stopped (no checkpoint of it is written; --skip-nonfinite N skips up to N such steps; "
+              f"`audiopipe verify` or --check-finite finds damaged shards)", self.d)
 
 
 def _fail(message: str, d: Dist) -> None:
@@ -580,6 +806,7 @@ class _Window:
         self.frames: Any = 0
         self.terms: dict[str, Any] = {}
         self.pad: list[Any] = []
+        self.fill = 0.0  # sum over micro-batches of padded frames / budget
         self.micro = 0
         self.steps = 0
 
@@ -587,6 +814,7 @@ class _Window:
         self.loss = self.loss + other.loss
         self.frames = self.frames + other.frames
         self.pad += other.pad
+        self.fill += other.fill
         self.micro += other.micro
         for k, v in other.terms.items():
             self.terms[k] = self.terms.get(k, 0.0) + v
@@ -672,12 +900,13 @@ def _log(w: _Window, clock: _Clock, step: int, lr: float, gnorm: torch.Tensor | 
     # The only host sync of the loop: the window's sums come back from the device here.
     step_t, wait = clock.read()
     # Sums over ranks for work done; the slowest rank's times, since every rank waits for it at the all-reduce.
-    sums = torch.tensor([float(w.frames), float(w.loss), float(w.steps)], dtype=torch.float64, device=d.device)
+    sums = torch.tensor([float(w.frames), float(w.loss), float(w.steps), w.fill, float(w.micro)],
+                        dtype=torch.float64, device=d.device)
     maxes = torch.tensor([wait, step_t], dtype=torch.float64, device=d.device)
     if d.world > 1:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-    frames, loss_sum, n_all = sums.tolist()
+    frames, loss_sum, n_all, fill, micro = sums.tolist()
     wait, step_t = maxes.tolist()
     n = max(w.steps, 1)
     terms = {k: float(v) / max(w.micro, 1) for k, v in w.terms.items()}
@@ -685,11 +914,13 @@ def _log(w: _Window, clock: _Clock, step: int, lr: float, gnorm: torch.Tensor | 
            "grad_norm": float(gnorm) if gnorm is not None else 0.0,
            "step_time": step_t / n, "data_wait": wait / n, "data_wait_share": wait / step_t if step_t > 0 else 0.0,
            "frames_per_s": frames / step_t if step_t > 0 else 0.0,
-           "padding_ratio": float(np.mean([float(p) for p in w.pad])) if w.pad else 0.0, "world": d.world,
+           "padding_ratio": float(np.mean([float(p) for p in w.pad])) if w.pad else 0.0,
+           "fill": fill / micro if micro else 0.0, "world": d.world,
            "device": str(d.device), **terms}
     if d.main:
         print(f"[{name}] step {step} loss {rec['loss']:.4f} lr {lr:.2e} step {rec['step_time'] * 1e3:.0f} ms "
               f"data-wait {rec['data_wait_share'] * 100:.1f}% pad {rec['padding_ratio'] * 100:.1f}% "
+              f"fill {rec['fill'] * 100:.0f}% "
               f"{rec['frames_per_s']:.0f} frames/s", flush=True)
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")

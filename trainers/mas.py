@@ -17,7 +17,7 @@ import numpy as np
 _NEG = -1e30  # "unreachable": finite, so sums of two stay finite and comparisons stay exact
 
 
-@numba.njit(nogil=True)
+@numba.njit(cache=True, nogil=True)
 def _path_one(value: np.ndarray, out: np.ndarray, p_len: int, t_len: int) -> None:
     # q[p, t]: best score of a path through (p, t); a cell is reachable only when p <= t (one frame per phone
     # so far) and p >= P - (T - t) (enough frames left for the remaining phones).
@@ -38,7 +38,7 @@ def _path_one(value: np.ndarray, out: np.ndarray, p_len: int, t_len: int) -> Non
             p -= 1
 
 
-@numba.njit(nogil=True)
+@numba.njit(cache=True, nogil=True)
 def _path_batch(value: np.ndarray, out: np.ndarray, p_lens: np.ndarray, t_lens: np.ndarray) -> None:
     # One thread: O(B*P*T) is tiny next to a training step, and the ranks already share the cores.
     for b in range(value.shape[0]):

@@ -130,7 +130,9 @@ class AddTextIds:
         self.tokenizer = tokenizer
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        batch["text_ids"] = self.tokenizer.batch(batch["text"])
+        # With --shapes the mel has a shape's rows: its empty rows (length 0) get empty transcripts.
+        empty = batch["mel"].shape[0] - len(batch["text"])
+        batch["text_ids"] = self.tokenizer.batch(list(batch["text"]) + [""] * empty)
         return batch
 
 
@@ -548,6 +550,17 @@ def read_init(path: str) -> F5Checkpoint:
 
 # ----------------------------------------------------------------------------- training
 
+def warn_untranscribed(dirs: list[str]) -> None:
+    """One warning line when rows without a transcript are trained on (F5 learns them with empty text)."""
+    from audiopipe.reader.texts import shard_texts
+
+    texts = [t for s in dirs for t in shard_texts(s)]
+    empty = sum(1 for t in texts if not (t or "").strip())
+    if empty:
+        print(f"[f5tts] warning: {empty} of {len(texts)} utterances have no transcript and are trained with an "
+              f"empty text; `audiopipe shard --require-text` leaves them out", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     def extra(p):
         p.add_argument("--vocab", default=None, help="F5 vocab.txt (one symbol per line) instead of the UTF-8 byte "
@@ -615,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         check_vocab(ck, tok, args.vocab)
         check_architecture(ck, mcfg, cfg.config)
     d = setup_dist(cfg.seed)
+    if d.main:
+        warn_untranscribed(shard_dirs(cfg))
     model = F5TTS(mcfg)
     ema = EmaHook(active=d.main) if args.ema == "f5" else None
     if ck is not None and ema is not None and ck.ema_weights is not None and not args.ema_restart:

@@ -10,5 +10,5 @@ also the trainers' `--reader files`).
 May import: `audiopipe.reader` (the loaders timed), `audiopipe.sampler` and `audiopipe.collate` (the same batches
 for every loader), `audiopipe.features.mel` (the mel the baselines compute), `audiopipe.index.lengths` and
 `audiopipe.shard.manifest` (what a shard folder holds), `audiopipe.storage.s3` (object storage),
-`audiopipe.storage.atomic` (the baseline's export, written atomically).
+`audiopipe.storage.atomic` (the baseline's export, written atomically), `audiopipe.features.names` (feature names).
 """

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.loader import Loader, loader_over, rows_to_plan
 from audiopipe.sampler.bucket import BucketBatchSampler
@@ -107,14 +108,14 @@ class FilesDataset:
         self.cache = Path(cache or Path(shards) / "per_utterance")
         stamp = _read_stamp(self.cache)
         if stamp is None:
-            raise FileNotFoundError(f"{self.cache} has no complete per-utterance export: call "
-                                    f"audiopipe.bench.files_dataset.export_per_utterance first")
+            raise NotFound(f"{self.cache} has no complete per-utterance export: call "
+                           f"audiopipe.bench.files_dataset.export_per_utterance first")
         if not _covers(stamp, _index_sha256(shards), self.features):
-            raise ValueError(f"{self.cache} holds features {stamp['features']} of other shards or features than "
-                             f"{shards} {self.features}: export again (export_per_utterance)")
+            raise InvalidValue(f"{self.cache} holds features {stamp['features']} of other shards or features than "
+                               f"{shards} {self.features}: export again (export_per_utterance)")
         self.utts = stamp["utterances"]
         if len(self.utts) != len(self.shards):
-            raise ValueError(f"{self.cache} holds {len(self.utts)} utterances, {shards} {len(self.shards)}")
+            raise InvalidValue(f"{self.cache} holds {len(self.utts)} utterances, {shards} {len(self.shards)}")
         self._paths = {f: [str(utterance_file(self.cache, f, i)) for i in range(len(self.utts))] for f in self.features}
 
     # the shard folder's metadata, as ShardDataset has it

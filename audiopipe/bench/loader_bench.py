@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from audiopipe.bench.loaders import DESCRIPTIONS, LOADERS, LoaderSpec, build, evict, files_of, prepare, read_all
+from audiopipe.errors import Failed, InvalidValue, NotFound
+from audiopipe.features.names import column_name
 
 RESULT_TAG = "BENCH_LOADER_RESULT "
 TARGETS = {"mmap_vs_on_the_fly": 100.0, "mmap_vs_npy_per_utt": 10.0, "mmap_vs_npy_amphion": 10.0,
@@ -202,7 +204,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
                 done = True
                 break
         if got == 0:
-            raise RuntimeError(f"{spec.name}: an epoch without batches (budget too small for the corpus?)")
+            raise Failed(f"{spec.name}: an epoch without batches (budget too small for the corpus?)")
         epoch += 1
     elapsed = time.perf_counter() - start if start is not None else 0.0
     wait = data_wait(loader, epoch, step_ms, step_batches) if step_ms > 0 and step_batches > 0 else {}
@@ -238,7 +240,7 @@ def data_wait(loader: Any, epoch: int, step_ms: float, batches: int) -> dict[str
         try:
             next(it)  # the epoch's first batch: start-up, reported as first_batch_s
         except StopIteration:
-            raise RuntimeError("an epoch without batches (budget too small for the corpus?)") from None
+            raise Failed("an epoch without batches (budget too small for the corpus?)") from None
         time.sleep(step_ms / 1e3)
         t_loop = time.perf_counter()
         for _ in it:
@@ -292,11 +294,11 @@ def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{job.get('spec', job).get('name', 'memcpy')}: no result within {timeout:.0f} s") from None
+        raise Failed(f"{job.get('spec', job).get('name', 'memcpy')}: no result within {timeout:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise RuntimeError(f"benchmark child failed (exit {proc.returncode}):\n{tail}")
+        raise Failed(f"benchmark child failed (exit {proc.returncode}):\n{tail}")
     return json.loads(lines[-1][len(RESULT_TAG):])
 
 
@@ -335,8 +337,9 @@ def _corpus_info(shards: Path, feature: str) -> dict[str, Any]:
     from audiopipe.shard.manifest import read_manifest
 
     m = read_manifest(shards)
+    feature = column_name(feature)
     if feature not in m["features"]:
-        raise ValueError(f"{shards} has no feature {feature!r}; it has {sorted(m['features'])}")
+        raise InvalidValue(f"{shards} has no feature {feature!r}; it has {sorted(m['features'])}")
     spec = m["features"][feature]
     idx = LengthIndex.open(shards)
     frames = idx.frames(feature).astype(np.int64)
@@ -358,13 +361,14 @@ def run(args: argparse.Namespace) -> int:
         return run_s3(args)
     shards = Path(args.shards)
     if not (shards / "manifest.json").exists():
-        raise FileNotFoundError(f"{shards}/manifest.json not found: point --shards at an `audiopipe shard` output")
+        raise NotFound(f"{shards}/manifest.json not found: point --shards at an `audiopipe shard` output")
     if args.batch_frames <= 0 or args.workers < 0 or args.seconds <= 0 or args.rounds < 1:
-        raise ValueError("--batch-frames, --seconds and --rounds must be positive and --workers >= 0")
+        raise InvalidValue("--batch-frames, --seconds and --rounds must be positive and --workers >= 0")
     names = [n.strip() for n in args.loaders.split(",") if n.strip()]
     unknown = [n for n in names if n not in LOADERS]
     if unknown:
-        raise ValueError(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+        raise InvalidValue(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    args.feature = column_name(args.feature)  # one note for an alias, then the column's name throughout
     corpus = _corpus_info(shards, args.feature)
     index_sha = json.loads((shards / "manifest.json").read_text())["index"]["sha256"]
     cache = Path(args.cache or Path(tempfile.gettempdir()) / f"audiopipe-bench-{index_sha[:12]}")

@@ -35,6 +35,7 @@ import soxr
 import torch
 
 from audiopipe.collate.pad import PadCollator
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.bench.files_dataset import FilesDataset, export_per_utterance
 from audiopipe.reader.loader import make_loader
@@ -191,7 +192,7 @@ class OnTheFlyMel(torch.utils.data.Dataset):
         ds = ShardDataset(shards, [feature])
         spec = ds.spec(feature)
         if spec["kind"] not in ("vocos_mel", "slaney_mel"):
-            raise ValueError(f"on_the_fly computes mels; feature {feature!r} is {spec['kind']}")
+            raise InvalidValue(f"on_the_fly computes mels; feature {feature!r} is {spec['kind']}")
         self.params = dict(spec["params"])
         self.rate = int(spec["sample_rate"])
         self.feature = feature
@@ -343,12 +344,12 @@ def build(spec: LoaderSpec) -> Any:
         ds = npy_dataset(spec.shards, f, spec.cache)
     elif spec.name == "on_the_fly":
         if not spec.corpus or not Path(spec.corpus).is_dir():
-            raise FileNotFoundError(f"on_the_fly needs the source audio; corpus folder not found: {spec.corpus}")
+            raise NotFound(f"on_the_fly needs the source audio; corpus folder not found: {spec.corpus}")
         ds = OnTheFlyMel(spec.shards, f, spec.corpus)
     elif spec.name == "lhotse_shar":
         return _LhotseLoader(spec)
     else:
-        raise ValueError(f"unknown loader {spec.name!r}; choose from {', '.join(LOADERS)}")
+        raise InvalidValue(f"unknown loader {spec.name!r}; choose from {', '.join(LOADERS)}")
     sampler = BucketBatchSampler(ds.lengths(), spec.max_frames, seed=spec.seed)
     return _Wrapped(_dataloader(ds, sampler, PadCollator([f]), spec.workers), sampler)
 

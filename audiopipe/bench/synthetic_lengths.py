@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
+
 FRAME_RATE = 24_000 / 256  # vocos mel hop 256 at 24 kHz, as F5-TTS
 DISTRIBUTIONS = {"short_clip": (3.0, 0.55, 0.5, 15.0), "libritts_like": (5.5, 0.7, 1.0, 20.0)}
 
@@ -16,7 +18,7 @@ DISTRIBUTIONS = {"short_clip": (3.0, 0.55, 0.5, 15.0), "libritts_like": (5.5, 0.
 def synthetic_lengths(kind: str, n: int, seed: int = 0, frame_rate: float = FRAME_RATE) -> np.ndarray:
     """n frame counts (int64) drawn from distribution `kind` (a key of DISTRIBUTIONS)."""
     if kind not in DISTRIBUTIONS:
-        raise ValueError(f"unknown length distribution {kind!r}; choose one of {sorted(DISTRIBUTIONS)}")
+        raise InvalidValue(f"unknown length distribution {kind!r}; choose one of {sorted(DISTRIBUTIONS)}")
     median, sigma, lo, hi = DISTRIBUTIONS[kind]
     rng = np.random.default_rng(seed)
     seconds = np.empty(0)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from audiopipe.errors import InvalidValue, NotFound
+
 
 @dataclass(frozen=True)
 class Converter:
@@ -119,17 +121,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.exists():
-        raise FileNotFoundError(f"{source}: no such run folder or checkpoint")
+        raise NotFound(f"{source}: no such run folder or checkpoint")
     model = args.model or _model_of(source)
     if model is None:
-        raise ValueError(f"{source}: its model_config.json does not say which trainer made it; pass --model "
-                         f"({', '.join(sorted(MODELS))})")
+        raise InvalidValue(f"{source}: its model_config.json does not say which trainer made it; pass --model "
+                           f"({', '.join(sorted(MODELS))})")
     if model not in MODELS:
-        raise ValueError(f"{source} was made by {model!r}, which has no exporter (have: {', '.join(sorted(MODELS))})")
+        raise InvalidValue(f"{source} was made by {model!r}, which has no exporter (have: {', '.join(sorted(MODELS))})")
     conv = MODELS[model]
     fmt = args.format or conv.formats[0]
     if fmt not in conv.formats:
-        raise ValueError(f"--format {fmt}: {model} exports {', '.join(conv.formats)}")
+        raise InvalidValue(f"--format {fmt}: {model} exports {', '.join(conv.formats)}")
     summary = conv.load("writer")(source, args.out, weights=args.weights, fmt=fmt, overwrite=args.overwrite)
     step = f" step {summary['step']}" if summary.get("step") is not None else ""
     print(f"exported {model}{step} ({summary.get('weights', 'model')} weights) from {summary.get('source', source)}:")

@@ -28,6 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from audiopipe.collate.rows import Rows
+from audiopipe.errors import InvalidValue, WrongType
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -221,14 +222,14 @@ def pad_rows_into(dst: np.ndarray, parts: Sequence[Rows], channels: int, t_max: 
     elif layout in LAYOUTS:  # [T] and [1, T] features are the same bytes in either layout
         kernel = _pad_rows if compiled else _pad_rows_numpy
     else:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise InvalidValue(f"layout must be one of {LAYOUTS}, got {layout!r}")
     for rows in parts:
         if rows.values.dtype != dst.dtype:
-            raise TypeError(f"destination is {dst.dtype}, rows are {rows.values.dtype}")
+            raise WrongType(f"destination is {dst.dtype}, rows are {rows.values.dtype}")
         src = rows.values.view(uint)
         bad = kernel(src, rows.starts, rows.frames, rows.positions, width, t_max, pad, out)
         if bad >= 0:
-            raise ValueError(
+            raise InvalidValue(
                 f"row {bad} of a batch part does not fit: start {int(rows.starts[bad])}, {int(rows.frames[bad])} "
                 f"frames x {width} channels in a column of {src.size} values, batch position "
                 f"{int(rows.positions[bad])} of a {out.size // max(width * t_max, 1)} x {width} x {t_max} batch")

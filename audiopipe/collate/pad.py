@@ -33,6 +33,7 @@ import torch
 
 from audiopipe.collate.kernels import LAYOUTS, pad_rows_into
 from audiopipe.collate.rows import RowBatch
+from audiopipe.errors import InvalidValue, MissingKey, WrongType
 
 
 @dataclass
@@ -87,7 +88,7 @@ def _torch_dtype(dtype: np.dtype, feature: str) -> torch.dtype:
     try:
         have = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     except TypeError as e:
-        raise TypeError(f"feature {feature!r} has dtype {dtype}, which torch cannot hold") from e
+        raise WrongType(f"feature {feature!r} has dtype {dtype}, which torch cannot hold") from e
     return have
 
 
@@ -99,6 +100,9 @@ class PadCollator:
     (int64 [B], frames before padding), `f_mask` (bool [B, T_max], True on real frames); `padding_ratio`
     ({f: padded-but-empty frames / all frames of the tensor}); and `key: [item[key] ...]` for every other key
     (id, speaker, text, scalars). T_max is the longest item, rounded up to a multiple of pad_to_multiple.
+    With `shapes` (sampler/shapes.py's BatchShapes, the sampler's `shapes`), every batch is padded to one of its
+    shapes: T_max to the first edge at or above the longest item, and B to that edge's size with empty rows
+    (length 0, mask all False) after the items; the other keys' lists hold the items only.
     Items are dicts of numpy arrays (read-only mmap views are fine: they are only read, once).
     """
 
@@ -111,24 +115,26 @@ class PadCollator:
         ring_size: int = 2,
         pin_memory: bool = False,
         layout: str = "BCT",
+        shapes: Any = None,
     ):
         if isinstance(features, str) or not features:
-            raise ValueError(f"features must be a non-empty list of feature names, got {features!r}")
+            raise InvalidValue(f"features must be a non-empty list of feature names, got {features!r}")
         if len(set(features)) != len(features):
-            raise ValueError(f"features listed twice: {list(features)}")
+            raise InvalidValue(f"features listed twice: {list(features)}")
         if not isinstance(pad_to_multiple, int) or pad_to_multiple < 1:
-            raise ValueError(f"pad_to_multiple must be an integer >= 1, got {pad_to_multiple!r}")
+            raise InvalidValue(f"pad_to_multiple must be an integer >= 1, got {pad_to_multiple!r}")
         if ring_size < 1:
-            raise ValueError(f"ring_size must be >= 1, got {ring_size!r}")
+            raise InvalidValue(f"ring_size must be >= 1, got {ring_size!r}")
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (batch axes), got {layout!r}")
+            raise InvalidValue(f"layout must be one of {', '.join(LAYOUTS)} (batch axes), got {layout!r}")
         self.layout = layout
+        self.shapes = shapes  # BatchShapes or None
         self.features = list(features)
         self.pad_to_multiple = pad_to_multiple
         if isinstance(pad_value, Mapping):
             unknown = set(pad_value) - set(self.features)
             if unknown:
-                raise ValueError(f"pad_value names features that are not collated: {sorted(unknown)}")
+                raise InvalidValue(f"pad_value names features that are not collated: {sorted(unknown)}")
             self.pad_value = {f: pad_value.get(f, 0) for f in self.features}
         else:
             self.pad_value = {f: pad_value for f in self.features}
@@ -149,12 +155,12 @@ class PadCollator:
 
     def __call__(self, items: Sequence[Mapping[str, Any]] | RowBatch) -> dict[str, Any]:
         if len(items) == 0:
-            raise ValueError("cannot collate an empty batch")
+            raise InvalidValue("cannot collate an empty batch")
         rows = isinstance(items, RowBatch)
         keys = items.keys() if rows else self._common_keys(items)
         clash = self._reserved & set(keys)
         if clash:
-            raise ValueError(f"items have keys that collate would overwrite: {sorted(clash)}")
+            raise InvalidValue(f"items have keys that collate would overwrite: {sorted(clash)}")
         if rows:
             return self._collate_rows(items)
         in_worker = torch.utils.data.get_worker_info() is not None
@@ -175,11 +181,11 @@ class PadCollator:
     def _common_keys(items: Sequence[Mapping[str, Any]]) -> Any:
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
-                raise TypeError(f"item {i} is a {type(item).__name__}, expected a dict of arrays and metadata")
+                raise WrongType(f"item {i} is a {type(item).__name__}, expected a dict of arrays and metadata")
         keys = items[0].keys()
         for i, item in enumerate(items):
             if item.keys() != keys:  # set-like comparison, in C
-                raise ValueError(
+                raise InvalidValue(
                     f"item {i} ({_name(item, i)}) has keys {sorted(item.keys())}, item 0 has {sorted(keys)}"
                 )
         return keys
@@ -191,7 +197,7 @@ class PadCollator:
             arrays = [item[f] for item in items]
         except KeyError:
             i = next(i for i, item in enumerate(items) if f not in item)
-            raise KeyError(
+            raise MissingKey(
                 f"item {i} ({_name(items[i], i)}) has no feature {f!r}; it has {sorted(items[i].keys())}"
             ) from None
         arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
@@ -202,33 +208,36 @@ class PadCollator:
         if len({s[:-1] for s in shapes}) != 1 or len({a.dtype for a in arrays}) != 1 or min(map(len, shapes)) == 0:
             for i, a in enumerate(arrays):
                 if a.ndim == 0:
-                    raise ValueError(
+                    raise InvalidValue(
                         f"feature {f!r} of item {i} ({_name(items[i], i)}) is a scalar; time must be the last axis"
                     )
                 if a.shape[:-1] != lead or a.dtype != dtype:
-                    raise ValueError(
+                    raise InvalidValue(
                         f"feature {f!r}: item {i} ({_name(items[i], i)}) is {a.dtype}{list(a.shape)}, item 0 is "
                         f"{dtype}{list(first.shape)}; all items need the same dtype and non-time axes"
                     )
         lengths = np.array([s[-1] for s in shapes], dtype=np.int64)
         tensor, mask = self._allocate(f, lengths, lead, dtype, in_worker)
         dst = tensor.numpy()
-        n, t_max = mask.shape
+        n, t_max = len(arrays), mask.shape[1]
         pad = self.pad_value[f]
-        t_min = int(lengths.min())
+        if mask.shape[0] > n:  # a shape's empty rows: pad only, length 0
+            dst[n:] = pad
+            lengths = np.concatenate([lengths, np.zeros(mask.shape[0] - n, dtype=np.int64)])
+        t_min = int(lengths[:n].min())
         # Bucketed batches have similar lengths: filling the box [t_min, t_max) of every row in one call
         # costs less than one call per item and writes at most twice the pad area. Otherwise, per item.
-        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths.sum()))
+        box_fill = t_min < t_max and n * (t_max - t_min) <= 2 * (n * t_max - int(lengths[:n].sum()))
         if self.layout == "BTC" and lead:  # time-major rows: [t, *lead] slots, items transposed on the way in
             if box_fill:
-                dst[:, t_min:] = pad
+                dst[:n, t_min:] = pad
             for row, a, (*_, t) in zip(dst, arrays, shapes):
                 row[:t] = np.moveaxis(a, -1, 0)
                 if t < t_max and not box_fill:
                     row[t:] = pad
             return tensor, torch.from_numpy(lengths), mask, self._finish(f, lengths, mask)
         if box_fill:
-            dst[..., t_min:] = pad
+            dst[:n, ..., t_min:] = pad
         for row, a, (*_, t) in zip(dst, arrays, shapes):
             row[..., :t] = a  # the one copy of this item
             if t < t_max and not box_fill:
@@ -240,8 +249,10 @@ class PadCollator:
         """The uninitialised batch [B, *lead, T_max] ([B, T_max, *lead] for "BTC") and mask [B, T_max]: ring slots,
         or fresh shared memory."""
         m = self.pad_to_multiple
-        n = lengths.size
-        t_max = -(-int(lengths.max()) // m) * m
+        n, t_max = lengths.size, int(lengths.max())
+        if self.shapes is not None:  # the shape this batch is padded to: more rows, a longer T_max
+            n, t_max = self.shapes.shape(n, t_max)
+        t_max = -(-t_max // m) * m
         shape = (n, t_max, *lead) if self.layout == "BTC" else (n, *lead, t_max)
         numel = int(np.prod(shape))
         tdtype = _torch_dtype(dtype, f)
@@ -267,7 +278,7 @@ class PadCollator:
         """The mmap reader's columnar batch: one compiled copy-and-pad pass per shard, no per-item Python."""
         missing = [f for f in self.features if f not in batch.arrays]
         if missing:
-            raise KeyError(f"the batch has no feature {missing[0]!r}; it has {sorted(batch.keys())}")
+            raise MissingKey(f"the batch has no feature {missing[0]!r}; it has {sorted(batch.keys())}")
         in_worker = torch.utils.data.get_worker_info() is not None
         n = batch.size
         out: dict[str, Any] = {}
@@ -281,6 +292,9 @@ class PadCollator:
             tensor, mask = self._allocate(f, lengths, (ch,) if ch else (), parts[0].values.dtype, in_worker)
             dst = tensor.view(-1).numpy()
             pad_rows_into(dst, parts, ch, mask.shape[1], self.pad_value[f], self.layout)
+            if mask.shape[0] > n:  # a shape's empty rows: pad only, length 0
+                tensor[n:] = self.pad_value[f]
+                lengths = np.concatenate([lengths, np.zeros(mask.shape[0] - n, dtype=np.int64)])
             out[f], out[f"{f}_lengths"], out[f"{f}_mask"] = tensor, torch.from_numpy(lengths), mask
             ratios[f] = self._finish(f, lengths, mask)
         out["padding_ratio"] = ratios

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from audiopipe.errors import OutOfRange
+
 
 class Rows(NamedTuple):  # a tuple: made ~15 times per batch, and a dataclass costs more to build
     """Rows of one feature that live in one flat buffer (one shard's column)."""
@@ -53,11 +55,11 @@ class RowBatch(Sequence):
                 ch = self.channels[feature]
                 flat = rows.values[start:start + max(ch, 1) * t]
                 return flat.reshape(ch, t) if ch else flat
-        raise IndexError(f"item {i} has no rows for {feature!r}")
+        raise OutOfRange(f"item {i} has no rows for {feature!r}")
 
     def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
         if not -self.size <= i < self.size:
-            raise IndexError(f"item {i} of a batch of {self.size}")
+            raise OutOfRange(f"item {i} of a batch of {self.size}")
         i %= self.size
         item = {k: col[i] for k, col in self.columns.items()}
         for f in self.arrays:

@@ -26,6 +26,7 @@ from audiopipe.corpus.records import Reject, Utterance, id_problem, unique_ids
 from audiopipe.corpus.transcripts import METADATA_NAME, MetadataIndex, find_sidecar, read_text_file
 from audiopipe.corpus.wavheader import read_wav_header
 from audiopipe.decode.audio import RejectError, read_info
+from audiopipe.errors import InvalidValue, NotAFolder
 from audiopipe.storage import guard
 
 # Extensions of each libsndfile major format. RAW is left out on purpose: headerless files cannot be read
@@ -169,8 +170,8 @@ def _parse_speaker_rule(speaker: str) -> int | None:
         return None
     if speaker.startswith("dir:") and speaker[4:].isdigit():
         return int(speaker[4:])
-    raise ValueError(f"speaker must be 'auto', 'none' or 'dir:N' (N = folder depth, 0 = first folder under "
-                     f"the root), got {speaker!r}")
+    raise InvalidValue(f"speaker must be 'auto', 'none' or 'dir:N' (N = folder depth, 0 = first folder under "
+                       f"the root), got {speaker!r}")
 
 
 def _speaker_from_path(source: str, rule: int | None, root: str, meta: MetadataIndex) -> str:
@@ -252,7 +253,7 @@ def discover(root: str | os.PathLike[str], *, manifest: Any = None, speaker: str
     options = options if options is not None else CorpusOptions()
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
-        raise NotADirectoryError(f"corpus root is not a directory: {root}")
+        raise NotAFolder(f"corpus root is not a directory: {root}")
     rule = _parse_speaker_rule(speaker)
     # Discovery builds a few objects per file and frees none until it returns: the cyclic garbage collector
     # would scan them all again and again (a third of the time at 1M files) for cycles that are not there.
@@ -308,7 +309,7 @@ def _discover_files(root: str, manifests: list[str] | None, rule: int | None, ex
     """A walk of the root (manifests None), or the files that audiopipe's own manifests list."""
     ext_set = frozenset(e.lower().lstrip(".") for e in exts) if exts is not None else audio_extensions()
     if not ext_set:
-        raise ValueError("exts is empty: no file could be discovered")
+        raise InvalidValue("exts is empty: no file could be discovered")
     meta = MetadataIndex(ext_set)
 
     rejects: list[Reject] = []

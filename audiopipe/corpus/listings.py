@@ -15,6 +15,7 @@ import zlib
 from typing import Any, Iterator
 
 from audiopipe.corpus.transcripts import TranscriptError
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.storage import guard
 
 
@@ -26,8 +27,8 @@ def regular_file(path: str, what: str = "manifest") -> str:
         guard.regular(path, what)
     except guard.Refused as e:
         if e.reason == "missing":
-            raise FileNotFoundError(f"{what} not found: {guard.shown(path)}") from None
-        raise ValueError(f"{what} is not a regular file: {guard.shown(path)}") from None
+            raise NotFound(f"{what} not found: {guard.shown(path)}") from None
+        raise InvalidValue(f"{what} is not a regular file: {guard.shown(path)}") from None
     return path
 
 
@@ -58,9 +59,10 @@ def open_text(path: str):
 
 
 def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any] | guard.Refused]]:
-    """(line, object) of a JSON-lines file (gzipped or not). A line that is not UTF-8 (or too long) comes as a
-    guard.Refused in place of its object, for the caller to reject what it names; a line that is not a JSON
-    object stops with `file:line`, as a malformed index does."""
+    """(line, object) of a JSON-lines file (gzipped or not). A line that is not UTF-8 (or too long), not JSON,
+    or JSON but not an object comes as a guard.Refused in place of its object (`bad_json` naming `file:line`
+    for the last two), for the caller to reject that line alone: one bad row never stops the others. A file
+    that is not gzip, or is cut short inside its compression, stops with one line."""
     shown = guard.shown(path)
     try:
         with open_binary(path) as f:
@@ -73,11 +75,15 @@ def json_objects(path: str) -> Iterator[tuple[int, dict[str, Any] | guard.Refuse
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise TranscriptError(f"{shown}:{n}: not a JSON object per line ({e.msg})") from None
+                    yield n, guard.Refused("bad_json", f"{shown}:{n}: not JSON ({e.msg} at column {e.colno})")
+                    continue
                 except RecursionError:
-                    raise TranscriptError(f"{shown}:{n}: JSON nested too deeply") from None
+                    yield n, guard.Refused("bad_json", f"{shown}:{n}: JSON nested too deeply")
+                    continue
                 if not isinstance(rec, dict):
-                    raise TranscriptError(f"{shown}:{n}: expected a JSON object, got {type(rec).__name__}")
+                    yield n, guard.Refused("bad_json", f"{shown}:{n}: a JSON {type(rec).__name__}, not a JSON "
+                                                       f"object")
+                    continue
                 yield n, rec
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise TranscriptError(f"{shown}: not a gzip file, or cut short ({e})") from None

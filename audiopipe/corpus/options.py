@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from audiopipe.errors import InvalidValue
+
 VCTK_MICS = ("mic1", "mic2")
 
 
@@ -28,4 +30,4 @@ class CorpusOptions:
 
     def __post_init__(self) -> None:
         if self.vctk_mic not in VCTK_MICS:
-            raise ValueError(f"the VCTK microphone must be one of {', '.join(VCTK_MICS)}, got {self.vctk_mic!r}")
+            raise InvalidValue(f"the VCTK microphone must be one of {', '.join(VCTK_MICS)}, got {self.vctk_mic!r}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from audiopipe.storage import guard
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, InvalidValue
 
 SILENCE = "sil"  # MFA leaves silence intervals unlabelled ("")
 
@@ -122,21 +122,21 @@ def durations_in_frames(
     the rest up to total_frames; a timeline off by more than `tolerance_frames` at either end is refused.
     """
     if total_frames < 0:
-        raise ValueError(f"total_frames must be >= 0, got {total_frames}")
+        raise InvalidValue(f"total_frames must be >= 0, got {total_frames}")
     if not intervals:
         if total_frames == 0:
             return np.zeros(0, dtype=np.int32)
-        raise ValueError(f"no intervals to cover {total_frames} frames")
+        raise InvalidValue(f"no intervals to cover {total_frames} frames")
     starts = np.array([iv.start for iv in intervals], dtype=np.float64)
     ends = np.array([iv.end for iv in intervals], dtype=np.float64)
     if not (np.isfinite(starts).all() and np.isfinite(ends).all()):
-        raise ValueError("interval times must be finite")
+        raise InvalidValue("interval times must be finite")
     if (ends < starts).any() or (starts[1:] < ends[:-1] - 1e-6).any():
-        raise ValueError("intervals must be in time order, each ending after it starts, without overlap")
+        raise InvalidValue("intervals must be in time order, each ending after it starts, without overlap")
     lead = starts[0] * frame_rate
     tail = ends[-1] * frame_rate - total_frames
     if abs(lead) > tolerance_frames or abs(tail) > tolerance_frames:
-        raise ValueError(
+        raise InvalidValue(
             f"alignment spans {starts[0]:.3f}-{ends[-1]:.3f} s = {starts[0] * frame_rate:.2f}-"
             f"{ends[-1] * frame_rate:.2f} frames but the audio has {total_frames} frames at {frame_rate} Hz "
             "(wrong TextGrid, or trimming not applied with clip_intervals?)"

@@ -18,7 +18,7 @@ import soxr
 
 from audiopipe.decode import declared
 from audiopipe.storage import guard
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, InvalidValue
 
 RESAMPLE_QUALITY = "HQ"
 
@@ -292,10 +292,10 @@ def check_limits(wav: np.ndarray, sr: int, limits: DecodeLimits, what: str = "de
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     """Resample a mono float32 waveform with soxr (quality HQ). Equal rates return the input unchanged."""
     if sr_in <= 0 or sr_out <= 0:
-        raise ValueError(f"sample rates must be positive, got {sr_in} -> {sr_out}")
+        raise InvalidValue(f"sample rates must be positive, got {sr_in} -> {sr_out}")
     wav = np.ascontiguousarray(wav, dtype=np.float32)
     if wav.ndim != 1:
-        raise ValueError(f"resample expects a mono 1-D waveform, got shape {wav.shape}")
+        raise InvalidValue(f"resample expects a mono 1-D waveform, got shape {wav.shape}")
     if sr_in == sr_out:
         return wav
     return soxr.resample(wav, sr_in, sr_out, quality=RESAMPLE_QUALITY)

@@ -36,6 +36,11 @@ class AudioBytes(io.BytesIO):
         except ValueError:
             return super().seek(0)
 
+    def __repr__(self) -> str:
+        # libsndfile's errors name the file by its repr: never an address, which would differ between runs of
+        # the same job (rejects.jsonl and plan.json are byte-identical from run to run).
+        return f"<{len(self.getbuffer())} bytes of audio>"
+
 
 def is_cell(u: Any) -> bool:
     return bool(u.extra) and "cell_row" in u.extra

@@ -29,6 +29,11 @@ class MemberView(io.RawIOBase):
         self._f = guard.open_regular(path, "tar")  # a tar swapped for a pipe since discovery must not block
         self._start, self._size, self._pos = int(offset), int(size), 0
 
+    def __repr__(self) -> str:
+        # libsndfile's errors name the file by its repr: the member's place, never an address (which would
+        # differ between identical runs, in rejects.jsonl).
+        return f"<tar member at byte {self._start}, {self._size} bytes>"
+
     def readable(self) -> bool:
         return True
 

@@ -21,20 +21,19 @@ from audiopipe.export.errors import ExportError
 
 AUDIO_MODES = ("auto", "pcm", "source", "none")
 _WHOLE_FILE_S = 0.01  # a row within 10 ms of its file's length is that whole file (rounding), as NeMo input is read
-_PCM_HINT = ("shards that hold the pcm feature (shard with `--features ...,pcm`, or the eres2net, campplus or "
-             "gpt_sovits preset)")
+_PCM_HINT = "shards that hold the pcm feature (the eres2net, campplus or gpt_sovits preset, or the pcm feature)"
 
 
 def resolve_mode(mode: str, has_pcm: bool, *, allow_none: bool = True) -> str:
     """auto -> pcm when the shards hold it, else source; pcm without it, or none where audio is required, refused."""
     if mode not in AUDIO_MODES:
-        raise ExportError(f"--audio must be one of {', '.join(AUDIO_MODES)}, got {mode!r}")
+        raise ExportError(f"audio={mode!r}: use one of {', '.join(AUDIO_MODES)}")
     if mode == "auto":
         return "pcm" if has_pcm else "source"
     if mode == "pcm" and not has_pcm:
-        raise ExportError(f"--audio pcm needs {_PCM_HINT}; these hold none (or use --audio source)")
+        raise ExportError(f"audio='pcm' needs {_PCM_HINT}; these hold none (or use audio='source')")
     if mode == "none" and not allow_none:
-        raise ExportError("--audio none: this export needs audio (use pcm or source)")
+        raise ExportError("audio='none': this export needs audio (use audio='pcm' or 'source')")
     return mode
 
 
@@ -62,11 +61,11 @@ class SourceAudio:
 
     def __init__(self, corpus: str | None, trimmed: bool, root: Path):
         if trimmed:
-            raise ExportError(f"--audio source: {root} was trimmed, so the corpus files hold more audio than the "
-                              f"features describe; use --audio pcm with {_PCM_HINT}")
+            raise ExportError(f"audio='source': {root} was trimmed, so the corpus files hold more audio than the "
+                              f"features describe; use audio='pcm' with {_PCM_HINT}")
         if not corpus:
-            raise ExportError(f"--audio source: the manifest of {root} does not say which corpus folder it was "
-                              f"made from; use --audio pcm with {_PCM_HINT}")
+            raise ExportError(f"audio='source': the manifest of {root} does not say which corpus folder it was "
+                              f"made from; use audio='pcm' with {_PCM_HINT}")
         self.corpus = Path(corpus)
 
     def locate(self, row: dict[str, Any]) -> RowAudio:
@@ -83,6 +82,6 @@ class SourceAudio:
                 why = (f"the row is {float(row['duration']):.3f} s of a {info.frames / info.samplerate:.3f} s file "
                        f"(a segment of a longer recording)")
         if why:
-            raise ExportError(f"--audio source: utterance {row['id']!r} cannot point at {path}: {why}; use --audio "
-                              f"pcm with {_PCM_HINT}, or --audio none")
+            raise ExportError(f"audio='source': utterance {row['id']!r} cannot point at {path}: {why}; use audio='pcm' "
+                              f"with {_PCM_HINT}, or audio='none'")
         return RowAudio(int(info.samplerate), int(info.frames), path=str(path.absolute()))

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.errors import in_flags
 from audiopipe.export.errors import ExportError
 from audiopipe.features.mel import VocosMel
 from audiopipe.reader.arrow_dataset import ShardDataset
@@ -108,7 +109,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     corpus = job.get("corpus")
     existing = [n for n in OUTPUTS if (out / n).exists()]
     if existing and not overwrite:
-        raise ExportError(f"{out} already has {', '.join(existing)}; pass overwrite=True (--overwrite) to replace")
+        raise ExportError(f"{out} already has {', '.join(existing)}; pass overwrite=True to replace")
     out.mkdir(parents=True, exist_ok=True)
 
     durations: list[float] = []
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except (OSError, ValueError, RuntimeError) as e:
-        print(f"audiopipe: error: {e}", file=sys.stderr)
+        print(f"audiopipe: error: {in_flags(str(e), {o for a in p._actions for o in a.option_strings})}",
+              file=sys.stderr)
         return 2
 
 

@@ -110,6 +110,7 @@ def export_lhotse(shards_dir: str | Path, out_dir: str | Path, *, features: list
     src.open(pcm=mode == "pcm")
     pcm_rate = int(src.pcm.sample_rate) if mode == "pcm" else None
 
+    from lhotse.audio.backend import audio_backend
     from lhotse.shar import SharWriter
 
     fields = {name: "numpy" for name in src.arrays}
@@ -117,8 +118,12 @@ def export_lhotse(shards_dir: str | Path, out_dir: str | Path, *, features: list
         fields = {"recording": "flac", **fields}
     rows = seconds = 0
     shar_shards = 0
-    with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_shar, what="lhotse Shar") as tmp, \
-            progress_bar(len(src), "export-lhotse", progress) as bar, warnings.catch_warnings():
+    # The FLAC is written by soundfile: lhotse's default backend takes torchaudio whenever it is installed, and a
+    # torchaudio built for another torch (pulled in by an extra's dependency) fails to load its library mid-export.
+    with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_shar, what="lhotse Shar",
+                       marker_beside=True) as tmp, \
+            progress_bar(len(src), "export-lhotse", progress) as bar, warnings.catch_warnings(), \
+            audio_backend("LibsndfileBackend"):
         warnings.simplefilter("ignore")  # lhotse warns about every custom field it has not seen before
         for _, start, stop in src.shard_ranges():
             if stop == start:

@@ -9,7 +9,8 @@
 The audio is written out because NeMo reads audio files and nothing else: the shards' pcm is exactly what the
 features were computed from, and it is the only audio that exists for rows cut from long recordings, read from
 tars or from Parquet bytes. <key> is the utterance's sample key (its id with `.` and other characters unsafe in
-file names escaped, as in the WebDataset tars). audio_filepath is relative to the manifest's folder, which NeMo
+file names escaped, as in the WebDataset tars; a folder or file name over 200 bytes is cut short and ends with a
+hash of the whole key). audio_filepath is relative to the manifest's folder, which NeMo
 resolves against that folder, so the export can be moved as a whole. With --audio source nothing is copied: each
 line points at the corpus file (absolute path), possible only where that file is the row's whole audio.
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 import soundfile as sf
 
+from audiopipe.errors import AudiopipeWarning
 from audiopipe.export.audio import SourceAudio, from_pcm, resolve_mode
 from audiopipe.export.errors import ExportError
 from audiopipe.export.shardset import ShardSource, add_export_arguments, progress_bar
@@ -36,6 +39,25 @@ from audiopipe.shard.keys import sample_key
 MANIFEST = "manifest.json"
 AUDIO_DIR = "audio"
 _RESERVED = ("audio_filepath", "duration", "offset", "text", "speaker", "lang")
+
+
+# A file name is at most 255 bytes on every common file system; ".wav" and room to spare.
+_MAX_NAME_BYTES = 200
+
+
+def audio_name(key: str) -> str:
+    """The audio file's path under audio/ for a sample key: the key itself, each folder and file name that would
+    be too long for a file system cut short and made unique with a hash of the whole key (the manifest line says
+    which file is whose)."""
+    import hashlib
+
+    parts = key.split("/")
+    if all(len(p.encode("utf-8")) <= _MAX_NAME_BYTES for p in parts):
+        return key
+    tag = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    cut = [p.encode("utf-8")[:_MAX_NAME_BYTES - 17].decode("utf-8", "ignore") + f"-{tag}"
+           if len(p.encode("utf-8")) > _MAX_NAME_BYTES else p for p in parts]
+    return "/".join(cut)
 
 
 def looks_like_nemo(folder: Path) -> bool:
@@ -62,7 +84,7 @@ def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "au
     sources = SourceAudio(src.corpus, src.trimmed, src.root) if mode == "source" else None
     pcm_rate = int(src.pcm.sample_rate) if mode == "pcm" else None
     src.open(pcm=mode == "pcm")
-    rows = 0
+    rows = empty = 0
     seconds = 0.0
     with staged_folder(out_dir, overwrite=overwrite, looks_like=looks_like_nemo, what="NeMo") as tmp, \
             progress_bar(len(src), "export-nemo", progress) as bar, \
@@ -72,7 +94,7 @@ def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "au
                 for row in chunk:
                     if mode == "pcm":
                         located = from_pcm(row, pcm_rate)
-                        rel = f"{AUDIO_DIR}/{sample_key(row['id'])}.wav"
+                        rel = f"{AUDIO_DIR}/{audio_name(sample_key(row['id']))}.wav"
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                         sf.write(str(tmp / rel), located.pcm, located.sample_rate, format="WAV",
                                  subtype="PCM_16")
@@ -88,10 +110,14 @@ def export_nemo(shards_dir: str | Path, out_dir: str | Path, *, audio: str = "au
                             item["lang" if c == "language" else c] = row[c]
                     f.write(json.dumps(item, ensure_ascii=False) + "\n")
                     rows += 1
+                    empty += not (row["text"] or "").strip()
                     seconds += located.duration
                 bar.update(len(chunk))
+    if empty:
+        warnings.warn(AudiopipeWarning(f"{empty} of {rows} lines have an empty \"text\" (utterances without a "
+                                       f"transcript); reshard with require_text=True to leave them out"), stacklevel=2)
     return {"shards": str(src.root), "out": str(out_dir), "rows": rows, "hours": round(seconds / 3600, 6),
-            "audio": mode, "pcm_rate": pcm_rate, "extra_columns": src.extra_columns}
+            "audio": mode, "pcm_rate": pcm_rate, "extra_columns": src.extra_columns, "untranscribed": empty}
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:

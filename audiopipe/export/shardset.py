@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from audiopipe.export.errors import ExportError
 from audiopipe.shard.writer import BASE_FIELDS
+from audiopipe.features.names import column_names
 
 BASE_COLUMNS = tuple(f.name for f in BASE_FIELDS)  # id, speaker, text, source, duration
 _CHUNK_BYTES = 64 << 20  # feature bytes per chunk: what one step of an export holds in memory
@@ -72,6 +73,7 @@ class ShardSource:
         self.pcm = held.get("pcm")
         if arrays is None:
             arrays = [n for n in held if n != "pcm"]
+        arrays = column_names(arrays)  # kaldi_fbank -> fbank (features/names.py)
         missing = [a for a in arrays if a not in held]
         if missing:
             raise ExportError(f"{self.root} has no feature {', '.join(missing)} (it has "
@@ -149,7 +151,7 @@ def feature_list(value: str | None) -> list[str] | None:
         return None
     names = [n.strip() for n in value.split(",") if n.strip()]
     if not names:
-        raise ExportError("--features names no feature")
+        raise ExportError("features= names no feature")
     return names
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, InvalidValue
 from audiopipe.features.base import FeatureSpec
 
 SAMPLE_RATE = 24000
@@ -100,14 +100,14 @@ class EncodecEncoder:
         import torch
 
         if (self.checkpoint is None) == (not self.random_init):
-            raise ValueError("EncodecEncoder needs exactly one of checkpoint=<folder> or random_init=True")
+            raise InvalidValue("EncodecEncoder needs exactly one of checkpoint=<folder> or random_init=True")
         if self.bandwidth not in ENCODEC_24KHZ_CONFIG["target_bandwidths"]:
-            raise ValueError(
+            raise InvalidValue(
                 f"bandwidth {self.bandwidth} kbps is not one of EnCodec 24 kHz's "
                 f"{ENCODEC_24KHZ_CONFIG['target_bandwidths']}"
             )
         if self.max_batch_samples < HOP_LENGTH:
-            raise ValueError(f"max_batch_samples must be >= {HOP_LENGTH}, got {self.max_batch_samples}")
+            raise InvalidValue(f"max_batch_samples must be >= {HOP_LENGTH}, got {self.max_batch_samples}")
         if self.checkpoint is not None:
             self._model = _load_checkpoint(Path(self.checkpoint))
             identity = checkpoint_identity(self.checkpoint)
@@ -203,7 +203,7 @@ def quantizer_state(checkpoint: str | Path | None = None, random_init_seed: int 
     without building the model (no transformers import), or taken from the seeded random-init model.
     A model that decodes codes (NS2's latent) needs exactly these, frozen."""
     if (checkpoint is None) == (random_init_seed is None):
-        raise ValueError("quantizer_state needs exactly one of checkpoint=<folder> or random_init_seed=<int>")
+        raise InvalidValue("quantizer_state needs exactly one of checkpoint=<folder> or random_init_seed=<int>")
     if random_init_seed is not None:
         model = _random_init_model(random_init_seed)
         return {k: v.detach().clone() for k, v in model.quantizer.state_dict().items()}
@@ -221,14 +221,14 @@ def quantizer_state(checkpoint: str | Path | None = None, random_init_seed: int 
 def _check_wav(wav: np.ndarray, index: int) -> np.ndarray:
     arr = np.asarray(wav)
     if arr.ndim != 1:
-        raise ValueError(f"wav {index}: expected mono 1-D audio, got shape {arr.shape}")
+        raise InvalidValue(f"wav {index}: expected mono 1-D audio, got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"wav {index}: empty waveform, nothing to encode")
+        raise InvalidValue(f"wav {index}: empty waveform, nothing to encode")
     if not np.issubdtype(arr.dtype, np.floating):
-        raise ValueError(f"wav {index}: expected float audio in [-1, 1], got dtype {arr.dtype}")
+        raise InvalidValue(f"wav {index}: expected float audio in [-1, 1], got dtype {arr.dtype}")
     arr = arr.astype(np.float32, copy=False)
     if not np.isfinite(arr).all():
-        raise ValueError(f"wav {index}: waveform contains NaN or inf")
+        raise InvalidValue(f"wav {index}: waveform contains NaN or inf")
     return arr
 
 
@@ -238,7 +238,7 @@ def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
+        raise InvalidValue(f"device {device!r} requested but CUDA is not available")
     return device
 
 

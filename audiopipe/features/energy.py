@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from audiopipe.errors import InvalidValue
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.mel import stft_magnitude, stft_num_frames
 from audiopipe.features.pcm import check_waveform
@@ -34,10 +35,10 @@ class Energy:
     ) -> None:
         sample_rate, n_fft, hop_length, win_length = int(sample_rate), int(n_fft), int(hop_length), int(win_length)
         if padding not in ("center", "hifigan"):
-            raise ValueError(f"energy: unknown padding {padding!r}: expected 'center' or 'hifigan'")
+            raise InvalidValue(f"energy: unknown padding {padding!r}: expected 'center' or 'hifigan'")
         if not 0 < win_length <= n_fft or hop_length <= 0:
-            raise ValueError(f"energy: need 0 < win_length <= n_fft and hop_length > 0, got "
-                             f"win_length={win_length} n_fft={n_fft} hop_length={hop_length}")
+            raise InvalidValue(f"energy: need 0 < win_length <= n_fft and hop_length > 0, got "
+                               f"win_length={win_length} n_fft={n_fft} hop_length={hop_length}")
         self.params = {
             "sample_rate": sample_rate, "n_fft": n_fft, "hop_length": hop_length, "win_length": win_length,
             "padding": padding,

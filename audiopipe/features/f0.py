@@ -28,6 +28,7 @@ import numba
 import numpy as np
 import soxr
 
+from audiopipe.errors import Failed, InvalidValue, MissingExtra
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.pcm import check_waveform
 
@@ -585,7 +586,7 @@ def _pyworld_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float,
     try:
         import pyworld
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"f0 backend {algo!r} needs pyworld: pip install 'audiopipe[reference]'") from e
+        raise MissingExtra(f"f0 backend {algo!r} needs pyworld: pip install 'audiopipe[reference]'") from e
     x = wav.astype(np.float64)
     period_ms = 1000.0 * hop / sr
     if algo == "dio":
@@ -618,7 +619,7 @@ def _praat_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -
     try:
         import parselmouth
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("f0 backend 'praat' needs praat-parselmouth: pip install 'audiopipe[reference]'") from e
+        raise MissingExtra("f0 backend 'praat' needs praat-parselmouth: pip install 'audiopipe[reference]'") from e
     T = len(wav) // hop + 1
     # Praat's grid must land on t * hop itself: a grid offset by a fraction of a frame, read through the nearest frame,
     # moves every voicing edge by up to half a frame, always in the same direction for a given clip length.
@@ -630,8 +631,8 @@ def _praat_track(wav: np.ndarray, sr: int, hop: int, fmin: float, fmax: float) -
     pos = (pitch.xs() - left / sr) * sr / hop  # frame index of each Praat frame
     k = np.rint(pos).astype(np.int64)
     if not np.allclose(pos, k, atol=1e-6) or k[0] > 0 or k[-1] < T - 1:
-        raise RuntimeError(f"f0 backend 'praat': Praat placed its frames at {pos[0]:.4f} + k frames, not on t * hop "
-                           f"(parselmouth {parselmouth.__version__}: frame placement changed?)")
+        raise Failed(f"f0 backend 'praat': Praat placed its frames at {pos[0]:.4f} + k frames, not on t * hop "
+                     f"(parselmouth {parselmouth.__version__}: frame placement changed?)")
     return pitch.selected_array["frequency"][(k >= 0) & (k < T)].astype(np.float64)
 
 
@@ -664,13 +665,14 @@ class F0:
     ) -> None:
         sample_rate, hop_length, fmin, fmax = int(sample_rate), int(hop_length), float(fmin), float(fmax)
         if backend not in BACKENDS:
-            raise ValueError(f"f0: unknown backend {backend!r}; expected one of {BACKENDS}")
+            raise InvalidValue(f"f0: unknown backend {backend!r}; expected one of {BACKENDS}")
         if hop_length <= 0 or sample_rate <= 0:
-            raise ValueError(f"f0: sample_rate and hop_length must be positive, got {sample_rate}, {hop_length}")
+            raise InvalidValue(f"f0: sample_rate and hop_length must be positive, got {sample_rate}, {hop_length}")
         if not 0 < fmin < fmax:
-            raise ValueError(f"f0: need 0 < fmin < fmax, got fmin={fmin} fmax={fmax}")
+            raise InvalidValue(f"f0: need 0 < fmin < fmax, got fmin={fmin} fmax={fmax}")
         if fmax >= min(sample_rate, YIN_RATE) / 2:
-            raise ValueError(f"f0: fmax {fmax} Hz must be below the analysis Nyquist {min(sample_rate, YIN_RATE) / 2}")
+            raise InvalidValue(f"f0: fmax {fmax} Hz must be below the analysis Nyquist "
+                               f"{min(sample_rate, YIN_RATE) / 2}")
         self.sample_rate, self.hop_length, self.fmin, self.fmax = sample_rate, hop_length, fmin, fmax
         self.interpolate, self.backend = bool(interpolate), backend
         params = {

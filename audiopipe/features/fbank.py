@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from audiopipe.errors import InvalidValue, WrongType
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.pcm import check_waveform
 
@@ -48,7 +49,7 @@ def kaldi_mel_banks(
     nyquist = 0.5 * sample_rate
     high = nyquist + high_freq if high_freq <= 0 else high_freq
     if not 0 <= low_freq < high <= nyquist:
-        raise ValueError(f"kaldi fbank: need 0 <= low_freq < high_freq <= Nyquist, got {low_freq}, {high}")
+        raise InvalidValue(f"kaldi fbank: need 0 <= low_freq < high_freq <= Nyquist, got {low_freq}, {high}")
 
     def mel(f: np.ndarray | float) -> np.ndarray:
         return 1127.0 * np.log(1.0 + np.asarray(f, dtype=np.float64) / 700.0)
@@ -93,12 +94,12 @@ def kaldi_fbank_torch(
     above the epsilon floor.
     """
     if wav.dim() != 2:
-        raise ValueError(f"kaldi_fbank_torch: expected [B, N], got shape {tuple(wav.shape)}")
+        raise InvalidValue(f"kaldi_fbank_torch: expected [B, N], got shape {tuple(wav.shape)}")
     if not wav.is_floating_point():
-        raise TypeError(f"kaldi_fbank_torch: expected a floating point waveform, got {wav.dtype}")
+        raise WrongType(f"kaldi_fbank_torch: expected a floating point waveform, got {wav.dtype}")
     win, shift, n_fft = _frame_sizes(sample_rate, frame_length_ms, frame_shift_ms)
     if wav.shape[1] < win:
-        raise ValueError(f"kaldi_fbank_torch: {wav.shape[1]} samples is shorter than one {win}-sample frame")
+        raise InvalidValue(f"kaldi_fbank_torch: {wav.shape[1]} samples is shorter than one {win}-sample frame")
     window, banks = _torch_consts(
         (num_mel_bins, sample_rate, win, n_fft, float(low_freq), float(high_freq)), wav.device, wav.dtype
     )
@@ -128,10 +129,10 @@ def mean_normalize(feats, time_axis: int = -1, lengths=None):
     x = feats if is_torch else torch.from_numpy(np.asarray(feats))
     ax = time_axis % x.dim()
     if ax == 0:
-        raise ValueError("mean_normalize: with lengths, axis 0 must be the batch and time another axis")
+        raise InvalidValue("mean_normalize: with lengths, axis 0 must be the batch and time another axis")
     lens = torch.as_tensor(lengths, device=x.device)
     if lens.shape != (x.shape[0],) or (lens <= 0).any() or (lens > x.shape[ax]).any():
-        raise ValueError(f"mean_normalize: lengths must be [B] within 1..{x.shape[ax]}, got {lens.tolist()}")
+        raise InvalidValue(f"mean_normalize: lengths must be [B] within 1..{x.shape[ax]}, got {lens.tolist()}")
     shape = [1] * x.dim()
     shape[0], shape[ax] = x.shape[0], x.shape[ax]
     mask = (torch.arange(x.shape[ax], device=x.device)[None, :] < lens[:, None]).reshape(shape).to(x.dtype)
@@ -167,7 +168,7 @@ class KaldiFbank:
         p = self.params
         self._win, self._shift, n_fft = _frame_sizes(p["sample_rate"], p["frame_length_ms"], p["frame_shift_ms"])
         if self._win < 2 or self._shift < 1:
-            raise ValueError(f"kaldi_fbank: frame length/shift too small at {p['sample_rate']} Hz")
+            raise InvalidValue(f"kaldi_fbank: frame length/shift too small at {p['sample_rate']} Hz")
         kaldi_mel_banks(p["num_mel_bins"], p["sample_rate"], n_fft, p["low_freq"], p["high_freq"])  # validates
         self.specs = (
             FeatureSpec(
@@ -209,7 +210,7 @@ class KaldiFbank:
 
         x = check_waveform(wav, self.kind)
         if len(x) < self._win:
-            raise ValueError(
+            raise InvalidValue(
                 f"kaldi_fbank: {len(x)} samples is shorter than one {self._win}-sample "
                 f"({self.params['frame_length_ms']} ms) frame"
             )

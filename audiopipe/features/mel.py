@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from audiopipe.errors import InvalidValue, WrongType
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.pcm import check_waveform
 from audiopipe.features.spectral import SparseMel, StftKey, abs_complex
@@ -37,7 +38,7 @@ def hz_to_mel(freq: np.ndarray | float, scale: MelScale) -> np.ndarray:
         lin = f / _SLANEY_F_SP
         log = _SLANEY_MIN_LOG_MEL + np.log(np.maximum(f, _SLANEY_MIN_LOG_HZ) / _SLANEY_MIN_LOG_HZ) / _SLANEY_LOGSTEP
         return np.where(f >= _SLANEY_MIN_LOG_HZ, log, lin)
-    raise ValueError(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
+    raise InvalidValue(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
 
 
 def mel_to_hz(mel: np.ndarray | float, scale: MelScale) -> np.ndarray:
@@ -48,7 +49,7 @@ def mel_to_hz(mel: np.ndarray | float, scale: MelScale) -> np.ndarray:
         lin = _SLANEY_F_SP * m
         log = _SLANEY_MIN_LOG_HZ * np.exp(_SLANEY_LOGSTEP * (m - _SLANEY_MIN_LOG_MEL))
         return np.where(m >= _SLANEY_MIN_LOG_MEL, log, lin)
-    raise ValueError(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
+    raise InvalidValue(f"unknown mel scale {scale!r}: expected 'htk' or 'slaney'")
 
 
 @functools.lru_cache(maxsize=32)
@@ -67,9 +68,9 @@ def mel_filterbank(
     """
     fmax = sample_rate / 2 if fmax is None else float(fmax)
     if not 0 <= fmin < fmax <= sample_rate / 2:
-        raise ValueError(f"need 0 <= fmin < fmax <= sample_rate/2, got fmin={fmin} fmax={fmax} sr={sample_rate}")
+        raise InvalidValue(f"need 0 <= fmin < fmax <= sample_rate/2, got fmin={fmin} fmax={fmax} sr={sample_rate}")
     if norm not in (None, "slaney"):
-        raise ValueError(f"unknown mel norm {norm!r}: expected 'slaney' or None")
+        raise InvalidValue(f"unknown mel norm {norm!r}: expected 'slaney' or None")
     fft_freqs = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
     edges = mel_to_hz(np.linspace(hz_to_mel(fmin, scale), hz_to_mel(fmax, scale), n_mels + 2), scale)
     widths = np.diff(edges)
@@ -105,7 +106,7 @@ def stft_num_frames(num_samples: int, n_fft: int, hop_length: int, padding: Padd
     if padding == "hifigan":
         pad = (n_fft - hop_length) // 2
         return max(0, (num_samples + 2 * pad - n_fft) // hop_length + 1)
-    raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+    raise InvalidValue(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
 
 
 def stft_min_samples(n_fft: int, hop_length: int, padding: Padding) -> int:
@@ -137,17 +138,17 @@ def magnitude_spectrogram(
     frames after those are of zeros. T is that of N.
     """
     if wav.dim() != 2:
-        raise ValueError(f"expected a batch of waveforms [B, N], got shape {tuple(wav.shape)}")
+        raise InvalidValue(f"expected a batch of waveforms [B, N], got shape {tuple(wav.shape)}")
     if not wav.is_floating_point():
-        raise TypeError(f"expected a floating point waveform, got {wav.dtype}")
+        raise WrongType(f"expected a floating point waveform, got {wav.dtype}")
     n = wav.shape[-1]
     need = stft_min_samples(n_fft, hop_length, padding)
     if padding not in ("center", "hifigan"):
-        raise ValueError(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
+        raise InvalidValue(f"unknown padding {padding!r}: expected 'center' or 'hifigan'")
     if lengths is not None:
         lengths = _check_lengths(lengths, wav, need)
     elif n < need:
-        raise ValueError(f"waveform of {n} samples is too short for this STFT framing (needs >= {need})")
+        raise InvalidValue(f"waveform of {n} samples is too short for this STFT framing (needs >= {need})")
     window = _hann(win_length, wav.device, wav.dtype)
     if lengths is not None:
         pad = n_fft // 2 if padding == "center" else (n_fft - hop_length) // 2
@@ -174,11 +175,11 @@ def magnitude_spectrogram(
 def _check_lengths(lengths: torch.Tensor, wav: torch.Tensor, need: int) -> torch.Tensor:
     lengths = torch.as_tensor(lengths, device=wav.device)
     if lengths.shape != (wav.shape[0],) or lengths.is_floating_point():
-        raise ValueError(f"lengths must be [B] = [{wav.shape[0]}] integer sample counts, got {tuple(lengths.shape)}"
-                         f" {lengths.dtype}")
+        raise InvalidValue(f"lengths must be [B] = [{wav.shape[0]}] integer sample counts, got {tuple(lengths.shape)}"
+                           f" {lengths.dtype}")
     if len(lengths) and (int(lengths.min()) < need or int(lengths.max()) > wav.shape[-1]):
-        raise ValueError(f"lengths must be within {need}..{wav.shape[-1]} samples (the framing needs >= {need}), "
-                         f"got {int(lengths.min())}..{int(lengths.max())}")
+        raise InvalidValue(f"lengths must be within {need}..{wav.shape[-1]} samples (the framing needs >= {need}), "
+                           f"got {int(lengths.min())}..{int(lengths.max())}")
     return lengths.long()
 
 
@@ -211,14 +212,14 @@ def stft_magnitude(x: np.ndarray, key: StftKey) -> np.ndarray:
     """
     need = stft_min_samples(key.n_fft, key.hop_length, key.padding)
     if len(x) < need:
-        raise ValueError(f"waveform of {len(x)} samples is too short for this STFT framing (needs >= {need})")
+        raise InvalidValue(f"waveform of {len(x)} samples is too short for this STFT framing (needs >= {need})")
     w = torch.from_numpy(np.asarray(x, dtype=np.float32))[None]
     with torch.inference_mode():
         if key.padding == "hifigan":
             pad = (key.n_fft - key.hop_length) // 2
             w = torch.nn.functional.pad(w.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
         elif key.padding != "center":
-            raise ValueError(f"unknown padding {key.padding!r}: expected 'center' or 'hifigan'")
+            raise InvalidValue(f"unknown padding {key.padding!r}: expected 'center' or 'hifigan'")
         spec = torch.stft(w, key.n_fft, hop_length=key.hop_length, win_length=key.win_length,
                           window=_hann(key.win_length, w.device, torch.float32), center=key.padding == "center",
                           pad_mode="reflect", normalized=False, onesided=True, return_complex=True)[0]
@@ -292,7 +293,7 @@ class _LogMel:
     def __init__(self, defaults: dict, overrides: dict) -> None:
         unknown = set(overrides) - set(defaults)
         if unknown:
-            raise TypeError(f"{self.kind}: unknown parameter(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
+            raise WrongType(f"{self.kind}: unknown parameter(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
         p = {**defaults, **overrides}
         # Normalise types so fmin=0 and fmin=0.0 hash alike; resolve fmax=None to the value actually used.
         for k in ("sample_rate", "n_fft", "hop_length", "win_length", "n_mels"):
@@ -301,11 +302,11 @@ class _LogMel:
             p[k] = float(p[k])
         p["fmax"] = p["sample_rate"] / 2 if p["fmax"] is None else float(p["fmax"])
         if p["win_length"] > p["n_fft"]:
-            raise ValueError(f"{self.kind}: win_length {p['win_length']} > n_fft {p['n_fft']}")
+            raise InvalidValue(f"{self.kind}: win_length {p['win_length']} > n_fft {p['n_fft']}")
         if p["padding"] not in ("center", "hifigan"):
-            raise ValueError(f"{self.kind}: unknown padding {p['padding']!r}: expected 'center' or 'hifigan'")
+            raise InvalidValue(f"{self.kind}: unknown padding {p['padding']!r}: expected 'center' or 'hifigan'")
         if p["hop_length"] <= 0 or p["n_mels"] <= 0:
-            raise ValueError(f"{self.kind}: hop_length and n_mels must be positive")
+            raise InvalidValue(f"{self.kind}: hop_length and n_mels must be positive")
         fb = mel_filterbank(p["sample_rate"], p["n_fft"], p["n_mels"], p["fmin"], p["fmax"], p["mel_scale"], p["norm"])
         self._sparse = SparseMel(fb, p["log_floor"])
         self.params = p

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue, WrongType
 from audiopipe.features.base import FeatureSpec
 
 INT16_SCALE = 32768.0  # the scale soundfile/libsndfile use for int16 <-> float, so the round trip is exact
@@ -15,16 +16,16 @@ def check_waveform(wav: np.ndarray, who: str) -> np.ndarray:
     Integer arrays are refused rather than guessed at (is it int16 PCM? already scaled?).
     """
     if not isinstance(wav, np.ndarray):
-        raise TypeError(f"{who}: expected a numpy waveform, got {type(wav).__name__}")
+        raise WrongType(f"{who}: expected a numpy waveform, got {type(wav).__name__}")
     if wav.ndim != 1:
-        raise ValueError(f"{who}: expected a mono 1-D waveform, got shape {wav.shape}")
+        raise InvalidValue(f"{who}: expected a mono 1-D waveform, got shape {wav.shape}")
     if not np.issubdtype(wav.dtype, np.floating):
-        raise TypeError(f"{who}: expected a float waveform in [-1, 1], got dtype {wav.dtype}")
+        raise WrongType(f"{who}: expected a float waveform in [-1, 1], got dtype {wav.dtype}")
     if wav.size == 0:
-        raise ValueError(f"{who}: empty waveform")
+        raise InvalidValue(f"{who}: empty waveform")
     x = np.ascontiguousarray(wav, dtype=np.float32)
     if not np.isfinite(x).all():
-        raise ValueError(f"{who}: waveform contains NaN or inf ({int((~np.isfinite(x)).sum())} samples)")
+        raise InvalidValue(f"{who}: waveform contains NaN or inf ({int((~np.isfinite(x)).sum())} samples)")
     return x
 
 
@@ -44,7 +45,7 @@ class Pcm:
     def __init__(self, sample_rate: int = 24000) -> None:
         sample_rate = int(sample_rate)
         if sample_rate <= 0:
-            raise ValueError(f"pcm: sample_rate must be positive, got {sample_rate}")
+            raise InvalidValue(f"pcm: sample_rate must be positive, got {sample_rate}")
         self.specs = (
             FeatureSpec(
                 name="pcm", kind=self.kind, sample_rate=sample_rate, dtype="int16", channels=0, hop_length=1,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from audiopipe.errors import InvalidValue, WrongType
 from audiopipe.features.base import Feature
 from audiopipe.features.energy import Energy
 from audiopipe.features.f0 import F0
@@ -32,8 +33,8 @@ def build_feature(kind: str, **params: Any) -> Feature:
     try:
         builder = _BUILDERS[kind]
     except KeyError:
-        raise ValueError(f"unknown feature kind {kind!r}; known kinds: {', '.join(FEATURE_KINDS)}") from None
+        raise InvalidValue(f"unknown feature kind {kind!r}; known kinds: {', '.join(FEATURE_KINDS)}") from None
     try:
         return builder(**params)
     except TypeError as e:
-        raise TypeError(f"feature {kind!r}: bad parameters {sorted(params)}: {e}") from e
+        raise WrongType(f"feature {kind!r}: bad parameters {sorted(params)}: {e}") from e

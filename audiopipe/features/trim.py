@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
+
 DEFAULT_TOP_DB = 35.0
 DEFAULT_FRAME_LENGTH = 1024  # 42.7 ms at 24 kHz
 DEFAULT_HOP_LENGTH = 256
@@ -47,15 +49,15 @@ def trim_silence(
     """(start, end) in samples of the non-silent part of a mono waveform; never empty."""
     wav = np.asarray(wav)
     if wav.ndim != 1:
-        raise ValueError(f"trim_silence expects mono 1-D audio, got shape {wav.shape}")
+        raise InvalidValue(f"trim_silence expects mono 1-D audio, got shape {wav.shape}")
     if wav.size == 0:
-        raise ValueError("trim_silence got an empty waveform")
+        raise InvalidValue("trim_silence got an empty waveform")
     if frame_length <= 0 or hop_length <= 0:
-        raise ValueError(f"frame_length and hop_length must be positive, got {frame_length}, {hop_length}")
+        raise InvalidValue(f"frame_length and hop_length must be positive, got {frame_length}, {hop_length}")
     if not top_db > 0:
-        raise ValueError(f"top_db must be positive, got {top_db}")
+        raise InvalidValue(f"top_db must be positive, got {top_db}")
     if not np.isfinite(wav).all():
-        raise ValueError("trim_silence got a waveform with NaN or inf")
+        raise InvalidValue("trim_silence got a waveform with NaN or inf")
 
     rms = frame_rms(wav, frame_length, hop_length)
     peak = float(rms.max())

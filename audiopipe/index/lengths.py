@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.errors import MissingKey, NotFound
 from audiopipe.index.arrow_views import numeric_view, numeric_view_possible
 from audiopipe.storage.atomic import atomic_path
 from audiopipe.storage.s3 import is_s3, parse_s3
@@ -70,11 +71,11 @@ class LengthIndex:
             try:
                 data = RangeReader().read_object(url)
             except ObjectChanged as e:
-                raise FileNotFoundError(f"{url} not found: is {shards_dir} an audiopipe shard prefix? ({e})") from e
+                raise NotFound(f"{url} not found: is {shards_dir} an audiopipe shard prefix? ({e})") from e
             return LengthIndex(pa.ipc.open_file(pa.BufferReader(data)).read_all())
         path = Path(shards_dir) / INDEX_NAME
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
+            raise NotFound(f"{path} not found: is {shards_dir} an audiopipe shard folder?")
         with pa.memory_map(str(path)) as src:
             return LengthIndex(pa.ipc.open_file(src).read_all())
 
@@ -83,7 +84,7 @@ class LengthIndex:
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.table.column_names:
-            raise KeyError(f"index has no column {name!r}; it has {self.table.column_names}")
+            raise MissingKey(f"index has no column {name!r}; it has {self.table.column_names}")
         col = self.table.column(name)
         if col.num_chunks == 1 and numeric_view_possible(col.chunk(0)):
             return numeric_view(col.chunk(0))

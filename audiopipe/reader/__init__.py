@@ -12,5 +12,6 @@ lists the transcripts; `errors.py` the errors; `wds/` streams the WebDataset tar
 May import: `audiopipe.collate` (padding batches), `audiopipe.sampler` (planning them), `audiopipe.index`
 (the length index), `audiopipe.shard.checksum`, `audiopipe.shard.columns`, `audiopipe.shard.manifest` and
 `audiopipe.shard.writer` (the shard format it reads), `audiopipe.storage` (s3:// and atomic files) and
-`audiopipe.after_fork` (resetting state in forked workers).
+`audiopipe.after_fork` (resetting state in forked workers), `audiopipe.features.names` (feature names and
+their aliases).
 """

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from audiopipe.collate.rows import RowBatch, Rows
+from audiopipe.errors import InvalidValue, OutOfRange
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity
 from audiopipe.reader.blocks import BlockTable, block_rows, cut_blocks
@@ -54,8 +55,9 @@ def feature_channels(where: Any, specs: dict[str, Any], features: Sequence[str],
     for name, want in (expect or {}).items():
         have = specs.get(name, {}).get("hash")
         if have != want:
-            raise ConfigMismatch(f"feature {name!r} in {where} was made with config {have}, but this trainer "
-                                 f"expects {want}; re-extract with the trainer's preset or point at matching shards")
+            raise ConfigMismatch(f"feature {name!r} in {where} was made with config {have}, but expect= asks "
+                                 f"for {want}; re-extract with the preset that config comes from, or point at "
+                                 f"matching shards")
     return {f: specs[f]["channels"] if f in specs else _EXTRA_ARRAYS[f] for f in features}
 
 
@@ -83,7 +85,7 @@ class ShardDataset:
                  check_shards: bool = True):
         self.verify = integrity.verify_mode(verify)
         if on_corrupt not in integrity.ON_CORRUPT:
-            raise ValueError(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
+            raise InvalidValue(f"on_corrupt must be one of {integrity.ON_CORRUPT}, got {on_corrupt!r}")
         self.on_corrupt = on_corrupt
         self._open = OpenShards(max_open)
         self.root = self._root(shards)
@@ -210,7 +212,38 @@ class ShardDataset:
             if f in self.manifest["features"] and meta[f]["hash"] != self.manifest["features"][f]["hash"]:
                 sh.close()
                 raise CorruptShardError(f"shard {name}: feature {f} hash differs from the manifest")
+        try:
+            self._check_against_index(k, sh)
+        except CorruptIndexError:
+            sh.close()
+            raise
         return sh
+
+    def _check_against_index(self, k: int, sh: MappedShard) -> None:
+        """The index's entries for shard k must hold its rows' ids and frame counts (an index rewritten and
+        rehashed into the manifest passes every other check, and would pair one id and length with another
+        utterance's features). Once per mapping, in C: a few microseconds per thousand rows."""
+        if getattr(self, "_starts", None) is None:
+            self._starts = np.concatenate([[0], np.cumsum([int(s["rows"]) for s in self.manifest["shards"]])])
+        a, b = int(self._starts[k]), int(self._starts[k + 1])
+        where = f"{self.root}/{INDEX_NAME}"
+        for f in self.features:
+            want = sh.columns[f].frames
+            try:
+                have = self.index.frames(f)[a:b]
+            except KeyError:
+                continue
+            if not np.array_equal(have, want):
+                i = int(np.flatnonzero(have != want)[0])
+                raise CorruptIndexError(f"{where} is corrupt: entry {a + i} says {int(have[i])} {f} frames, shard "
+                                        f"{sh.name} row {i} holds {int(want[i])}; rebuild the shard set")
+        if "id" in sh.meta and "id" in self.index.table.column_names:
+            listed = self.index.table.column("id").slice(a, b - a)
+            if not sh.meta["id"].equals(listed):
+                held, said = sh.meta["id"].to_pylist(), listed.to_pylist()
+                i = next(j for j, (x, y) in enumerate(zip(held, said)) if x != y)
+                raise CorruptIndexError(f"{where} is corrupt: entry {a + i} says id {said[i]!r}, shard {sh.name} "
+                                        f"row {i} holds {held[i]!r}; rebuild the shard set")
 
     # ---- blocks (block-window reading, blocks.py) -------------------------------------------------------
 
@@ -256,7 +289,7 @@ class ShardDataset:
         """Global indices as int64, negatives wrapped; an index past either end is an IndexError."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a dataset of {len(self)} utterances")
+            raise OutOfRange(f"index out of range for a dataset of {len(self)} utterances")
         return idx % max(len(self), 1)
 
     def _by_shard(self, idx: np.ndarray) -> Iterator[tuple[int, Any, np.ndarray, np.ndarray]]:

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
+
 
 @dataclass(frozen=True)
 class BlockTable:
@@ -46,7 +48,7 @@ def cut_blocks(index: Any, manifest: dict[str, Any], features: Sequence[str], ch
     values begin at or past the next multiple of block_bytes within its shard). The index lists the shards
     row by row (checked when the dataset opens), so a block is also a range of global indices."""
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, (int, np.integer)) or block_bytes < 1:
-        raise ValueError(f"block_bytes must be a positive number of bytes, got {block_bytes!r}")
+        raise InvalidValue(f"block_bytes must be a positive number of bytes, got {block_bytes!r}")
     size = row_bytes(index, manifest, features, channels)
     shard = np.asarray(index.shard, dtype=np.int64)
     row = np.asarray(index.row, dtype=np.int64)

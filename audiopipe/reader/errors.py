@@ -21,3 +21,9 @@ class CorruptIndexError(CorruptShardError):
 
 class ConfigMismatch(AudiopipeError, ValueError):
     pass
+
+
+class NonFiniteBatch(ShardError):
+    """A batch whose feature values hold NaN or inf (make_loader(check_finite=True)): bytes changed in a shard
+    without changing its size, which the default size check cannot see. One line naming the feature and the
+    utterance ids; `audiopipe verify` (or verify="checksum") finds the shard."""

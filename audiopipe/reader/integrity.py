@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.errors import InvalidValue
 from audiopipe.shard.checksum import checksum_of, file_checksum, new_hash
 from audiopipe.shard.writer import METADATA_KEY
 
@@ -35,7 +36,7 @@ def verify_mode(verify: str) -> str:
     """The readers' `verify` argument, checked, with the old name taken for the new."""
     mode = _VERIFY_ALIASES.get(verify, verify)
     if mode not in VERIFY:
-        raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
+        raise InvalidValue(f"verify must be one of {VERIFY}, got {verify!r}")
     return mode
 
 

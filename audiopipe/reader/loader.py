@@ -30,13 +30,16 @@ import torch
 
 from audiopipe.collate.kernels import release_warm_up, wait_for_kernels, warm_up_in_background
 from audiopipe.collate.pad import PadCollator, padded_bytes
+from audiopipe.errors import InvalidValue
 from audiopipe.reader import integrity
+from audiopipe.reader.errors import NonFiniteBatch
 from audiopipe.reader.open_dataset import is_remote, open_dataset, shard_sets
 from audiopipe.reader.prefetch import PrefetchIterator
 from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
 from audiopipe.sampler.corpus_weights import CorpusWeights, check_weights
+from audiopipe.features.names import column_names
 
 if TYPE_CHECKING:
     from audiopipe.sampler.bucket_budget import BucketBudget
@@ -74,8 +77,9 @@ class _View:
 class _Collate:
     """PadCollator, then an optional batch transform, both inside the worker that built the batch."""
 
-    def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False):
-        self.pad, self.batch_transform = pad, batch_transform
+    def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False,
+                 check_finite: bool = False):
+        self.pad, self.batch_transform, self.check_finite = pad, batch_transform, check_finite
         # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
         # second batch: started as the first is returned, it held the GIL the hand-over needed).
         self.batches_before_release = 1 if release_kernels else -1
@@ -85,7 +89,26 @@ class _Collate:
             release_warm_up()
         self.batches_before_release -= self.batches_before_release >= 0
         batch = self.pad(items)
+        if self.check_finite:
+            check_finite(batch, self.pad.features)
         return self.batch_transform(batch) if self.batch_transform else batch
+
+
+def check_finite(batch: dict[str, Any], features: Sequence[str]) -> None:
+    """Raise NonFiniteBatch when a padded float feature of `batch` holds NaN or inf, naming the feature and the
+    utterances whose rows do (one pass over the batch, in the process that built it; padding is 0)."""
+    for f in features:
+        t = batch.get(f)
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        bad = ~torch.isfinite(t).flatten(1).all(dim=1)
+        if bool(bad.any()):
+            ids = batch.get("id")
+            rows = bad.nonzero().flatten().tolist()
+            named = ", ".join(str(ids[r]) for r in rows[:5]) if ids is not None else f"rows {rows[:5]}"
+            more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+            raise NonFiniteBatch(f"feature {f!r} holds NaN or inf in utterance(s) {named}{more}: the shard's "
+                                 f"bytes changed; run `audiopipe verify` on the shard set to find the shard")
 
 
 @dataclass
@@ -163,6 +186,8 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 2. how to batch
                 max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
                 quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
+                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = 1,
+                shapes: int | None = None,
                 # 3. how to hand batches over
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
                 batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
@@ -170,7 +195,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 4. for DDP
                 rank: int | None = None, world_size: int | None = None,
                 # 5. on damage
-                verify: str = "size", on_corrupt: str = "fail") -> Loader:
+                verify: str = "size", on_corrupt: str = "fail", check_finite: bool = False) -> Loader:
     """A Loader over `shards` reading `features`: `make_loader("./shards", ["mel"], max_frames=38_400)`.
 
     1. What to read
@@ -190,6 +215,12 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
         the index's (indexed like subset when one is given).
       quadratic, max_items: extra cost per frame squared; items per batch at most.
       seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
+      min_efficiency, pools: the padding efficiency the most wasteful batches are split to reach, and the random
+        pools an epoch is sorted in (None: the most that keep min_efficiency; docs/sampler.md).
+      passes: passes over the corpus per epoch, cut into batches as one stream (default 1; None: by corpus size,
+        several only when the corpus fills fewer than 4 budgets, so that its batches are full: for small corpora).
+      shapes: at most this many batch shapes in the whole run (None: off): every batch is padded to one of K
+        (items, frames) shapes (audiopipe/sampler/shapes.py), for torch.compile or CUDA graphs.
     3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
       layout: "BCT" ([B, C, T_max], rows copied as stored) or "BTC" (transposed while copied: slower on CPU).
       pad_to_multiple: T_max rounded up to it.
@@ -211,30 +242,39 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     5. On damage (audiopipe/reader/integrity.py, docs/loader.md "Corrupt shards")
       verify: "size" (sizes, footers, headers, row counts) or "checksum" (also every byte, once at open).
       on_corrupt: "fail" (a corrupt shard is a CorruptShardError before anything is planned) or "skip" (its
-        rows leave the plan, logged once, in loader.dataset.diagnostics()). With torch.distributed, "skip" runs
+        rows leave the plan, logged once, in loader.dataset.diagnostics()).
+      check_finite: also check every padded float feature of every batch for NaN and inf (one pass over the
+        batch where it is built): a NonFiniteBatch naming the feature and the utterance ids. Bytes changed in
+        place keep a shard's size, so only verify="checksum" (once, at open) or this (per batch) sees them. With torch.distributed, "skip" runs
         a collective inside make_loader so that all ranks skip the same shards: an all_reduce every rank must
         reach, run only when this loader is one of the whole group's (rank/world_size left to default or equal
         to the group's); a loader built on one rank alone (rank=0, world_size=1) skips what it found, and runs
         none.
     """
+    features = column_names(features)  # vocos_mel -> mel, kaldi_fbank -> fbank (features/names.py)
+    length_feature = column_names(length_feature)[0] if length_feature else None
+    collate_features = column_names(collate_features) if collate_features else collate_features
     opts = reading if reading is not None else Reading()
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"prefetch must be an integer >= 0 (batches made ready ahead), got {prefetch!r}")
+        raise InvalidValue(f"prefetch must be an integer >= 0 (batches made ready ahead), got {prefetch!r}")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here")
+        raise InvalidValue(f"device={device!r} but CUDA is not available here")
     mixed = not isinstance(shards, (str, Path))
     names = [str(s) for s in shard_sets(shards)]
     if mixed:
         mix_weights = check_weights(weights, names)  # before opening anything: a typo fails at once
     elif weights is not None:
-        raise ValueError("weights= goes with a list of shard folders; one folder is read as it is")
+        raise InvalidValue("weights= goes with a list of shard folders; one folder is read as it is")
     remote = is_remote(shards)
     ds = open_dataset(shards, features, expect=expect, verify=verify, on_corrupt=on_corrupt, reading=opts,
                       agree_on_skips=on_corrupt == "skip" and integrity.spans_whole_group(rank, world_size))
     subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
     corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"])
     mode = opts.resolve(remote=remote, mixed=mixed, num_workers=num_workers, corpus_bytes=corpus_bytes)
+    bucket_only = (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None)  # settings block windows lack
+    if mode == "blocks" and opts.mode == "auto" and bucket_only:
+        mode = "rows"
     if mode == "blocks":
         table = ds.blocks(opts.block_bytes)
         rows = subset if subset is not None else np.arange(len(ds), dtype=np.int64)
@@ -242,14 +282,20 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           block_bytes=table.nbytes, window=opts.window, ahead=opts.ahead,
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
+        if bucket_only:
+            raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
+                             "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
         sampler.on_release = ds.release_blocks
     else:
         if opts.nodes != 1:
-            raise ValueError("Reading(nodes=...) partitions shards by node for block-window reading; "
-                             "give mode='blocks'")
+            raise InvalidValue("Reading(nodes=...) partitions shards by node for block-window reading; "
+                               "give mode='blocks'")
         sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
-                                     shuffle=shuffle, rank=rank, world_size=world_size)
+                                     shuffle=shuffle, rank=rank, world_size=world_size,
+                                     min_efficiency=min_efficiency, pools=pools,
+                                     passes=1 if mixed and passes is None else passes,  # a mix sets its repeats
+                                     shapes=shapes, shape_multiple=pad_to_multiple)
     mix = None
     if mixed:
         # The sampler plans positions (of the subset, when one is given): weights need each position's corpus
@@ -265,7 +311,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     return loader_over(ds, sampler, features, subset=subset, layout=layout, pad_to_multiple=pad_to_multiple,
                        item_transform=item_transform, batch_transform=batch_transform,
                        collate_features=collate_features, prefetch=prefetch, num_workers=num_workers, device=dev,
-                       seed=seed, announce_rows=announce, mix=mix)
+                       seed=seed, announce_rows=announce, mix=mix, check_finite=check_finite)
 
 
 def rows_to_plan(ds: Any, length_feature: str, lengths: np.ndarray | None,
@@ -287,7 +333,7 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
                 batch_transform: Callable | None = None, collate_features: Sequence[str] | None = None,
                 prefetch: int = 2, num_workers: int = 0, device: torch.device | None = None, seed: int = 0,
-                announce_rows: bool = True, mix: CorpusWeights | None = None) -> Loader:
+                announce_rows: bool = True, mix: CorpusWeights | None = None, check_finite: bool = False) -> Loader:
     """The loader step alone: `ds` (a map-style dataset with manifest and channels, as open_dataset gives) read
     in the batches `sampler` plans, padded by PadCollator into a DataLoader (make_loader's arguments of the
     same names). announce_rows: the sampler announces each batch's rows to ds.read_ahead `prefetch` batches
@@ -309,14 +355,16 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
     depth = max(prefetch, 1) if prefetch or device is not None else 0
     pinned = device is not None and device.type == "cuda"
     collate = PadCollator(list(collate_features or features), pad_to_multiple=pad_to_multiple,
-                          ring_size=depth + 2 if depth else 2, pin_memory=pinned, layout=layout)
+                          ring_size=depth + 2 if depth else 2, pin_memory=pinned, layout=layout,
+                          shapes=getattr(sampler, "shapes", None))
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"prefetch_factor": max(prefetch, 1), "persistent_workers": True}
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
-                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0),
+                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0,
+                                                         check_finite=check_finite),
                                      num_workers=num_workers, pin_memory=pinned,
                                      generator=torch.Generator().manual_seed(seed), **kw)
     return Loader(ds, sampler, collate, dl, prefetch=prefetch, device=device, mix=mix)

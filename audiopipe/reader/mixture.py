@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from audiopipe.collate.rows import RowBatch, Rows
+from audiopipe.errors import InvalidValue, OutOfRange
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ConfigMismatch
 from audiopipe.reader.skipped import keep_rows
@@ -57,11 +58,11 @@ class MixtureDataset:
 
     def __init__(self, datasets: Sequence[ShardDataset], names: Sequence[str] | None = None):
         if not datasets:
-            raise ValueError("a mixture needs at least one shard set")
+            raise InvalidValue("a mixture needs at least one shard set")
         self.datasets = list(datasets)
         self.names = [str(n) for n in names] if names is not None else [str(d.root) for d in self.datasets]
         if len(self.names) != len(self.datasets):
-            raise ValueError(f"{len(self.names)} names for {len(self.datasets)} shard sets")
+            raise InvalidValue(f"{len(self.names)} names for {len(self.datasets)} shard sets")
         self.features = list(self.datasets[0].features)
         check_same_features(self.datasets, self.names, self.features)
         sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
@@ -107,7 +108,7 @@ class MixtureDataset:
         """(corpus, positions in indices, local indices) for each corpus the indices touch."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"index out of range for a mixture of {len(self)} utterances")
+            raise OutOfRange(f"index out of range for a mixture of {len(self)} utterances")
         corpus = self.corpus_of(idx)
         for k in np.unique(corpus).tolist():
             positions = np.flatnonzero(corpus == k)

@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from audiopipe.errors import InvalidValue
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.mixture import MixtureDataset
 from audiopipe.reader.reading import Reading
 from audiopipe.storage.s3 import is_s3, require_local_or_s3
+from audiopipe.features.names import column_names
 
 
 def shard_sets(shards: str | Path | Sequence[str | Path]) -> list[str | Path]:
@@ -26,7 +28,7 @@ def shard_sets(shards: str | Path | Sequence[str | Path]) -> list[str | Path]:
         return [shards]
     sets = [str(s) for s in shards]
     if not sets:
-        raise ValueError("shards is an empty list: give at least one shard folder")
+        raise InvalidValue("shards is an empty list: give at least one shard folder")
     return sets
 
 
@@ -37,13 +39,15 @@ def open_dataset(shards: str | Path | Sequence[str | Path], features: Sequence[s
 
     expect, verify, on_corrupt: see ShardDataset. reading: Reading(max_open=..., cache_dir=..., ...).
     agree_on_skips: with on_corrupt="skip", also skip the shards other ranks found corrupt (a collective)."""
+    features = column_names(features)
+    expect = dict(zip(column_names(list(expect)), expect.values())) if expect else expect
     opts = reading if reading is not None else Reading()
     if not isinstance(opts, Reading):
-        raise ValueError(f"reading must be a Reading(...), got {type(reading).__name__}")
+        raise InvalidValue(f"reading must be a Reading(...), got {type(reading).__name__}")
     sets = shard_sets(shards)
     remote = [is_s3(require_local_or_s3(s, "shard folder")) for s in sets]  # other schemes: one line
     if not any(remote) and opts.cache_dir is not None:
-        raise ValueError("cache_dir/max_cache_bytes cache shards read from s3://; these folders are local already")
+        raise InvalidValue("cache_dir/max_cache_bytes cache shards read from s3://; these folders are local already")
 
     def one(source: str | Path, is_remote: bool) -> ShardDataset:
         if is_remote:

@@ -13,12 +13,13 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from audiopipe.after_fork import reset_after_fork
+from audiopipe.errors import InvalidValue
 
 
 class OpenShards:
     def __init__(self, max_open: int):
         if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
-            raise ValueError(f"max_open must be a positive number of shards, got {max_open!r}")
+            raise InvalidValue(f"max_open must be a positive number of shards, got {max_open!r}")
         self.max_open = max_open
         self._forget()
         reset_after_fork(self, OpenShards._forget)

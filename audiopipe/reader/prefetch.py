@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, InvalidValue
 
 _POLL_S = 0.05  # how often a blocked put/get looks at the stop flag / the thread's liveness
 
@@ -130,7 +130,7 @@ class PrefetchIterator:
 
     def __init__(self, source: Iterator, depth: int, device: torch.device | str | None = None):
         if depth < 1:
-            raise ValueError(f"prefetch depth must be >= 1 batch, got {depth!r}")
+            raise InvalidValue(f"prefetch depth must be >= 1 batch, got {depth!r}")
         self.depth = int(depth)
         self.device = torch.device(device) if device is not None else None
         self.progress = Progress()

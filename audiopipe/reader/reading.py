@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from audiopipe.errors import InvalidValue
+
 MODES = ("auto", "rows", "blocks")
 
 
@@ -53,16 +55,16 @@ class Reading:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"reading mode must be one of {MODES}, got {self.mode!r}")
+            raise InvalidValue(f"reading mode must be one of {MODES}, got {self.mode!r}")
         for name in ("block_bytes", "window", "nodes", "max_open"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+                raise InvalidValue(f"{name} must be an integer >= 1, got {v!r}")
         if isinstance(self.ahead, bool) or not isinstance(self.ahead, int) or self.ahead < 0:
-            raise ValueError(f"ahead must be an integer >= 0 (windows fetched ahead), got {self.ahead!r}")
+            raise InvalidValue(f"ahead must be an integer >= 0 (windows fetched ahead), got {self.ahead!r}")
         if (self.cache_dir is None) != (self.max_cache_bytes is None):
-            raise ValueError("cache_dir and max_cache_bytes go together: the folder of the local shard cache and "
-                             "the most it may hold on disk")
+            raise InvalidValue("cache_dir and max_cache_bytes go together: the folder of the local shard cache and "
+                               "the most it may hold on disk")
 
     def resolve(self, *, remote: bool, mixed: bool, num_workers: int, corpus_bytes: int) -> str:
         """"rows" or "blocks" for this loader; a combination block-window reading cannot serve is one line."""
@@ -72,8 +74,8 @@ class Reading:
             big = remote and corpus_bytes >= self.blocks_from_bytes
             return "blocks" if big and not mixed and num_workers == 0 else "rows"
         if mixed:
-            raise ValueError("reading='blocks' plans one shard set; mix corpora with reading='rows'")
+            raise InvalidValue("reading='blocks' plans one shard set; mix corpora with reading='rows'")
         if num_workers:
-            raise ValueError("reading='blocks' holds its windows in the loader's process: use num_workers=0 with "
-                             "prefetch=K (the copy releases the GIL), or reading='rows' with workers")
+            raise InvalidValue("reading='blocks' holds its windows in the loader's process: use num_workers=0 with "
+                               "prefetch=K (the copy releases the GIL), or reading='rows' with workers")
         return "blocks"

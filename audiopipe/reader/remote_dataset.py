@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from audiopipe.after_fork import reset_after_fork
 from audiopipe.collate.rows import Rows
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.reader import integrity, ipc_layout
 from audiopipe.reader.arrow_dataset import META_COLUMNS, ShardDataset
@@ -463,10 +464,10 @@ class RemoteShardDataset(ShardDataset):
                  request_rate: float = 2000.0, max_pending_bytes: int = 512 << 20,
                  settings: S3Settings | None = None, retry: RetryPolicy | None = None):
         if fetch_threads is not None and (not isinstance(fetch_threads, int) or fetch_threads < 1):
-            raise ValueError(f"fetch_threads must be a positive integer or None (sized by rate x round trip), "
-                             f"got {fetch_threads!r}")
+            raise InvalidValue(f"fetch_threads must be a positive integer or None (sized by rate x round trip), "
+                               f"got {fetch_threads!r}")
         if not request_rate > 0:
-            raise ValueError(f"request_rate must be > 0 requests per second, got {request_rate!r}")
+            raise InvalidValue(f"request_rate must be > 0 requests per second, got {request_rate!r}")
         _raise_io_threads(OPEN_THREADS)  # before the first client is made: the open runs that many at once
         self.reader = RangeReader(settings, retry)
         self.fetch_threads_asked, self.request_rate = fetch_threads, float(request_rate)
@@ -478,9 +479,9 @@ class RemoteShardDataset(ShardDataset):
         self._forget_threads()
         reset_after_fork(self, RemoteShardDataset._forget_threads)
         if cache_dir is None and max_cache_bytes is not None:
-            raise ValueError("max_cache_bytes needs cache_dir (the folder of the local shard cache)")
+            raise InvalidValue("max_cache_bytes needs cache_dir (the folder of the local shard cache)")
         if cache_dir is not None and max_cache_bytes is None:
-            raise ValueError("cache_dir needs max_cache_bytes (the most the cache may hold on disk)")
+            raise InvalidValue("cache_dir needs max_cache_bytes (the most the cache may hold on disk)")
         self.cache = ShardCache(cache_dir, max_cache_bytes, self.reader) if cache_dir is not None else None
         # Index columns (id, speaker, duration) come from the index; only the rest is fetched from the shards.
         self.shard_meta_columns: list[str] = []
@@ -504,7 +505,7 @@ class RemoteShardDataset(ShardDataset):
         try:
             data = self.reader.read_object(url)
         except ObjectChanged as e:
-            raise FileNotFoundError(f"{url} not found: is {self.root} an audiopipe shard prefix? ({e})") from e
+            raise NotFound(f"{url} not found: is {self.root} an audiopipe shard prefix? ({e})") from e
         why = integrity.index_checksum_fails(data, None, self.manifest)
         if why:
             raise CorruptIndexError(f"{url} {why}: corrupted or from another run; rebuild the shard set")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from audiopipe.after_fork import reset_after_fork
+from audiopipe.errors import InvalidValue
 from audiopipe.shard.checksum import checksum_of, new_hash
 from audiopipe.storage.atomic import fsync_dir
 from audiopipe.storage.s3 import S3URL
@@ -38,7 +39,7 @@ CHUNK = 8 << 20  # bytes per ranged GET of a download
 class ShardCache:
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int, reader: RangeReader, chunk: int = CHUNK):
         if not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_cache_bytes must be a positive number of bytes, got {max_bytes!r}")
+            raise InvalidValue(f"max_cache_bytes must be a positive number of bytes, got {max_bytes!r}")
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_bytes, self.reader, self.chunk = max_bytes, reader, chunk

@@ -47,7 +47,7 @@ class SkippedShards:
         if bad and self.on_corrupt == "fail":
             raise CorruptShardError(
                 f"{self.where}: {integrity.summary(bad, len(self.manifest['shards']))}; rebuild them "
-                f"(`audiopipe verify` lists every problem) or pass on_corrupt='skip' (--on-corrupt skip) to "
+                f"(`audiopipe verify` lists every problem) or pass on_corrupt='skip' to "
                 f"train without their rows")
         self._skip(bad)
 

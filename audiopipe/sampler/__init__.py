@@ -5,7 +5,8 @@ Where to look: `bucket.py` holds `BucketBatchSampler`; `plan.py` the pieces of a
 their assembly; `bucket_budget.py` per-length budgets; `deal.py` hands batches to ranks and `dist.py` says
 which rank this is; `corpus_weights.py` mixes corpora; `block_window.py` plans batches from a few large blocks
 at a time; `passes.py` the epoch and resume positions both samplers share; `counting.py` is the compiled
-counting sort.
+counting sort; `repeat.py` plans a small corpus's epoch as several passes cut into full batches; `shapes.py`
+pads every batch to one of K shapes.
 
 May import: `audiopipe.storage.atomic` (saving a budget table).
 """

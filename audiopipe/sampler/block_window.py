@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
 from audiopipe.sampler.dist import rank_and_world
 from audiopipe.sampler.plan import BatchBudget, capacities, pair_overlap, validate_lengths
 from audiopipe.sampler.passes import EpochPasses, Position
@@ -141,10 +142,10 @@ class BlockWindowSampler(EpochPasses):
         self.lengths.setflags(write=False)
         blocks = np.asarray(blocks)
         if blocks.shape != self.lengths.shape or (blocks.size and not np.issubdtype(blocks.dtype, np.integer)):
-            raise ValueError(f"blocks must be one integer block id per item ({self.lengths.size}), got "
-                             f"shape {blocks.shape} dtype {blocks.dtype}")
+            raise InvalidValue(f"blocks must be one integer block id per item ({self.lengths.size}), got "
+                               f"shape {blocks.shape} dtype {blocks.dtype}")
         if blocks.size and blocks.min() < 0:
-            raise ValueError("block ids must be >= 0")
+            raise InvalidValue("block ids must be >= 0")
         self.blocks = blocks.astype(np.int64)
         self.blocks.setflags(write=False)
         n_blocks = int(self.blocks.max()) + 1 if self.blocks.size else 0
@@ -153,14 +154,14 @@ class BlockWindowSampler(EpochPasses):
         self.block_bytes = (np.zeros(n_blocks, dtype=np.int64) if block_bytes is None
                             else np.asarray(block_bytes, dtype=np.int64))
         if self.block_shard.size < n_blocks or self.block_bytes.size < n_blocks:
-            raise ValueError(f"block_shard and block_bytes need an entry for each of the {n_blocks} block ids")
+            raise InvalidValue(f"block_shard and block_bytes need an entry for each of the {n_blocks} block ids")
         for name, v in (("window", window), ("nodes", nodes)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+                raise InvalidValue(f"{name} must be an integer >= 1, got {v!r}")
         if isinstance(ahead, bool) or not isinstance(ahead, (int, np.integer)) or ahead < 0:
-            raise ValueError(f"ahead must be an integer >= 0 (windows fetched ahead), got {ahead!r}")
+            raise InvalidValue(f"ahead must be an integer >= 0 (windows fetched ahead), got {ahead!r}")
         if int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed!r}")
+            raise InvalidValue(f"seed must be >= 0, got {seed!r}")
         self.budget = BatchBudget(int(max_frames), float(quadratic), max_items)
         self.window, self.ahead, self.nodes = int(window), int(ahead), int(nodes)
         self.seed, self.shuffle = int(seed), bool(shuffle)
@@ -184,8 +185,8 @@ class BlockWindowSampler(EpochPasses):
 
     def _check_nodes(self, world_size: int) -> None:
         if world_size % self.nodes:
-            raise ValueError(f"nodes={self.nodes} must divide the world size ({world_size}): each node's ranks "
-                             f"share its shards")
+            raise InvalidValue(f"nodes={self.nodes} must divide the world size ({world_size}): each node's ranks "
+                               f"share its shards")
 
     # ---- epochs and iteration -------------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ class BlockWindowSampler(EpochPasses):
             limit = (len(self._plans(self.epoch, pos.segments, self.world_size)[self.rank]) - pos.start
                      if self._pending is None and self._active is not None else 0)
             if not 0 <= consumed_batches <= limit:
-                raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
+                raise InvalidValue(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
             done = int(consumed_batches)
         return {"format": STATE_FORMAT, "epoch": self.epoch,
                 "segments": [list(s) for s in pos.segments] + [[self.world_size, pos.start + done]],
@@ -249,25 +250,25 @@ class BlockWindowSampler(EpochPasses):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a BlockWindowSampler state (expected format {STATE_FORMAT!r}); a state saved "
-                             f"by the row sampler resumes only under reading='rows'")
+            raise InvalidValue(f"not a BlockWindowSampler state (expected format {STATE_FORMAT!r}); a state saved "
+                               f"by the row sampler resumes only under reading='rows'")
         if state["items_sha256"] != self._fingerprint:
-            raise ValueError(f"the state was saved for other lengths or blocks ({state['num_items']} items, "
-                             f"{state['items_sha256']}) than this sampler's ({self.lengths.size}, "
-                             f"{self._fingerprint}): another corpus, index or block size?")
+            raise InvalidValue(f"the state was saved for other lengths or blocks ({state['num_items']} items, "
+                               f"{state['items_sha256']}) than this sampler's ({self.lengths.size}, "
+                               f"{self._fingerprint}): another corpus, index or block size?")
         now = self._config()
         diff = {k: (v, now.get(k)) for k, v in state["config"].items() if now.get(k) != v}
         if diff:
-            raise ValueError(f"the state was saved with another sampler config (saved, now): {diff}")
+            raise InvalidValue(f"the state was saved with another sampler config (saved, now): {diff}")
         segments = tuple((int(w), int(k)) for w, k in state["segments"])
         if not segments or any(w < 1 or k < 0 for w, k in segments):
-            raise ValueError(f"corrupt sampler state segments: {state['segments']}")
+            raise InvalidValue(f"corrupt sampler state segments: {state['segments']}")
         epoch = int(state["epoch"])
         for j, (w, k) in enumerate(segments):
             self._check_nodes(w)
             steps = len(self._plans(epoch, segments[:j], w)[0])
             if k > steps:
-                raise ValueError(f"sampler state says {k} steps of {steps} were consumed")
+                raise InvalidValue(f"sampler state says {k} steps of {steps} were consumed")
         *prior, (w_last, k_last) = segments
         if w_last == self.world_size:
             pos = Position(tuple(prior), k_last)

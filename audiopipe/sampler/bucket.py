@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
 from audiopipe.sampler.corpus_weights import copy_rounds
 from audiopipe.sampler.deal import Deal, Uneven, deal
 from audiopipe.sampler.dist import rank_and_world
@@ -21,6 +22,8 @@ from audiopipe.sampler.bucket_budget import BucketBudget
 from audiopipe.sampler.plan import BatchBudget, choose_pools, pair_overlap, validate_lengths
 from audiopipe.sampler.pools import EpochPlan, JoinedPlan, LengthOrder
 from audiopipe.sampler.passes import EpochPasses, Position
+from audiopipe.sampler.repeat import RepeatPlan, auto_passes
+from audiopipe.sampler.shapes import BatchShapes, ShapeBudget
 
 STATE_FORMAT = "audiopipe.BucketBatchSampler/3"
 # States of an older plan: resuming one into this plan would train other batches than the ones it counted.
@@ -53,9 +56,11 @@ class SamplerDiagnostics:
     num_batches: int  # global batches of the epoch
     batches_per_rank: int  # under the current world size
     pools: int  # random pools the epoch is sorted and packed in
-    padding_efficiency: float  # sum of real frames / sum of padded frames (n * longest) over the epoch
+    padding_efficiency: float  # sum of real frames / sum of padded frames (n * longest; with shapes, rows * edge)
     fill_ratio: float  # mean batch cost / max_frames
     max_fill: float  # largest batch cost / max_frames (<= 1 by construction)
+    frame_fill: float  # mean over batches of (sum of the items' own frames) / max_frames: the budget used by data
+    passes: int  # passes over the corpus in one epoch (> 1 on a small corpus: repeat.py)
     too_long_indices: np.ndarray = field(repr=False)
     empty_indices: np.ndarray = field(repr=False)
     dropped_uneven_indices: np.ndarray = field(repr=False)
@@ -71,7 +76,8 @@ class SamplerDiagnostics:
         return (
             f"epoch {self.epoch}: {self.kept}/{self.num_items} items in {self.num_batches} batches "
             f"({self.batches_per_rank}/rank x {self.world_size}), padding efficiency "
-            f"{self.padding_efficiency:.2%}, fill {self.fill_ratio:.2%}, pairs together again {self.pair_overlap:.1%} "
+            f"{self.padding_efficiency:.2%}, fill {self.fill_ratio:.2%} (frames {self.frame_fill:.2%}, "
+            f"{self.passes} pass{'es' if self.passes > 1 else ''}), pairs together again {self.pair_overlap:.1%} "
             f"({self.pools} pools); dropped {self.dropped_too_long} too long, "
             f"{self.dropped_empty} empty, {self.dropped_uneven} uneven; repeated {self.repeated}; split {self.split} (ranks) "
             f"+ {self.efficiency_splits} (padding)"
@@ -114,6 +120,15 @@ class BucketBatchSampler(EpochPasses):
     state_dict() is identical on every rank (ranks move in lockstep), so rank 0 can save it for all.
     load_state_dict() costs one epoch plan, whatever the position. A state saved under another world size
     is resumed by re-dealing the batches not yet trained on to the new ranks: nothing lost, nothing repeated.
+
+    Small corpora (passes, repeat.py): passes=k makes an epoch k passes over the items, sorted by length and cut
+    into full batches as one stream (no batch holds an item twice); passes=None chooses by corpus size (several
+    only below repeat.SMALL_CORPUS_BUDGETS budgets of kept frames). min_efficiency and
+    pools apply to one-pass epochs.
+
+    Few batch shapes (shapes, shapes.py): shapes=K fits K length edges to the lengths and plans every batch to fit
+    the shape it is padded to ([items at that edge, edge]); `self.shapes` is what the collator pads to. No
+    efficiency splits then: a split batch would be padded back to its shape's rows.
     """
 
     def __init__(
@@ -131,26 +146,40 @@ class BucketBatchSampler(EpochPasses):
         rank: int | None = None,
         world_size: int | None = None,
         epoch_items: Callable[[int], np.ndarray] | None = None,
+        passes: int | None = 1,
+        shapes: int | None = None,
+        shape_multiple: int = 1,
     ):
         self.lengths = validate_lengths(lengths)
         # The sampler's own copy, read-only: the fingerprint is taken from it lazily (below), so it must not change.
         self.lengths.setflags(write=False)
         if isinstance(max_frames, BucketBudget):  # per-length-bucket budgets (audiopipe/sampler/bucket_budget.py)
             if quadratic:
-                raise ValueError("quadratic adds an attention term to one global max_frames; a bucket budget was "
-                                 "measured on the real cost per bucket: leave quadratic at 0")
+                raise InvalidValue("quadratic adds an attention term to one global max_frames; a bucket budget was "
+                                   "measured on the real cost per bucket: leave quadratic at 0")
             self.budget: BatchBudget | BucketBudget = max_frames.capped(max_items)
         else:
             self.budget = BatchBudget(int(max_frames) if isinstance(max_frames, np.integer) else max_frames,
                                       float(quadratic), max_items)
+        # Few batch shapes (shapes.py): the planner charges every batch for the shape it is padded to.
+        self.shapes: BatchShapes | None = None
+        if shapes is not None:
+            self.shapes = BatchShapes.fit(self.lengths, self.budget, shapes, shape_multiple)
+            self.budget = ShapeBudget(self.budget, self.shapes)
+        if passes is not None and (isinstance(passes, bool) or not isinstance(passes, (int, np.integer))
+                                   or passes < 1):
+            raise ValueError(f"passes must be None (automatic: by corpus size) or an integer >= 1, got {passes!r}")
+        if passes is not None and passes > 1 and epoch_items is not None:
+            raise ValueError("passes > 1 repeats one corpus; a weighted mix of corpora (weights) sets its own "
+                             "repeats: leave passes at None or 1")
         if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
-            raise ValueError(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
+            raise InvalidValue(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
         if not 0 <= min_efficiency < 1:
-            raise ValueError(f"min_efficiency must be in [0, 1) (0 turns it off), got {min_efficiency!r}")
+            raise InvalidValue(f"min_efficiency must be in [0, 1) (0 turns it off), got {min_efficiency!r}")
         if int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed!r}")
+            raise InvalidValue(f"seed must be >= 0, got {seed!r}")
         if uneven not in ("repeat", "drop"):
-            raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
+            raise InvalidValue(f"uneven must be 'repeat' or 'drop', got {uneven!r}")
         self.min_efficiency = float(min_efficiency)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
@@ -170,6 +199,12 @@ class BucketBatchSampler(EpochPasses):
             self._empty = np.flatnonzero(self.lengths == 0)
             self._too_long = np.flatnonzero(self.lengths > longest)
         self.requested_pools = None if pools is None else int(pools)
+        # A small corpus's epoch is several passes cut as one stream (repeat.py): full batches, not a few
+        # partly empty ones. Automatic: by how many budgets the kept frames fill.
+        self.requested_passes = None if passes is None else int(passes)
+        if passes is None:
+            passes = 1 if epoch_items is not None else self.small_corpus_passes()
+        self.passes = int(passes)
         if pools is None:
             target = min(self.min_efficiency + 0.015, 0.995)
             pools = choose_pools(self._order.values, self._order.counts, self.budget, target, self._rng(_POOLS))
@@ -202,6 +237,11 @@ class BucketBatchSampler(EpochPasses):
             yield current.batch(b).tolist()
         pos.finished = True
 
+    def small_corpus_passes(self) -> int:
+        """The passes passes=None would choose for this corpus (1 from 4 budgets of kept frames on)."""
+        frames = int((self._order.values * self._order.counts).sum())
+        return auto_passes(frames, self.budget.max_frames, self.world_size)
+
     def __len__(self) -> int:
         """Batches this rank gets in the next pass (or the pass in progress)."""
         pos = self._pending or (self._active if self._active and not self._active.finished else None)
@@ -227,7 +267,7 @@ class BucketBatchSampler(EpochPasses):
         if consumed_batches is not None:
             limit = self._pass_length(pos) if self._pending is None and self._active is not None else 0
             if not 0 <= consumed_batches <= limit:
-                raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
+                raise InvalidValue(f"consumed_batches={consumed_batches} is outside this pass's 0..{limit} batches")
             done = int(consumed_batches)
         segments = [list(s) for s in pos.segments] + [[self.world_size, pos.start + done]]
         return {
@@ -242,30 +282,32 @@ class BucketBatchSampler(EpochPasses):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from state_dict(): the next iter() yields exactly this rank's remaining batches."""
         if isinstance(state, dict) and state.get("format") in _OLD_FORMATS:
-            raise ValueError(
+            raise InvalidValue(
                 f"this sampler state has format {state['format']!r}, saved by an older audiopipe whose epoch plan "
                 f"differs ({STATE_FORMAT!r} now): it cannot resume mid-epoch into this plan; restart the epoch "
                 f"(drop the sampler state, keep the epoch number)"
             )
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
+            raise InvalidValue(f"not a BucketBatchSampler state (expected format {STATE_FORMAT!r})")
         if state["lengths_sha256"] != self._fingerprint:
-            raise ValueError(
+            raise InvalidValue(
                 f"the state was saved for other lengths ({state['num_items']} items, sha256 {state['lengths_sha256']}) "
                 f"than this sampler's ({self.lengths.size} items, sha256 {self._fingerprint}): another corpus or index?"
             )
-        diff = {k: (v, self._config().get(k)) for k, v in state["config"].items() if self._config().get(k) != v}
+        now = self._config()  # both ways: a setting only one side has (shapes, passes) is a difference too
+        diff = {k: (state["config"].get(k), now.get(k)) for k in state["config"].keys() | now.keys()
+                if state["config"].get(k) != now.get(k)}
         if diff:
-            raise ValueError(f"the state was saved with another sampler config (saved, now): {diff}")
+            raise InvalidValue(f"the state was saved with another sampler config (saved, now): {diff}")
         segments = tuple((int(w), int(k)) for w, k in state["segments"])
         if not segments or any(w < 1 or k < 0 for w, k in segments):
-            raise ValueError(f"corrupt sampler state segments: {state['segments']}")
+            raise InvalidValue(f"corrupt sampler state segments: {state['segments']}")
         epoch = int(state["epoch"])
         # Validate every step count against its deal now rather than failing at the first batch.
         for j in range(len(segments)):
             steps = self._deal(epoch, segments[:j], world_size=segments[j][0]).steps.shape[0]
             if segments[j][1] > steps:
-                raise ValueError(f"sampler state says {segments[j][1]} steps of {steps} were consumed")
+                raise InvalidValue(f"sampler state says {segments[j][1]} steps of {steps} were consumed")
         *prior, (w_last, k_last) = segments
         earlier = tuple(prior)
         if w_last == self.world_size:
@@ -316,7 +358,8 @@ class BucketBatchSampler(EpochPasses):
         sizes, longest, frames = plan.stats(np.concatenate(trained))
         sizes, longest = sizes.astype(np.float64), longest.astype(np.float64)
         real = float(frames.sum())
-        padded = float((sizes * longest).sum())
+        shaped = getattr(self.budget, "padded", None)  # with shapes: the rows x edge each batch is padded to
+        padded = float(shaped(sizes, longest).sum() if shaped is not None and sizes.size else (sizes * longest).sum())
         cost = self.budget.cost(sizes, longest) / self.budget.max_frames
         return SamplerDiagnostics(
             epoch=epoch,
@@ -335,6 +378,8 @@ class BucketBatchSampler(EpochPasses):
             padding_efficiency=real / padded if padded else 1.0,
             fill_ratio=float(cost.mean()) if cost.size else 0.0,
             max_fill=float(cost.max()) if cost.size else 0.0,
+            frame_fill=float(frames.mean()) / self.budget.max_frames if frames.size else 0.0,
+            passes=self.passes,
             too_long_indices=self._too_long,
             empty_indices=self._empty,
             dropped_uneven_indices=dropped_uneven,
@@ -357,13 +402,15 @@ class BucketBatchSampler(EpochPasses):
     def _epoch_items(self, epoch: int) -> np.ndarray:
         items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
         if items.size and (items.min() < 0 or items.max() >= self.lengths.size):
-            raise ValueError(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
+            raise InvalidValue(f"epoch_items({epoch}) returned an index outside 0..{self.lengths.size - 1}")
         return items
 
     def _plan_uncached(self, epoch: int) -> EpochPlan | JoinedPlan:
         rng = self._rng(_PLAN, epoch) if self.shuffle else None
-        if self.epoch_items is None:
-            plan: EpochPlan | JoinedPlan = EpochPlan(self._order, self.budget, self.pools, rng)
+        if self.passes > 1:
+            plan: EpochPlan | JoinedPlan | RepeatPlan = RepeatPlan(self._order, self.budget, self.passes, rng)
+        elif self.epoch_items is None:
+            plan = EpochPlan(self._order, self.budget, self.pools, rng)
         else:  # repeated items: each round of copies planned on its own, so no batch holds an item twice
             plans = []
             for r, part in enumerate(copy_rounds(self._epoch_items(epoch))):
@@ -373,7 +420,8 @@ class BucketBatchSampler(EpochPasses):
                     rr = (rng if r == 0 else self._rng(_PLAN, epoch, r)) if self.shuffle else None
                     plans.append(EpochPlan(order, self.budget, self.pools, rr))
             plan = plans[0] if len(plans) == 1 else JoinedPlan(plans)
-        plan.split_to_efficiency(self.min_efficiency)
+        if self.shapes is None:  # a split batch is padded back to its shape's rows: it would save nothing
+            plan.split_to_efficiency(self.min_efficiency)
         return plan
 
     def _pair_overlap(self, epoch: int) -> float:
@@ -418,8 +466,13 @@ class BucketBatchSampler(EpochPasses):
             "shuffle": self.shuffle,
             "uneven": self.uneven,
         }
-        if isinstance(self.budget, BucketBudget):
-            cfg["buckets"] = self.budget.config()["buckets"]
+        base = self.budget.base if isinstance(self.budget, ShapeBudget) else self.budget
+        if isinstance(base, BucketBudget):
+            cfg["buckets"] = base.config()["buckets"]
+        if self.shapes is not None:
+            cfg["shapes"] = self.budget.config()
+        if self.passes > 1:
+            cfg["passes"] = self.passes
         if self.epoch_items is not None:
             cfg["epoch_items"] = getattr(self.epoch_items, "config", lambda: "custom")()
         return json.loads(json.dumps(cfg))  # what a JSON round trip of the checkpoint gives back

@@ -29,6 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
+
 _MIX_STREAM = 3  # keeps these draws independent of the sampler's own streams (pools 0, plan 1, deal 2)
 
 
@@ -51,25 +53,25 @@ def check_weights(weights: Sequence[float] | None, names: Sequence[str]) -> list
     """Weights as floats, one per corpus (default: all 1), or a one-line ValueError saying what is wrong."""
     twice = sorted({str(n) for n in names if list(names).count(n) > 1})
     if twice:
-        raise ValueError(f"corpus {twice[0]} is listed twice: list it once and give it the sum of the weights")
+        raise InvalidValue(f"corpus {twice[0]} is listed twice: list it once and give it the sum of the weights")
     if weights is None:
         return [1.0] * len(names)
     w = list(weights)
     if len(w) != len(names):
-        raise ValueError(f"{len(w)} weights for {len(names)} corpora ({', '.join(map(str, names))}): "
-                         f"give one weight per corpus, in the same order")
+        raise InvalidValue(f"{len(w)} weights for {len(names)} corpora ({', '.join(map(str, names))}): "
+                           f"give one weight per corpus, in the same order")
     out = []
     for name, x in zip(names, w):
         try:
             v = float(x)
         except (TypeError, ValueError):
-            raise ValueError(f"weight {x!r} of corpus {name} is not a number") from None
+            raise InvalidValue(f"weight {x!r} of corpus {name} is not a number") from None
         if not math.isfinite(v) or v < 0:
-            raise ValueError(f"weight {x!r} of corpus {name} must be a finite number >= 0 (a factor on its hours "
-                             f"per epoch)")
+            raise InvalidValue(f"weight {x!r} of corpus {name} must be a finite number >= 0 (a factor on its hours "
+                               f"per epoch)")
         out.append(v)
     if not any(out):
-        raise ValueError(f"all weights are 0 ({', '.join(map(str, names))}): an epoch would hold nothing")
+        raise InvalidValue(f"all weights are 0 ({', '.join(map(str, names))}): an epoch would hold nothing")
     return out
 
 
@@ -110,17 +112,17 @@ class CorpusWeights:
         corpus = np.asarray(corpus, dtype=np.int64)
         seconds = np.asarray(seconds, dtype=np.float64)
         if corpus.shape != seconds.shape or corpus.ndim != 1:
-            raise ValueError(f"corpus and seconds must be 1-D of one length, got {corpus.shape} and {seconds.shape}")
+            raise InvalidValue(f"corpus and seconds must be 1-D of one length, got {corpus.shape} and {seconds.shape}")
         if corpus.size and (corpus.min() < 0 or corpus.max() >= len(self.names)):
-            raise ValueError(f"corpus numbers must be in 0..{len(self.names) - 1}")
+            raise InvalidValue(f"corpus numbers must be in 0..{len(self.names) - 1}")
         ok = np.ones(corpus.size, dtype=bool) if usable is None else np.asarray(usable, dtype=bool)
         self.seed = int(seed)
         self.seconds = seconds
         self.members = [np.flatnonzero((corpus == k) & ok) for k in range(len(self.names))]
         for name, w, m in zip(self.names, self.weights, self.members):
             if w > 0 and m.size == 0:
-                raise ValueError(f"corpus {name} has weight {w:g} but no utterance to train on (empty, skipped as "
-                                 f"corrupt, or every one too long for the batch budget); give it weight 0 or drop it")
+                raise InvalidValue(f"corpus {name} has weight {w:g} but no utterance to train on (empty, skipped as "
+                                   f"corrupt, or every one too long for the batch budget); give it weight 0 or drop it")
         self.hours = [float(seconds[m].sum()) / 3600 for m in self.members]
         self._memo: dict[tuple[int, int], np.ndarray] = {}
 

@@ -5,6 +5,8 @@ The sampler package stays importable without torch, so torch.distributed is aske
 
 from __future__ import annotations
 
+from audiopipe.errors import InvalidValue
+
 
 def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values win; otherwise torch.distributed when initialized; otherwise a single process."""
@@ -20,5 +22,5 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     rank = 0 if rank is None else int(rank)
     world_size = 1 if world_size is None else int(world_size)
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        raise InvalidValue(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     return rank, world_size

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from audiopipe.errors import InvalidValue
+
 
 @dataclass
 class Position:
@@ -30,7 +32,7 @@ class EpochPasses:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iter() plans. Setting the current epoch again keeps a pending resume."""
         if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+            raise InvalidValue(f"epoch must be >= 0, got {epoch}")
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self._pending = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
+
 
 @dataclass(frozen=True)
 class BatchBudget:
@@ -29,11 +31,11 @@ class BatchBudget:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_frames, (int, np.integer)) or self.max_frames <= 0:
-            raise ValueError(f"max_frames must be a positive integer, got {self.max_frames!r}")
+            raise InvalidValue(f"max_frames must be a positive integer, got {self.max_frames!r}")
         if not np.isfinite(self.quadratic) or self.quadratic < 0:
-            raise ValueError(f"quadratic must be a finite number >= 0, got {self.quadratic!r}")
+            raise InvalidValue(f"quadratic must be a finite number >= 0, got {self.quadratic!r}")
         if self.max_items is not None and (not isinstance(self.max_items, (int, np.integer)) or self.max_items < 1):
-            raise ValueError(f"max_items must be None or an integer >= 1, got {self.max_items!r}")
+            raise InvalidValue(f"max_items must be None or an integer >= 1, got {self.max_items!r}")
 
     def cost(self, n: np.ndarray | int, max_len: np.ndarray | int) -> np.ndarray:
         # float64 is exact for these integer products (< 2**53) and carries the quadratic term.
@@ -66,16 +68,16 @@ def validate_lengths(lengths: object) -> np.ndarray:
     """A 1-D int64 copy of `lengths` (frames per utterance), or a ValueError that says what is wrong."""
     arr = np.asarray(lengths)
     if arr.ndim != 1:
-        raise ValueError(f"lengths must be a 1-D array of frame counts, got shape {arr.shape}")
+        raise InvalidValue(f"lengths must be a 1-D array of frame counts, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(
+        raise InvalidValue(
             f"lengths must be integer frame counts (the index's <feature>_frames column), got dtype {arr.dtype}; "
             "convert durations with np.round(duration * frame_rate).astype(int)"
         )
     out = arr.astype(np.int64, copy=True)
     if out.size and out.min() < 0:
         bad = np.flatnonzero(out < 0)
-        raise ValueError(f"lengths must be >= 0; {bad.size} are negative (first at index {int(bad[0])})")
+        raise InvalidValue(f"lengths must be >= 0; {bad.size} are negative (first at index {int(bad[0])})")
     return out
 
 

@@ -36,13 +36,13 @@ def _number(name: str, value: float, *, low: float | None = None, high: float | 
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise JobError(f"--{name} must be a number, got {value!r}") from None
+        raise JobError(f"{name}={value!r}: must be a number") from None
     if not math.isfinite(x):
-        raise JobError(f"--{name} must be a finite number, got {value!r}")
+        raise JobError(f"{name}={value!r}: must be a finite number")
     if low is not None and (x <= low if low_open else x < low):
-        raise JobError(f"--{name} must be {'more than' if low_open else 'at least'} {low:g}, got {value!r}")
+        raise JobError(f"{name}={value!r}: must be {'more than' if low_open else 'at least'} {low:g}")
     if high is not None and x > high:
-        raise JobError(f"--{name} must be at most {high:g}, got {value!r}")
+        raise JobError(f"{name}={value!r}: must be at most {high:g}")
     return x
 
 
@@ -50,10 +50,10 @@ def _integer(name: str, value: int | None, low: int, high: int | None = None) ->
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise JobError(f"--{name} must be a whole number, got {value!r}")
+        raise JobError(f"{name}={value!r}: must be a whole number")
     if value < low or (high is not None and value > high):
-        raise JobError(f"--{name} must be {f'between {low} and {high}' if high is not None else f'at least {low}'}"
-                       f", got {value}")
+        raise JobError(f"{name}={value}: must be "
+                       f"{f'between {low} and {high}' if high is not None else f'at least {low}'}")
     return value
 
 
@@ -72,7 +72,7 @@ def _manifests(manifest: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 def _corpus_root(corpus: str | Path | None, manifests: list[str]) -> Path:
     """--corpus, or (with --manifest alone) the first manifest's folder, which its relative paths start from."""
     if corpus is None and not manifests:
-        raise JobError("give --corpus FOLDER (a folder of audio), or --manifest PATH (a manifest that lists it)")
+        raise JobError("give corpus=FOLDER (a folder of audio), or manifest=PATH (a manifest that lists it)")
     first = Path(manifests[0]) if manifests else None
     root = Path(corpus) if corpus is not None else (first if first.is_dir() else first.parent)
     if not root.is_dir():
@@ -84,7 +84,7 @@ def _shard_seed(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 64:
-        raise JobError(f"--shard-seed must be an integer in 0..2**64-1 or none, got {value!r}")
+        raise JobError(f"shard_seed={value!r}: must be an integer in 0..2**64-1, or None")
     return value
 
 
@@ -109,12 +109,12 @@ def _check_keep_columns(keep: list[str], features: list[tuple[str, dict]]) -> No
     taken |= {s.name for kind, params in features for s in make_feature(kind, params).specs}
     for name in keep:
         if not _KEEP_NAME.fullmatch(name) or name.endswith("_frames"):
-            raise JobError(f"--keep-columns: {name!r} is not a column name (letters, digits and _, not ending "
+            raise JobError(f"keep_columns={name!r}: not a column name (letters, digits and _, not ending "
                            f"in _frames)")
         if name in taken:
-            raise JobError(f"--keep-columns: {name!r} is already a column of these shards")
+            raise JobError(f"keep_columns={name!r}: already a column of these shards")
     if len(set(keep)) != len(keep):
-        raise JobError("--keep-columns names a column twice")
+        raise JobError("keep_columns= names a column twice")
 
 
 def build_job(corpus: str | Path | None = None, out: str | Path = "./shards", *, preset: str = "f5tts",
@@ -151,15 +151,15 @@ def _build(corpus: str | Path | None, out: str | Path, *, preset: str, features:
     corpus = _corpus_root(corpus, manifests)
     # Numbers: finite and ordered, or one line now (NaN compares false with everything: a --min-duration nan
     # would reject every clip and write nothing).
-    lo = _number("min-duration", min_duration, low=0)
-    hi = _number("max-duration", max_duration, low=0, low_open=True)
+    lo = _number("min_duration", min_duration, low=0)
+    hi = _number("max_duration", max_duration, low=0, low_open=True)
     if lo >= hi:
-        raise JobError(f"--min-duration ({min_duration:g} s) must be less than --max-duration ({max_duration:g} s)")
-    silence = _number("silence-dbfs", silence_dbfs, high=0)
-    _integer("max-channels", max_channels, 1)
-    _integer("codec-batch-size", codec_batch_size, 1)
+        raise JobError(f"min_duration={min_duration:g} must be less than max_duration={max_duration:g} (seconds)")
+    silence = _number("silence_dbfs", silence_dbfs, high=0)
+    _integer("max_channels", max_channels, 1)
+    _integer("codec_batch_size", codec_batch_size, 1)
     if shard_size is not None:
-        _integer("shard-size", shard_size, 1)
+        _integer("shard_size", shard_size, 1)
     seed = _shard_seed(shard_seed)
     if checksum not in ALGORITHMS:
         raise JobError(f"unknown checksum {checksum!r}; choose from {', '.join(ALGORITHMS)}")
@@ -171,29 +171,29 @@ def _build(corpus: str | Path | None, out: str | Path, *, preset: str, features:
         raise JobError(str(e)) from e
     feats = list(chosen.features)
     if features:
-        from audiopipe.features.kinds import FEATURE_KINDS
+        from audiopipe.features.names import NAMES, feature_kinds
 
-        kinds = [k.strip() for k in (features.split(",") if isinstance(features, str) else features) if k.strip()]
-        bad = [k for k in kinds if k not in FEATURE_KINDS]
+        kinds, bad = feature_kinds([k.strip() for k in (features.split(",") if isinstance(features, str)
+                                                        else features) if k.strip()])
         if bad:
-            raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(FEATURE_KINDS)}")
+            raise JobError(f"unknown feature {', '.join(bad)}; choose from {', '.join(NAMES)}")
         feats = [(k, {}) for k in kinds]
     if language != "en" and chosen.codec:
-        raise JobError("--language zh/mixed/auto gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
-                       "(MFA TextGrids), so it takes --language en only")
+        raise JobError("a language other than en (zh, mixed, auto) gives GPT-SoVITS phone ids; the ns2 preset reads ARPAbet ids "
+                       "(MFA TextGrids), so it takes language='en' only")
     bert = None
     if bert_checkpoint:
         if not chosen.phones or language == "en":
-            raise JobError("--bert-checkpoint gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
-                           "phones (gpt_sovits) and --language zh, mixed or auto")
+            raise JobError("bert_checkpoint= gives GPT-SoVITS's per-phone BERT features: it needs a preset with "
+                           "phones (gpt_sovits) and a language other than en (zh, mixed or auto)")
         if not Path(bert_checkpoint).is_dir():
             raise JobError(f"BERT checkpoint folder not found: {bert_checkpoint}")
         bert = BertSettings(checkpoint=str(Path(bert_checkpoint).resolve()))
     codec = None
     if chosen.codec:
         if not codec_checkpoint and not codec_random_init:
-            raise JobError("preset ns2 needs codec weights: --codec-checkpoint DIR (a local EnCodec 24 kHz "
-                           "folder), or --codec-random-init for a demo")
+            raise JobError("preset ns2 needs codec weights: codec_checkpoint=DIR (a local EnCodec 24 kHz "
+                           "folder), or codec_random_init=True for a demo")
         if codec_checkpoint and not Path(codec_checkpoint).is_dir():
             raise JobError(f"codec checkpoint folder not found: {codec_checkpoint}")
         codec = CodecSettings(checkpoint=str(Path(codec_checkpoint).resolve()) if codec_checkpoint else None,
@@ -205,7 +205,7 @@ def _build(corpus: str | Path | None, out: str | Path, *, preset: str, features:
     out_s = str(out)
     out_s = str(parse_s3(out_s)) if is_s3(out_s) else str(Path(out_s).resolve())
     if (staging or break_lock) and not is_s3(out_s):
-        raise JobError("--staging and --break-lock are for an s3:// --out (a local folder is written in place "
+        raise JobError("staging= and break_lock=True are for an s3:// out= (a local folder is written in place "
                        "and its lock is released by the kernel when its holder dies)")
     job = Job(corpus=str(corpus.resolve()), out=out_s,
               presets=["custom"] if features else chosen.description.split("+"),
@@ -245,10 +245,19 @@ def shard(corpus: str | Path | None = None, out: str | Path = "./shards", *, pre
     """Extract `corpus` (or what `manifest` lists: one path or several; corpus then defaults to the first
     manifest's folder) into shards under `out` (a folder or s3://bucket/prefix) and return the job's Summary.
 
-    workers: None, one per CPU of this machine; 0, in this process only (no other process, no Ray); more than
-    the CPUs here: capped, and the summary's notes say so. engine: "auto" (local worker processes for a small
-    local job, Ray for a large one, a cluster or a codec stage), "local" or "ray". Raises JobError (one line)
-    for anything the caller can fix."""
+    What is computed: preset, comma-separated: "f5tts" (vocos mel), "eres2net"/"campplus" (Kaldi fbank + pcm),
+    "gpt_sovits" (phones, pcm), "ns2" (codec codes, F0, energy, phones; needs codec_checkpoint or
+    codec_random_init); or features, a list of feature names ("mel", "fbank", "f0", "energy", "pcm", ...).
+    language "en", "zh" or "auto" (phones); keep_columns: manifest columns written as shard columns.
+    Where texts and speakers come from: speaker "auto" (folder layout), layout "auto" or a corpus layout
+    ("kaldi", "libritts", "vctk", ...), text_column/speaker_column/audio_column/id_column for manifests,
+    require_text=True refuses utterances without a transcript.
+    What is kept: min_duration/max_duration (seconds), max_channels, silence_dbfs (quieter files are rejected).
+    How it runs: workers None, one per CPU of this machine; 0, in this process only (no other process, no
+    Ray); more than the CPUs here: capped, and the summary's notes say so. engine: "auto" (local worker
+    processes unless a cluster, a codec stage or a large job needs Ray), "local" or "ray"; ray_address for a
+    cluster; progress=True shows a bar. shard_size (utterances a shard) and shard_seed set the plan.
+    Raises JobError (one line, an AudiopipeError) for anything the caller can fix. docs/shard.md has the rest."""
     _integer("workers", workers, 0)
     _integer("nice", nice, -20, 19)
     if engine not in ENGINES:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from audiopipe.decode.audio import DecodeLimits, RejectError, resample_to
 from audiopipe.decode.segments import RecordingCache
+from audiopipe.errors import Failed, InvalidValue, WrongType
 from audiopipe.features.base import FeatureSpec
 from audiopipe.features.mel import stft_magnitude
 from audiopipe.features.pcm import check_waveform
@@ -61,8 +62,8 @@ class _Renamed:
 
     def __init__(self, feature: Any, name: str):
         if len(feature.specs) != 1:
-            raise ValueError(f"only single-column features can be renamed, {feature.specs[0].kind} has "
-                             f"{len(feature.specs)}")
+            raise InvalidValue(f"only single-column features can be renamed, {feature.specs[0].kind} has "
+                               f"{len(feature.specs)}")
         self._f, self._from = feature, feature.specs[0].name
         self.specs = (replace(feature.specs[0], name=name),)
 
@@ -112,7 +113,7 @@ def extractors_for(job: Job, codec_spec: FeatureSpec | None = None) -> Extractor
         names = [s.name for s in specs]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"two features want the same column name {dup}; give one a different name")
+            raise InvalidValue(f"two features want the same column name {dup}; give one a different name")
         phone_ids = phone_segments = bert = None
         if job.phones and job.language != "en" and job.bert:
             from audiopipe.text.bert import BertPhoneFeatures
@@ -335,7 +336,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
             for s in ex.specs:
                 a = arrays[s.name]
                 if a.dtype != np.dtype(s.dtype):
-                    raise TypeError(f"feature {s.name} returned {a.dtype}, spec says {s.dtype}")
+                    raise WrongType(f"feature {s.name} returned {a.dtype}, spec says {s.dtype}")
                 if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
                     raise RejectError("feature_nan", f"feature {s.name} has non-finite values")
             if ex.phone_ids is not None or ex.phone_segments is not None:
@@ -367,7 +368,7 @@ def start_shard(unit: WorkUnit, job: Job, encode: EncodeFn | None = None, codec_
     specs = list(ex.specs)
     if job.codec:
         if encode is None or codec_spec is None:
-            raise RuntimeError("this job needs codec codes but no encoder was given")
+            raise Failed("this job needs codec codes but no encoder was given")
         codes = encode(codec_inputs) if codec_inputs else []
         for row, c in zip(rows, codes):
             row["arrays"]["codes"] = c

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import xxhash
 
+from audiopipe.errors import InvalidValue, MissingKey
+
 # Preferred first: the key checksum_of looks for first when an entry somehow carries both.
 ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 DEFAULT = "xxh3_128"
@@ -32,7 +34,7 @@ def new_hash(algorithm: str = DEFAULT):
     try:
         return ALGORITHMS[algorithm]()
     except KeyError:
-        raise ValueError(f"unknown checksum {algorithm!r}; choose one of {', '.join(ALGORITHMS)}") from None
+        raise InvalidValue(f"unknown checksum {algorithm!r}; choose one of {', '.join(ALGORITHMS)}") from None
 
 
 def file_checksum(path: str | Path, algorithm: str = DEFAULT, chunk: int = 1 << 22) -> str:
@@ -63,7 +65,7 @@ def checksum_of(entry: dict[str, Any]) -> Checksum:
     for algorithm in ALGORITHMS:
         if algorithm in entry:
             return Checksum(algorithm, str(entry[algorithm]))
-    raise KeyError(f"file entry {entry.get('path', entry)!r} has no checksum (one of {', '.join(ALGORITHMS)})")
+    raise MissingKey(f"file entry {entry.get('path', entry)!r} has no checksum (one of {', '.join(ALGORITHMS)})")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
+from audiopipe.errors import AudiopipeError
 from audiopipe.shard.job import Job
 from audiopipe.shard.output import finished_record, start_unit
 from audiopipe.shard.plan import WorkUnit
@@ -71,7 +72,7 @@ def build_group(units: list[WorkUnit], job: Job, staging: str | None = None,
         yield _report(*pending)
 
 
-class Orphaned(RuntimeError):
+class Orphaned(AudiopipeError, RuntimeError):
     """A group stopped because the process that runs it was orphaned (see build_group)."""
 
 

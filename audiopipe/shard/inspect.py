@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from audiopipe.errors import NotFound
 from audiopipe.index.lengths import INDEX_NAME, LengthIndex
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, read_manifest
 from audiopipe.storage.s3 import is_s3, parse_s3
@@ -37,8 +38,8 @@ def _summary_files(shards_dir: str | Path) -> Iterator[Path]:
                     (tmp / name).write_bytes(src.read())
             except FileNotFoundError:
                 if name == MANIFEST_NAME:
-                    raise FileNotFoundError(f"{url.child(name)} not found: run `audiopipe shard --out {url}` "
-                                            f"first (or it has not finished)") from None
+                    raise NotFound(f"{url.child(name)} not found: run `audiopipe shard --out {url}` "
+                                   f"first (or it has not finished)") from None
         yield tmp
     finally:
         remove_scratch(tmp)

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from audiopipe.errors import Failed
 from audiopipe.shard.plan import WorkUnit
 
 # How often a unit that a task ended without reporting is sent again (on top of the engine's own retries of a
@@ -34,7 +35,7 @@ class Ledger:
         name = item["record"]["name"]
         unit = next((u for u in group if u.name == name), None)
         if unit is None:
-            raise RuntimeError(f"a shard task reported {name}, which it was not given")
+            raise Failed(f"a shard task reported {name}, which it was not given")
         self.reports.setdefault(name, item)  # a retried task reports its finished shards again: count once
         return unit
 

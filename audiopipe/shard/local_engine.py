@@ -10,8 +10,9 @@ of its own, spawned at the start to warm up beside the discovery (see LocalEngin
 by the same code as on Ray (audiopipe.shard.groups), so the output is byte-identical.
 
 A failed group is retried (up to RETRIES times, on any process); a worker process that dies (killed, out of
-memory) breaks the pool, which is started again and its units retried. A worker whose driver is gone stops
-before its next shard (its parent changed), as a Ray worker does.
+memory) breaks the pool, which is started again and its units retried. A worker whose driver is gone, however
+it ended (SIGKILL included), is killed by the kernel at once (Linux's parent-death signal, set as the worker
+starts); elsewhere it stops before its next shard (its parent changed), as a Ray worker does.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class LocalEngine:
         for k, v in THREAD_ENV.items():  # before the workers start: they read it when they import numpy & co.
             os.environ.setdefault(k, v)
         self._pool = ProcessPoolExecutor(self.helpers, mp_context=multiprocessing.get_context(
-            "fork" if fork else "spawn"))
+            "fork" if fork else "spawn"), initializer=die_with_parent, initargs=(os.getpid(),))
         self._t_sent = time.monotonic()
         # A forked worker is as warm as this process; a spawned one warms up first, and gets work once done.
         self._warmups = [] if fork else [self._pool.submit(warm_worker, self._job_dict, self.nice)
@@ -200,6 +201,26 @@ class LocalEngine:
                     collect(block=True)
         finally:
             self.close()
+
+
+def die_with_parent(parent: int) -> None:
+    """Run first in a worker process: the kernel sends it SIGKILL when the driver dies, however it died. Without
+    this, a worker whose driver was killed waits on its task pipe forever (its siblings hold the pipe's other end
+    open, so no end of file ever comes). The worker's files are written under temporary names, so a kill at any
+    point leaves nothing a rerun takes for finished. Linux only (prctl); elsewhere the per-shard parent check
+    stays."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the driver died before the signal was set: no signal will come
+        os._exit(1)
 
 
 def _single_threaded() -> bool:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from audiopipe.errors import Failed, InvalidValue, NotFound
 from audiopipe.version import __version__
 from audiopipe.shard.checksum import file_checksum, sha256_file
 from audiopipe.storage.s3 import is_s3, parse_s3, require_local_or_s3
@@ -49,7 +50,7 @@ def assemble_manifest(out: Path, records: list[dict[str, Any]], features: dict[s
     }
     manifest.update(extra or {})
     if discovered != written + rejected:  # the invariant users rely on: nothing vanishes
-        raise RuntimeError(f"accounting error: discovered {discovered} != written {written} + rejected {rejected}")
+        raise Failed(f"accounting error: discovered {discovered} != written {written} + rejected {rejected}")
     write_json_atomic(out / MANIFEST_NAME, manifest)
     return manifest
 
@@ -64,14 +65,14 @@ def read_manifest(shards_dir: str | Path) -> dict[str, Any]:
         try:
             raw = RangeReader().read_object(path).decode("utf-8", "replace")
         except ObjectChanged as e:
-            raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out "
-                                    f"prefix ({e})") from e
+            raise NotFound(f"{path} not found: not a shard set (write one with `audiopipe shard` or "
+                           f"ap.shard) ({e})") from e
     else:
         path = Path(text) / MANIFEST_NAME
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: run `audiopipe shard` first, or point at its --out folder")
+            raise NotFound(f"{path} not found: not a shard folder (write one with `audiopipe shard` or ap.shard)")
         raw = path.read_text()
     try:
         return json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); the folder may be from an interrupted run") from e
+        raise InvalidValue(f"{path} is not valid JSON ({e}); the folder may be from an interrupted run") from e

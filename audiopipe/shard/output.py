@@ -47,6 +47,43 @@ def done_path(out: Path, name: str) -> Path:
     without importing the feature code, so that a job locks its folder and starts its workers first)."""
     return out / "done" / f"{name}.json"
 
+# The first file a job writes into its --out, with the job's identity: a folder holds shards of ours only when it
+# holds this, so a job never writes into (or cleans) a folder that holds anything else. A folder that is empty
+# but for it is one a job made (killed before its plan).
+MARKER_NAME = ".audiopipe-shards.json"
+# What a shard folder of ours holds at its top: a folder made before the marker existed is adopted only when it
+# holds nothing else and its plan names this job.
+_OWN_NAMES = {"arrow", "wds", "done", "plan.json", "index.arrow", "rejects.jsonl", "manifest.json"}
+
+
+def ownership(names: set[str], marker: Any, plan: Any, identity: str, where: str) -> bool:
+    """Whether a job of `identity` may write into a folder holding `names` (its top-level entries, the lock
+    left out) with this marker and plan.json content (None when absent): True when the marker must be written
+    first (an empty folder, or one of ours made before the marker), False when the marker is there already.
+    Anything else is a one-line JobError naming what the folder holds."""
+    if marker is not None:
+        if not isinstance(marker, dict) or "job_identity" not in marker:
+            raise JobError(f"{where} holds a damaged {MARKER_NAME}; use a new or empty --out")
+        if marker["job_identity"] != identity:
+            raise JobError(f"{where} holds shards made with other settings (job {marker['job_identity']}, now "
+                           f"{identity}); use a new --out or delete the folder")
+        return False
+    if not names:
+        return True
+    ours = (isinstance(plan, dict) and plan.get("job_identity") == identity
+            and all(n in _OWN_NAMES or is_temporary(Path(n)) for n in names))
+    if ours:
+        return True
+    shown = sorted(names)
+    listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+    raise JobError(f"{where} is not empty and was not made by audiopipe shard (it holds {listed}): nothing "
+                   f"written; use a new or empty --out")
+
+
+def marker_record(identity: str) -> dict[str, Any]:
+    return {"made_by": "audiopipe shard", "job_identity": identity}
+
+
 # Objects hashed side by side when a rerun checks what exists (each a streamed read; the client is thread-safe).
 CHECK_THREADS = 8
 
@@ -83,12 +120,20 @@ class LocalOutput:
         except OSError as e:
             raise JobError(f"cannot write to output folder {self.root}: {e.strerror or e}") from e
 
-    def prepare(self) -> None:
+    def prepare(self, identity: str) -> None:
+        """Check that the folder is writable and ours (`ownership`); an empty one gets the marker first."""
+        from audiopipe.storage.atomic import write_text_atomic
+        from audiopipe.storage.lock import LOCK_NAME
+
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
             probe.write_text("")
             probe.unlink()
+            names = {p.name for p in self.root.iterdir()} - {LOCK_NAME, MARKER_NAME}
+            marker, plan = (_json_or_damaged(self.root / n) for n in (MARKER_NAME, "plan.json"))
+            if ownership(names, marker, plan, identity, str(self.root)):
+                write_text_atomic(self.root / MARKER_NAME, json.dumps(marker_record(identity)) + "\n")
         except OSError as e:
             raise JobError(f"cannot write to output folder {self.root}: {e.strerror or e}") from e
 
@@ -132,6 +177,16 @@ class LocalOutput:
         pass
 
 
+def _json_or_damaged(path: Path) -> Any:
+    """A JSON file's content; None when absent; "" when it is not JSON (a damaged or foreign file)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        return ""
+
+
 def _local_finished(out: Path, unit_name: str) -> bool:
     dp = done_path(out, unit_name)
     if not dp.exists():
@@ -172,8 +227,23 @@ class S3Output:
         except ObjectStoreError as e:
             raise JobError(f"cannot write to {self.url}: {e}") from e
 
-    def prepare(self) -> None:
-        pass  # the lock object was the write probe
+    def prepare(self, identity: str) -> None:
+        """The lock object was the write probe; the prefix must be ours (`ownership`): an empty one gets the
+        marker first."""
+        from audiopipe.storage.lock import LOCK_NAME
+
+        names = {k.split("/", 1)[0] for k in self.listing()} - {LOCK_NAME, MARKER_NAME}
+        try:
+            marker = self.read_json(MARKER_NAME)
+        except ValueError:
+            marker = ""
+        try:
+            plan = self.read_json("plan.json")
+        except ValueError:
+            plan = ""
+        if ownership(names, marker, plan, identity, str(self.url)):
+            (self.work / MARKER_NAME).write_text(json.dumps(marker_record(identity)) + "\n")
+            self.publish(MARKER_NAME)
 
     def _path(self, rel: str) -> str:
         return self.url.child(rel).path

@@ -19,6 +19,7 @@ import numpy as np
 
 import xxhash
 
+from audiopipe.errors import InvalidValue
 from audiopipe.shard.keys import fold, sample_key
 
 
@@ -106,7 +107,7 @@ def shard_order(utts: list[PlannedUtt], seed: int | None) -> list[PlannedUtt]:
     if seed is None:
         return list(utts)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-        raise ValueError(f"the shard order seed must be an integer in 0..2**64-1 or None, got {seed!r}")
+        raise InvalidValue(f"the shard order seed must be an integer in 0..2**64-1 or None, got {seed!r}")
     return sorted(utts, key=lambda u: (xxhash.xxh3_64_intdigest(u.id.encode("utf-8", "surrogatepass"), seed=seed),
                                        u.id))
 

@@ -40,6 +40,22 @@ PLAN_NAME = "plan.json"
 # at a few hundred times real time per worker this is a minute or two of work, where Ray's start-up (5-10 s of
 # wall time and several CPU-seconds on a 2-core machine) stops mattering.
 LOCAL_MAX_AUDIO_S_PER_WORKER = 10 * 3600.0
+# A codec stage (the ns2 preset) runs in this process on the local engine, at about real time on one CPU (43 s
+# of audio took 23 s of work on 2 Ray workers), while Ray costs its start-up first (40 of that job's 63 s on the
+# 2-core VM). `engine="auto"` keeps a codec job local while one process finishes before Ray would.
+CODEC_X_REAL_TIME = 1.0
+RAY_START_S = 40.0
+
+
+def codec_stays_local(audio_s: float, workers: int) -> bool:
+    """Whether one local process finishes `audio_s` of codec work before Ray, started first, on `workers`."""
+    return audio_s / CODEC_X_REAL_TIME <= RAY_START_S + audio_s / (CODEC_X_REAL_TIME * max(1, workers))
+
+
+# The longest row a job builds, whatever --max-duration allows: a row's audio and features are held in memory
+# whole while it is built (about 1 MB per second of audio: a 3-hour row peaked at 10.9 GB), so a longer one is
+# refused by the length its header declares, before anything is decoded.
+MAX_ROW_S = 1800.0
 
 
 @dataclass
@@ -138,6 +154,7 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
     for u in disc.utterances:
         try:
             check_header(u, limits)
+            _check_row_length(u.duration)
         except RejectError as e:
             rejects.append({"id": u.id, "path": u.path, "source": u.source, "reason": e.reason, "detail": e.detail})
             continue
@@ -157,6 +174,16 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
         "hint": disc.hint,
     }
     return plan, discovery_s
+
+
+def _check_row_length(seconds: float) -> None:
+    from audiopipe.decode.audio import RejectError
+
+    if seconds > MAX_ROW_S:
+        raise RejectError("too_long", f"{seconds:.3f} s is longer than the {MAX_ROW_S:.0f} s one row may be, "
+                                      f"whatever --max-duration allows (a row is built whole in memory, about 1 MB "
+                                      f"per second of audio); cut it into segments (a Kaldi segments file, NeMo "
+                                      f"offsets or lhotse supervisions)")
 
 
 def _clean_temporaries(out: str | os.PathLike[str]) -> None:
@@ -207,7 +234,7 @@ def _first_engine(engine: str, workers: int, asked: int | None, ray_address: str
             raise JobError("--engine local builds on this machine; it cannot be combined with --ray-address")
         return "ray"
     if engine == "auto":
-        return "ray" if job.codec and workers > 1 else "local"
+        return "local"  # a codec job too: in this process, unless it is large (_maybe_switch_to_ray)
     if engine == "local" and job.codec and workers > 1:
         raise JobError("the codec stage of --engine local runs in this process: use --workers 0 (or --workers 1),"
                        " or --engine ray for several workers")
@@ -263,11 +290,11 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
 
     n_workers, notes = plan_workers(workers, ray_address, engine)
     nice = default_niceness() if nice is None else nice
-    out.prepare()
+    out.prepare(job.identity())  # before anything is written: the folder must be empty or ours (a marker)
 
     old_plan = out.read_json(PLAN_NAME)
-    if old_plan and old_plan["job_identity"] != job.identity():
-        raise JobError(f"{out} holds shards made with other settings (job {old_plan['job_identity']}, "
+    if old_plan and old_plan.get("job_identity") != job.identity():
+        raise JobError(f"{out} holds shards made with other settings (job {old_plan.get('job_identity')}, "
                        f"now {job.identity()}); use a new --out or delete the folder")
     # What a previous run finished (on s3:// each object is re-read and its sha256 checked, once).
     finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
@@ -280,6 +307,9 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                            time.monotonic() - t0, up_to_date=True)
 
     kind = _first_engine(engine, n_workers, workers, ray_address, job)
+    ray_workers = n_workers
+    if engine == "auto" and kind == "local" and job.codec and n_workers > 1:
+        n_workers = 1  # the codec stage runs in this process; Ray gets ray_workers if the job is large
     need_work = old_plan is None or len(finished) < len(old_plan["units"])
     eng = _open_engine(kind, n_workers, ray_address, nice) if need_work else None
     ray_start_s = 0.0
@@ -315,8 +345,8 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
         ledger = Ledger(todo)
         warmup_s = 0.0
         if todo and eng is not None:
-            eng, kind, started = _maybe_switch_to_ray(eng, kind, engine, todo, n_workers, ray_address, nice, job,
-                                                      notes)
+            eng, kind, started = _maybe_switch_to_ray(eng, kind, engine, todo, ray_workers, ray_address, nice, job,
+                                                      notes, local_workers=n_workers)
             ray_start_s += started
             warmup_s = eng.await_warmups()
             if ray_address and workers and workers != eng.slots(job):  # a cluster's CPUs decide, not --workers
@@ -386,15 +416,26 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
 
 
 def _maybe_switch_to_ray(eng, kind: str, engine: str, todo: list[WorkUnit], workers: int, ray_address: str | None,
-                         nice: int, job: Job, notes: list[str]):
-    """auto: a local job larger than LOCAL_MAX_AUDIO_S_PER_WORKER per worker goes to Ray (started now)."""
+                         nice: int, job: Job, notes: list[str], local_workers: int | None = None):
+    """auto: a local job larger than LOCAL_MAX_AUDIO_S_PER_WORKER per worker goes to Ray (started now), and a
+    codec job that Ray on `workers` finishes sooner than this process (codec_stays_local)."""
     audio = sum(u.duration for u in todo)
-    if engine != "auto" or kind != "local" or workers == 0 or audio <= LOCAL_MAX_AUDIO_S_PER_WORKER * max(1, workers):
+    if engine != "auto" or kind != "local" or workers == 0:
         return eng, kind, 0.0
+    if job.codec and local_workers == 1 and workers > 1:
+        if codec_stays_local(audio, workers):
+            notes.append(f"local engine: {audio:.0f} s of codec work, done here sooner than Ray would start and "
+                         f"split it over {workers} workers")
+            return eng, kind, 0.0
+        why = f"{audio:.0f} s of codec work, sooner on {workers} Ray workers than in this process"
+    elif audio <= LOCAL_MAX_AUDIO_S_PER_WORKER * max(1, workers):
+        return eng, kind, 0.0
+    else:
+        why = (f"{audio / 3600:.1f} h of audio to build, more than {LOCAL_MAX_AUDIO_S_PER_WORKER / 3600:.0f} h per "
+               f"worker")
     eng.close()
     ray = _open_engine("ray", workers, ray_address, nice)
-    notes.append(f"Ray engine: {audio / 3600:.1f} h of audio to build, more than "
-                 f"{LOCAL_MAX_AUDIO_S_PER_WORKER / 3600:.0f} h per worker")
+    notes.append(f"Ray engine: {why}")
     return ray, "ray", ray.start(job)
 
 

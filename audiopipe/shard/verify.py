@@ -1,7 +1,9 @@
 """`audiopipe verify`: prove a shard folder is intact and sane, naming the shard and sample of every failure.
 
 Checks, in order of cost: the checksum of every file against the manifest (xxh3-128, or sha256 for shards made
-before it, and for the length index); the Arrow schema's feature hashes against
+before it, and for the length index); the length index against the shards themselves, entry by entry (its
+shard and row, id and frame counts: an index rewritten and rehashed into the manifest would otherwise pair one
+id with another utterance's features); the Arrow schema's feature hashes against
 the manifest; every record decoded with semantic checks (array sizes match frame counts, frame counts match the
 duration, no NaN/inf, F0 inside its range); ids and sample keys unique over the whole set, also ignoring case;
 every tar member name safe (relative, no '..'), its key the id's key, decoded and compared with its Arrow twin.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
+from audiopipe.errors import NotFound
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
 from audiopipe.shard.checksum import Checksum, checksum_of, file_checksum, new_hash
 from audiopipe.shard.columns import ListColumn
@@ -123,10 +127,10 @@ class _Files:
     def manifest(self) -> dict[str, Any]:
         if self.url is not None and self.fetch(MANIFEST_NAME) is None:
             if self.fs.get_file_info(self.url.bucket).type.name == "NotFound":
-                raise FileNotFoundError(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
-                                        f"credentials cannot see it)")
-            raise FileNotFoundError(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
-                                    f"{self.url}` first (or it has not finished)")
+                raise NotFound(f"{self.url}: bucket {self.url.bucket} does not exist (or these "
+                               f"credentials cannot see it)")
+            raise NotFound(f"{self.url.child(MANIFEST_NAME)} not found: run `audiopipe shard --out "
+                           f"{self.url}` first (or it has not finished)")
         return read_manifest(self.root)
 
     def fetch(self, rel: str, algorithm: str = "sha256") -> Path | None:
@@ -164,23 +168,29 @@ class _Files:
             remove_scratch(self.root)
 
 
-def verify(shards_dir: str | Path, tars: bool = True) -> VerifyReport:
+def verify(shards_dir: str | Path, tars: bool = True, progress: bool = False) -> VerifyReport:
+    """Re-read every shard of `shards_dir` against its checksums and rows (tars too, unless tars=False);
+    progress=True shows a bar of the utterances checked on stderr."""
     files = _Files(shards_dir)
     try:
-        return _verify(files, tars)
+        return _verify(files, tars, progress)
     finally:
         files.close()
 
 
-def _verify(files: _Files, tars: bool) -> VerifyReport:
+def _verify(files: _Files, tars: bool, progress: bool = False) -> VerifyReport:
     m = files.manifest()
     specs = m["features"]
     report = VerifyReport()
     aligned = bool(m.get("job", {}).get("align_to"))
     rel = m["index"]["path"]
+    index = None
     if files.fetch(rel) is None or not files.matches(rel, Checksum("sha256", m["index"]["sha256"])):
         report.fail(f"{m['index']['path']}: missing or checksum mismatch")
+    else:
+        index = _read_index(files.root / rel, m, report)
     files.drop(rel)
+    first = 0  # the index entry of each shard's first row: shards are listed in manifest order
     version = m.get("format_version")
     if tars and version != FORMAT_VERSION:
         # Version 1 tars used another key rule: comparing them member by member would only list every dotted id.
@@ -188,19 +198,71 @@ def _verify(files: _Files, tars: bool) -> VerifyReport:
                     f"changed in version 2); reshard, or verify the Arrow shards alone with --no-tar")
         tars = False
     owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
-    for sh in m["shards"]:
-        report.shards += 1
-        kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
-        try:
-            _verify_shard(files, sh, specs, kinds, tars, aligned, owner, report)
-        finally:
-            for kind in kinds:
-                files.drop(sh[kind]["path"])
+    from tqdm import tqdm
+
+    with tqdm(total=sum(int(sh.get("rows", 0)) for sh in m["shards"]), unit="utt", desc="verify",
+              disable=not progress, file=sys.stderr) as bar:
+        for k, sh in enumerate(m["shards"]):
+            report.shards += 1
+            kinds = ["arrow"] + (["tar"] if tars and "tar" in sh else [])
+            try:
+                table = _verify_shard(files, sh, specs, kinds, tars, aligned, owner, report)
+                if index is not None and table is not None:
+                    _check_index_rows(rel, index, first, k, sh, table, report)
+                first += int(sh["rows"])
+            finally:
+                for kind in kinds:
+                    files.drop(sh[kind]["path"])
+            bar.update(int(sh.get("rows", 0)))
     return report
 
 
+def _read_index(path: Path, m: dict[str, Any], report: VerifyReport) -> dict[str, np.ndarray] | None:
+    """The index's columns (id, shard, row, frame counts), or None (said in the report) when it cannot be
+    read or does not list the manifest's rows."""
+    try:
+        t = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+        cols = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names
+                if c in ("id", "shard", "row") or c.endswith("_frames")}
+    except (pa.ArrowInvalid, OSError) as e:
+        report.fail(f"{path.name}: unreadable ({e})")
+        return None
+    total = sum(int(s["rows"]) for s in m["shards"])
+    if t.num_rows != total:
+        report.fail(f"{path.name}: {t.num_rows} entries, the manifest's shards hold {total}")
+        return None
+    return cols
+
+
+def _check_index_rows(rel: str, index: dict[str, np.ndarray], first: int, k: int, sh: dict[str, Any],
+                      table: pa.Table, report: VerifyReport) -> None:
+    """Index entries first..first+rows-1 must be rows 0..rows-1 of shard k (its place in the manifest): the same
+    shard number, row, id and frame counts (the first disagreement is reported)."""
+    n = min(int(sh["rows"]), table.num_rows)
+    part = {c: v[first:first + n] for c, v in index.items()}
+    if "row" in part and not np.array_equal(part["row"], np.arange(n)):
+        i = int(np.flatnonzero(part["row"] != np.arange(n))[0])
+        report.fail(f"{rel}: entry {first + i} points at row {int(part['row'][i])} of {sh['name']}, where row {i} "
+                    f"belongs")
+        return
+    if "shard" in part and not (part["shard"] == k).all():
+        i = int(np.flatnonzero(part["shard"] != k)[0])
+        report.fail(f"{rel}: entry {first + i} points at shard {int(part['shard'][i])}, where {sh['name']} belongs")
+        return
+    for col, want in part.items():
+        if col in ("shard", "row") or col not in table.column_names:
+            continue
+        have = table.column(col).to_numpy(zero_copy_only=False)[:n]
+        bad = np.flatnonzero(have != want)
+        if bad.size:
+            i = int(bad[0])
+            report.fail(f"{rel}: entry {first + i} says {col} {want[i]!r}, {sh['name']} row {i} holds {have[i]!r} "
+                        f"({bad.size} entries of this shard disagree): the index does not describe the shards; "
+                        f"rebuild the shard set")
+
+
 def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kinds: list[str], tars: bool,
-                  aligned: bool, owner: dict[str, tuple[str, str]], report: VerifyReport) -> None:
+                  aligned: bool, owner: dict[str, tuple[str, str]], report: VerifyReport) -> pa.Table | None:
     name = sh["name"]
     intact = True
     paths: dict[str, Path] = {}
@@ -221,14 +283,14 @@ def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kind
         else:
             paths[kind] = p
     if not intact:
-        return
+        return None
     try:
         with pa.memory_map(str(paths["arrow"])) as src:
             reader = pa.ipc.open_file(src)
             table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as e:
         report.fail(f"{name}: Arrow file unreadable: {e}")
-        return
+        return None
     meta = json.loads(table.schema.metadata[METADATA_KEY])
     for fname, spec in specs.items():
         got = meta["features"].get(fname, {}).get("hash")
@@ -273,6 +335,7 @@ def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kind
             arrow_arrays[sample_key(row["id"])] = arrays
     if tars and "tar" in sh:
         _verify_tar(name, paths["tar"], arrow_arrays, specs, report)
+    return table
 
 
 def _verify_tar(name: str, path: Path, arrow_arrays: dict[str, dict[str, np.ndarray]], specs: dict[str, Any],

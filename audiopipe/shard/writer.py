@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.errors import InvalidValue, WrongType
 from audiopipe.shard.checksum import DEFAULT as DEFAULT_CHECKSUM, Digest, HashingWriter
 from audiopipe.shard.keys import member_name_problem, sample_key
 from audiopipe.storage.atomic import AtomicBatch, atomic_path
@@ -114,7 +115,7 @@ def _npy_parts(a: np.ndarray) -> tuple[bytes, memoryview]:
     the tar without a copy (np.save to a BytesIO copied it twice, the tar member a third time)."""
     a = np.ascontiguousarray(a)
     if a.dtype.hasobject:
-        raise TypeError(f"cannot store an object array ({a.dtype}) in a tar without pickles")
+        raise WrongType(f"cannot store an object array ({a.dtype}) in a tar without pickles")
     head = io.BytesIO()
     header = np.lib.format.header_data_from_array_1_0(a)
     try:  # np.save's own choice: format 1.0 unless the header does not fit it
@@ -175,7 +176,7 @@ def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColu
             # Plan-time checks refuse such ids; this is the last line of defence, whatever the input.
             problem = member_name_problem(key)
             if problem:
-                raise ValueError(f"utterance id {row['id']!r} cannot be a tar member name: it {problem}")
+                raise InvalidValue(f"utterance id {row['id']!r} cannot be a tar member name: it {problem}")
             members: list[tuple[str, tuple[Any, ...]]] = [
                 ("json", (json.dumps(sample_json(row, array_cols, scalar_cols), sort_keys=True,
                                      ensure_ascii=False).encode(),))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from audiopipe.after_fork import reset_after_fork
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, StorageError
 
 LOCK_NAME = ".audiopipe.lock"
 
@@ -71,7 +71,7 @@ class FolderLock:
                                f"another folder") from None
             except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without flock
                 self._close()
-                raise OSError(e.errno, f"cannot lock {self.path} ({e.strerror}); the file system may not "
+                raise StorageError(e.errno, f"cannot lock {self.path} ({e.strerror}); the file system may not "
                                        f"support flock") from None
             except BaseException:
                 self._close()

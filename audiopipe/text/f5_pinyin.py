@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from audiopipe.errors import InvalidValue
 from audiopipe.text.segment import cut
 
 _F5_TRANSLATION = str.maketrans({";": ",", "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
@@ -86,17 +87,17 @@ def read_vocab(path: str | Path) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read vocab {path}: {e}") from None
+        raise InvalidValue(f"cannot read vocab {path}: {e}") from None
     if lines and lines[-1] == "":
         lines.pop()
     if not lines:
-        raise ValueError(f"vocab {path} is empty")
+        raise InvalidValue(f"vocab {path} is empty")
     if lines[0] != " ":
-        raise ValueError(f"vocab {path}: line 1 must be a single space (F5 uses id 0 for space and for unknown "
-                         f"symbols), got {lines[0]!r}")
+        raise InvalidValue(f"vocab {path}: line 1 must be a single space (F5 uses id 0 for space and for unknown "
+                           f"symbols), got {lines[0]!r}")
     dup = sorted({s for s in lines if lines.count(s) > 1}) if len(set(lines)) != len(lines) else []
     if dup:
-        raise ValueError(f"vocab {path} lists {dup[:5]} more than once")
+        raise InvalidValue(f"vocab {path} lists {dup[:5]} more than once")
     return lines
 
 
@@ -113,7 +114,7 @@ class PinyinVocab:
 
     def __init__(self, vocab: list[str]):
         if not vocab or vocab[0] != " ":
-            raise ValueError("an F5 vocab starts with the space symbol (id 0)")
+            raise InvalidValue("an F5 vocab starts with the space symbol (id 0)")
         self.vocab = list(vocab)
         self.map = {s: i for i, s in enumerate(self.vocab)}
         self.unknown: Counter[str] = Counter()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from audiopipe.errors import InvalidValue
+
 LANGUAGES = ("zh", "mixed", "en", "auto")
 _CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN_RUN = re.compile(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)*(?:[ \t]+[A-Za-z]+(?:['\u2019][A-Za-z]+)*)*")
@@ -26,7 +28,7 @@ _EN_FOLD = {";": ",", ":": ","}
 
 def check_language(language: str) -> str:
     if language not in LANGUAGES:
-        raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
+        raise InvalidValue(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
     return language
 
 

@@ -11,6 +11,9 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
+from audiopipe.errors import MissingExtra
+
+
 
 @lru_cache(maxsize=1)
 def _jieba() -> Any:
@@ -20,7 +23,7 @@ def _jieba() -> Any:
             import jieba
             import jieba.posseg  # noqa: F401  (loaded here so later calls find it initialised)
     except ImportError as exc:
-        raise ImportError("the Chinese front ends need jieba, pypinyin and cn2an: "
+        raise MissingExtra("the Chinese front ends need jieba, pypinyin and cn2an: "
                           "pip install 'audiopipe[text]'") from exc
     jieba.setLogLevel(logging.ERROR)
     jieba.initialize()

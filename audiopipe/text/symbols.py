@@ -14,6 +14,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from audiopipe.errors import InvalidValue
+
 PAD = "_"
 PUNCTUATION = ("!", "?", "\u2026", ",", ".", "-")
 SPECIAL = ("SP", "SP2", "SP3", "UNK")
@@ -47,22 +49,22 @@ def load_symbol_table(path: str | Path) -> tuple[str, ...]:
     try:
         raw = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read symbol table {p}: {e}") from None
+        raise InvalidValue(f"cannot read symbol table {p}: {e}") from None
     if raw.lstrip().startswith("["):
         try:
             table = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise ValueError(f"symbol table {p}: not valid JSON: {e}") from None
+            raise InvalidValue(f"symbol table {p}: not valid JSON: {e}") from None
         if not all(isinstance(s, str) for s in table):
-            raise ValueError(f"symbol table {p}: every entry must be a string")
+            raise InvalidValue(f"symbol table {p}: every entry must be a string")
     else:
         table = raw.split("\n")
         if table and table[-1] == "":
             table.pop()
     if not table:
-        raise ValueError(f"symbol table {p} is empty")
+        raise InvalidValue(f"symbol table {p} is empty")
     if len(set(table)) != len(table):
-        raise ValueError(f"symbol table {p} lists a symbol more than once")
+        raise InvalidValue(f"symbol table {p} lists a symbol more than once")
     return tuple(table)
 
 
@@ -72,7 +74,7 @@ def symbols_to_ids(symbols: list[str], table: tuple[str, ...] | None = None) -> 
     index = _index(table)
     missing = sorted({s for s in symbols if s not in index})
     if missing:
-        raise ValueError(f"phones not in the symbol table ({len(table)} symbols): {missing}")
+        raise InvalidValue(f"phones not in the symbol table ({len(table)} symbols): {missing}")
     return [index[s] for s in symbols]
 
 

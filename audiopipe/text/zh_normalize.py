@@ -26,6 +26,7 @@ import re
 import warnings
 from functools import lru_cache
 
+from audiopipe.errors import MissingExtra
 from audiopipe.text.symbols import PUNCTUATION
 
 _FOLD = {"：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?", "\n": ".", "·": ",", "、": ",",
@@ -44,7 +45,7 @@ def _an2cn():
             warnings.simplefilter("ignore")
             import cn2an
     except ImportError as exc:
-        raise ImportError("Chinese number reading needs cn2an: pip install 'audiopipe[text]'") from exc
+        raise MissingExtra("Chinese number reading needs cn2an: pip install 'audiopipe[text]'") from exc
     return cn2an.transform
 
 

@@ -11,9 +11,10 @@ The folder they write is an ordinary shard folder (Arrow only), described in sto
     semantic.py GPT-SoVITS 6-name2semantic.tsv;  kmeans.py k-means units of a shard feature
     cli.py      the `audiopipe tokens` command
 
-May import: `audiopipe.shard.manifest`, `audiopipe.shard.columns` and `audiopipe.shard.writer` (the token folder is a
-shard folder), `audiopipe.features.base` (the feature contract), `audiopipe.index.lengths` (its length index),
-`audiopipe.reader.arrow_dataset` (reading the feature k-means clusters), `audiopipe.storage.atomic` (durable writes).
+May import: `audiopipe.shard.manifest`, `audiopipe.shard.columns` and `audiopipe.shard.writer` (the token folder
+is a shard folder), `audiopipe.features.base` (the feature contract), `audiopipe.index.lengths` (its length
+index), `audiopipe.reader.arrow_dataset` (reading the feature k-means clusters), `audiopipe.storage.atomic`
+(durable writes), `audiopipe.features.names` (feature names).
 """
 
 from audiopipe.tokens.store import (REPORT_NAME, TOKEN_COLUMN, TokenSet, parent_ids, phones_note, prepare_out,

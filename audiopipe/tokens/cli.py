@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from audiopipe.errors import InvalidValue
+
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `audiopipe tokens`."""
     p.add_argument("--shards", required=True, help="shard folder with phones (and the k-means feature)")
@@ -23,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-all", action="store_true",
                    help="name2semantic: exit 1 when any row or tsv name is left unmatched")
     p.add_argument("--feature", default="auto",
-                   help="kmeans: shard column (or kind) to cluster; auto (default): a filterbank when the shards "
-                        "hold one (kaldi_fbank, fbank), else a mel, else any float [channels, T] feature")
+                   help="kmeans: the feature to cluster (fbank, mel, or another shard column); auto (default): the "
+                        "fbank when the shards hold one, else the mel, else any float [channels, T] feature")
     p.add_argument("--stack", type=int, default=0,
                    help="kmeans: frames stacked per token (default 0 = auto, to about 25 tokens/s)")
     p.add_argument("--seed", type=int, default=0, help="kmeans: seed of sampling, init and mini-batches")
@@ -32,10 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=200, help="kmeans: mini-batch steps (default 200)")
     p.add_argument("--batch-size", type=int, default=4096, help="kmeans: vectors per mini-batch (default 4096)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing semantic-token folder at --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """`audiopipe tokens`: returns the exit code; user errors raise ValueError/OSError with one-line messages."""
+    """`audiopipe tokens`: returns the exit code; user errors raise InvalidValue/OSError with one-line messages."""
     if args.name2semantic:
         from audiopipe.tokens.semantic import import_name2semantic
 
@@ -47,10 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from audiopipe.tokens.kmeans import kmeans_tokens
 
     if args.kmeans is not None and args.kmeans < 2:
-        raise ValueError(f"--kmeans needs at least 2 clusters, got {args.kmeans}")
+        raise InvalidValue(f"--kmeans needs at least 2 clusters, got {args.kmeans}")
     summary = kmeans_tokens(args.shards, args.out, k=args.kmeans, feature=args.feature, stack=args.stack,
                             seed=args.seed, fit_vectors=args.fit_vectors, steps=args.steps,
-                            batch_size=args.batch_size, codebook=args.codebook, force=args.overwrite)
+                            batch_size=args.batch_size, codebook=args.codebook, force=args.overwrite,
+                            progress=not getattr(args, "no_progress", False))
     for line in summary:
         print(line)
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.features.base import FeatureSpec
 from audiopipe.storage.atomic import write_bytes_atomic
 from audiopipe.tokens import TokenSet, phones_note, prepare_out, write_token_set
+from audiopipe.features.names import column_name
 
 CODEBOOK_NAME = "kmeans.npz"
 TARGET_RATE = 25.0  # tokens per second, as SoVITS v1/v2 semantic tokens
@@ -44,7 +47,7 @@ TARGET_RATE = 25.0  # tokens per second, as SoVITS v1/v2 semantic tokens
 def stack_frames(feat: np.ndarray, stack: int) -> np.ndarray:
     """[C, T] float -> [T // stack, C * stack] float32 after per-utterance mean removal (CMN)."""
     if feat.ndim != 2:
-        raise ValueError(f"k-means needs a [channels, T] feature, got shape {feat.shape}")
+        raise InvalidValue(f"k-means needs a [channels, T] feature, got shape {feat.shape}")
     c, t = feat.shape
     n = t // stack
     x = feat.astype(np.float32, copy=False)
@@ -90,7 +93,7 @@ def kmeans_fit(x: np.ndarray, k: int, *, seed: int = 0, steps: int = 200, batch_
     """Mini-batch k-means of x [N, D] -> (centers [k, D] float32, inertia = mean squared distance over x)."""
     n = len(x)
     if n < k:
-        raise ValueError(f"{n} vectors cannot make {k} clusters; use fewer clusters or more data")
+        raise InvalidValue(f"{n} vectors cannot make {k} clusters; use fewer clusters or more data")
     g = torch.Generator().manual_seed(seed)
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     b = min(batch_size, n)
@@ -169,14 +172,14 @@ class Codebook:
     def load(path: str | Path) -> "Codebook":
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"codebook not found: {path}")
+            raise NotFound(f"codebook not found: {path}")
         try:
             with np.load(path, allow_pickle=False) as z:
                 m = json.loads(str(z["meta"]))
                 return Codebook(z["centers"], z["mean"], z["std"], m["feature"], m["feature_hash"], m["stack"],
                                 m["seed"], m["fit_vectors"], m["inertia"])
         except (KeyError, ValueError, OSError) as e:
-            raise ValueError(f"{path} is not a codebook saved by `audiopipe tokens --kmeans` ({e})") from e
+            raise InvalidValue(f"{path} is not a codebook saved by `audiopipe tokens --kmeans` ({e})") from e
 
 
 # `--feature auto`: the first kind of these the shards hold (filterbanks, as speech units are usually fitted on,
@@ -197,19 +200,20 @@ def resolve_feature(manifest: dict[str, Any], feature: str, root: Path) -> dict[
         ranked = sorted(usable, key=lambda s: (AUTO_ORDER.index(s["kind"]) if s["kind"] in AUTO_ORDER
                                                else len(AUTO_ORDER), s["name"]))
         if not ranked:
-            raise ValueError(f"{root} has no float [channels, T] feature to cluster (it has {sorted(specs)}); "
-                             f"shard with a filterbank or a mel, e.g. `audiopipe shard --preset eres2net`")
+            raise InvalidValue(f"{root} has no float [channels, T] feature to cluster (it has {sorted(specs)}); "
+                               f"shard with a filterbank or a mel, e.g. `audiopipe shard --preset eres2net`")
         return ranked[0]
-    hits = [s for s in specs.values() if feature in (s["name"], s["kind"])]
+    column = column_name(feature)  # kaldi_fbank -> fbank, with a note
+    hits = [s for s in specs.values() if column == s["name"] or feature == s["kind"]]
     if not hits:
         arrays = sorted(n for n, s in specs.items() if s["channels"] > 0)
-        raise ValueError(f"{root} has no feature {feature!r} to cluster (it has {sorted(specs)}; usable: {arrays}); "
-                         f"shard with it too, e.g. `audiopipe shard --preset gpt_sovits,eres2net` adds the Kaldi "
-                         f"fbank, or pass --feature <column>")
+        raise InvalidValue(f"{root} has no feature {feature!r} to cluster (it has {sorted(specs)}; usable: {arrays}); "
+                           f"shard with it too, e.g. `audiopipe shard --preset gpt_sovits,eres2net` adds the Kaldi "
+                           f"fbank, or pass --feature <column>")
     s = hits[0]
     if s["channels"] == 0 or not np.issubdtype(np.dtype(s["dtype"]), np.floating):
-        raise ValueError(f"feature {s['name']!r} is {s['dtype']} with {s['channels']} channels; k-means needs a "
-                         f"float [channels, T] feature such as fbank or mel")
+        raise InvalidValue(f"feature {s['name']!r} is {s['dtype']} with {s['channels']} channels; k-means needs a "
+                           f"float [channels, T] feature such as fbank or mel")
     return s
 
 
@@ -220,7 +224,7 @@ def fit_codebook(shards: str | Path, k: int, *, feature: str = "auto", stack: in
     from audiopipe.shard.manifest import read_manifest
 
     if k < 2 or k > 32767:
-        raise ValueError(f"k must be in 2..32767 (tokens are stored as int16), got {k}")
+        raise InvalidValue(f"k must be in 2..32767 (tokens are stored as int16), got {k}")
     root = Path(shards)
     spec = resolve_feature(read_manifest(root), feature, root)
     stack = stack or auto_stack(spec["sample_rate"] / spec["hop_length"])
@@ -244,8 +248,12 @@ def fit_codebook(shards: str | Path, k: int, *, feature: str = "auto", stack: in
 
 def kmeans_tokens(shards: str | Path, out: str | Path, *, k: int | None = None, feature: str = "auto",
                   stack: int = 0, seed: int = 0, fit_vectors: int = 200_000, steps: int = 200,
-                  batch_size: int = 4096, codebook: str | Path | None = None, force: bool = False) -> list[str]:
-    """Fit (or load) a codebook, tokenise every row of `shards`, write the token folder `out`; summary lines."""
+                  batch_size: int = 4096, codebook: str | Path | None = None, force: bool = False,
+                  progress: bool = False) -> list[str]:
+    """Fit (or load) a codebook, tokenise every row of `shards`, write the token folder `out`; summary lines.
+    progress=True shows a bar of the fit and of the rows tokenised on stderr."""
+    from tqdm import tqdm
+
     from audiopipe.reader.arrow_dataset import ShardDataset
     from audiopipe.shard.manifest import read_manifest
 
@@ -257,14 +265,17 @@ def kmeans_tokens(shards: str | Path, out: str | Path, *, k: int | None = None, 
         cb = Codebook.load(codebook)
         spec = resolve_feature(manifest, cb.feature, shards)
         if spec["hash"] != cb.feature_hash:
-            raise ValueError(f"codebook {codebook} was fitted on {cb.feature} config {cb.feature_hash}, but "
-                             f"{shards} has config {spec['hash']}; its units would not mean the same here")
+            raise InvalidValue(f"codebook {codebook} was fitted on {cb.feature} config {cb.feature_hash}, but "
+                               f"{shards} has config {spec['hash']}; its units would not mean the same here")
         how = f"loaded from {codebook}"
     else:
         if k is None:
-            raise ValueError("give --kmeans K to fit a codebook, or --codebook FILE to reuse one")
-        cb = fit_codebook(shards, k, feature=feature, stack=stack, seed=seed, fit_vectors=fit_vectors, steps=steps,
-                          batch_size=batch_size)
+            raise InvalidValue("give --kmeans K to fit a codebook, or --codebook FILE to reuse one")
+        with tqdm(total=1, desc=f"k-means fit ({k} units)", bar_format="{desc}: {elapsed}", disable=not progress,
+                  file=sys.stderr) as bar:
+            cb = fit_codebook(shards, k, feature=feature, stack=stack, seed=seed, fit_vectors=fit_vectors,
+                              steps=steps, batch_size=batch_size)
+            bar.update(1)
         spec = resolve_feature(manifest, cb.feature, shards)
         how = f"fitted on {cb.fit_vectors} vectors in {time.perf_counter() - t0:.1f} s"
     cb.save(out / CODEBOOK_NAME)
@@ -272,7 +283,7 @@ def kmeans_tokens(shards: str | Path, out: str | Path, *, k: int | None = None, 
     tokens: dict[int, np.ndarray] = {}
     rejects: dict[int, tuple[str, str]] = {}
     used = np.zeros(cb.k, dtype=np.int64)
-    for i in range(len(ds)):
+    for i in tqdm(range(len(ds)), desc="tokens", unit="utt", disable=not progress, file=sys.stderr):
         item = ds[i]
         feat = item[spec["name"]]
         if feat.shape[-1] < cb.stack:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue, NotFound
 from audiopipe.features.base import FeatureSpec
 from audiopipe.tokens.store import TokenSet, parent_ids, phones_note, prepare_out, write_token_set
 
@@ -33,7 +34,7 @@ def read_name2semantic(path: str | Path) -> dict[str, np.ndarray]:
     """{item_name: int64 tokens} in file order. Identical repeated lines collapse; conflicting ones are refused."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"name2semantic file not found: {path}")
+        raise NotFound(f"name2semantic file not found: {path}")
     out: dict[str, np.ndarray] = {}
     first_line: dict[str, int] = {}
     with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM from a Windows editor is not part of the name
@@ -43,29 +44,29 @@ def read_name2semantic(path: str | Path) -> dict[str, np.ndarray]:
                 continue
             parts = line.split("\t")
             if len(parts) != 2:
-                raise ValueError(f"{path}:{no}: expected 'item_name<TAB>tokens', found {len(parts)} tab-separated "
-                                 f"fields: {line[:80]!r}")
+                raise InvalidValue(f"{path}:{no}: expected 'item_name<TAB>tokens', found {len(parts)} tab-separated "
+                                   f"fields: {line[:80]!r}")
             name, text = parts[0].strip(), parts[1].strip()
             if (name, text) == HEADER:
                 continue
             if not name:
-                raise ValueError(f"{path}:{no}: empty item name")
+                raise InvalidValue(f"{path}:{no}: empty item name")
             if not text:
-                raise ValueError(f"{path}:{no}: {name!r} has no tokens")
+                raise InvalidValue(f"{path}:{no}: {name!r} has no tokens")
             try:
                 tokens = np.array([int(t) for t in text.split()], dtype=np.int64)
             except ValueError:
                 bad = next(t for t in text.split() if not t.lstrip("-").isdigit())
-                raise ValueError(f"{path}:{no}: {name!r} has a token that is not an integer: {bad!r}") from None
+                raise InvalidValue(f"{path}:{no}: {name!r} has a token that is not an integer: {bad!r}") from None
             if name in out:
                 if not np.array_equal(out[name], tokens):
-                    raise ValueError(f"{path}:{no}: {name!r} appears again (first on line {first_line[name]}) with "
-                                     f"different tokens; which one belongs to the audio is unknowable")
+                    raise InvalidValue(f"{path}:{no}: {name!r} appears again (first on line {first_line[name]}) with "
+                                       f"different tokens; which one belongs to the audio is unknowable")
                 continue
             out[name] = tokens
             first_line[name] = no
     if not out:
-        raise ValueError(f"{path}: no token lines (is it a 6-name2semantic.tsv?)")
+        raise InvalidValue(f"{path}: no token lines (is it a 6-name2semantic.tsv?)")
     return out
 
 
@@ -160,7 +161,7 @@ def import_name2semantic(shards: str | Path, tsv: str | Path, out: str | Path, *
                          token_rate: float = 25.0, force: bool = False) -> ImportSummary:
     """Join `tsv` to the rows of `shards` and write the token folder `out` (see audiopipe.tokens)."""
     if not 2 <= codebook_size <= 32767:
-        raise ValueError(f"--codebook-size must be in 2..32767 (tokens are stored as int16), got {codebook_size}")
+        raise InvalidValue(f"--codebook-size must be in 2..32767 (tokens are stored as int16), got {codebook_size}")
     shards, out = Path(shards), Path(out)
     prepare_out(shards, out, force)
     table = read_name2semantic(tsv)
@@ -213,12 +214,12 @@ def import_name2semantic(shards: str | Path, tsv: str | Path, out: str | Path, *
 
         write_json_atomic(out / REPORT_NAME, report)
         if out_of_range:
-            raise ValueError(f"no utterance got tokens: the {len(out_of_range)} matched ones have ids outside "
-                             f"0..{codebook_size - 1} (e.g. {out_of_range[0]}); wrong --codebook-size? "
-                             f"details in {out / REPORT_NAME}")
+            raise InvalidValue(f"no utterance got tokens: the {len(out_of_range)} matched ones have ids outside "
+                               f"0..{codebook_size - 1} (e.g. {out_of_range[0]}); wrong --codebook-size? "
+                               f"details in {out / REPORT_NAME}")
         first = ", ".join(list(table)[:3])
-        raise ValueError(f"no tsv name matched a shard row (tsv names look like {first!r}; ids like "
-                         f"{ids[0] if ids else '-'!r}); is it the tsv of this corpus? details in {out / REPORT_NAME}")
+        raise InvalidValue(f"no tsv name matched a shard row (tsv names look like {first!r}; ids like "
+                           f"{ids[0] if ids else '-'!r}); is it the tsv of this corpus? details in {out / REPORT_NAME}")
     return ImportSummary(len(ids), len(tokens), j, out_of_range, outliers, str(out), phones_note(shards))
 
 

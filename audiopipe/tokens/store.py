@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from audiopipe.errors import Failed, InvalidValue, NotFound
 from audiopipe.features.base import FeatureSpec
 from audiopipe.index.lengths import LengthIndex, build_index
 from audiopipe.shard.columns import ListColumn
@@ -53,16 +54,17 @@ def prepare_out(parent: Path, out: Path, force: bool) -> None:
     """Refuse to write over the parent or over an existing folder (unless force: then clear our files)."""
     parent, out = Path(parent), Path(out)
     if not (parent / MANIFEST_NAME).exists():
-        raise FileNotFoundError(f"{parent / MANIFEST_NAME} not found: --shards must be an `audiopipe shard` output")
+        raise NotFound(f"{parent / MANIFEST_NAME} not found: --shards must be an `audiopipe shard` output")
     if out.resolve() == parent.resolve():
-        raise ValueError("--out must be a new folder, not the --shards folder (tokens are a sidecar shard set)")
+        raise InvalidValue("--out must be a new folder, not the --shards folder (tokens are a sidecar shard set)")
     if out.exists() and any(out.iterdir()):
         if not force:
-            raise ValueError(f"{out} is not empty; pass --overwrite to replace the tokens there, or choose another --out")
+            raise InvalidValue(f"{out} is not empty; pass --overwrite to replace the tokens there, or choose "
+                               f"another --out")
         foreign = sorted(p.name for p in out.iterdir() if p.name not in _OURS and ".tmp" not in p.name)
         if foreign:
-            raise ValueError(f"{out} holds files a token folder does not ({', '.join(foreign[:3])}); refusing to "
-                             f"clear it even with --overwrite")
+            raise InvalidValue(f"{out} holds files a token folder does not ({', '.join(foreign[:3])}); refusing to "
+                               f"clear it even with --overwrite")
         for name in _OURS:
             target = out / name
             if target.is_dir():
@@ -94,7 +96,7 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
     n = len(index)
     missing = sorted(set(range(n)) - set(ts.tokens) - set(ts.rejects))
     if missing:  # a source must account for every row: tokens or a reason
-        raise RuntimeError(f"token source left {len(missing)} rows without tokens or reason (e.g. row {missing[0]})")
+        raise Failed(f"token source left {len(missing)} rows without tokens or reason (e.g. row {missing[0]})")
     spec = {**ts.spec.to_dict(), "hash": ts.spec.config_hash}
     bert_spec = pm["features"].get("bert")
     features = {TOKEN_COLUMN: spec, **({"bert": bert_spec} if bert_spec else {})}
@@ -121,7 +123,7 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
             r = int(row_of[g])
             row = {c: cols[c][r].as_py() for c in _COPIED}
             if row["id"] != ids[g]:
-                raise RuntimeError(f"{parent}: index row {g} ({ids[g]}) is not row {r} of {entry['name']}")
+                raise Failed(f"{parent}: index row {g} ({ids[g]}) is not row {r} of {entry['name']}")
             if g in ts.rejects:
                 reason, detail = ts.rejects[g]
                 shard_rejects.append({"id": row["id"], "source": row["source"], "reason": reason, "detail": detail})
@@ -146,7 +148,7 @@ def write_token_set(parent: str | Path, out: str | Path, ts: TokenSet) -> dict[s
                         "arrow": digest.entry(rel),
                         "rejects": []})
     if not records:
-        raise ValueError("no utterance got tokens, nothing to write")
+        raise InvalidValue("no utterance got tokens, nothing to write")
     index_path = build_index(out, [r["arrow"]["path"] for r in records])
     # Totals count the parent's rows: discovered = parent rows = rows with tokens + rows in rejects.jsonl.
     manifest = assemble_manifest(out, records, features, pm.get("resampler", {}), ts.job,
@@ -161,8 +163,8 @@ def token_spec(parent: str | Path) -> dict[str, Any]:
     """The `semantic` spec of a token folder (raises a clear error when the folder has no tokens)."""
     m = read_manifest(parent)
     if TOKEN_COLUMN not in m["features"]:
-        raise ValueError(f"{parent} has no {TOKEN_COLUMN!r} tokens (features: {sorted(m['features'])}); "
-                         f"make them with `audiopipe tokens --shards <shards> --out <tokens> ...`")
+        raise InvalidValue(f"{parent} has no {TOKEN_COLUMN!r} tokens (features: {sorted(m['features'])}); "
+                           f"make them with `audiopipe tokens --shards <shards> --out <tokens> ...`")
     return m["features"][TOKEN_COLUMN]
 
 

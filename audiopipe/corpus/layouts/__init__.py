@@ -17,6 +17,7 @@ from typing import Any
 
 from audiopipe.corpus.options import CorpusOptions
 from audiopipe.corpus.records import unique_ids
+from audiopipe.errors import InvalidValue
 
 LAYOUTS = ("kaldi", "aishell3", "libritts", "vctk", "emilia")  # detection order
 CHOICES = ("auto", "files") + LAYOUTS
@@ -29,12 +30,12 @@ def _module(name: str) -> ModuleType:
 def pick_layout(root: str, layout: str = "auto") -> str | None:
     """The layout module to read `root` with, or None to walk it as plain files."""
     if layout not in CHOICES:
-        raise ValueError(f"layout must be one of {', '.join(CHOICES)}, got {layout!r}")
+        raise InvalidValue(f"layout must be one of {', '.join(CHOICES)}, got {layout!r}")
     if layout == "files":
         return None
     if layout != "auto":
         if not _module(layout).detect(root):
-            raise ValueError(f"{root} does not look like a {layout} corpus: {_module(layout).EXPECTS}")
+            raise InvalidValue(f"{root} does not look like a {layout} corpus: {_module(layout).EXPECTS}")
         return layout
     return next((name for name in LAYOUTS if _module(name).detect(root)), None)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
 from audiopipe.corpus.records import Reject, Utterance
+from audiopipe.errors import InvalidValue
 from audiopipe.storage import guard
 
 NAME = "aishell3"
@@ -59,11 +60,11 @@ def read_content(path: str) -> tuple[dict[str, tuple[str, str]], dict[str, guard
                 continue
             name, rest = parts[0], parts[1:]
             if len(rest) % 2:
-                raise ValueError(f"{path}:{n}: expected '<file> <char> <pinyin> <char> <pinyin> ...', got an odd "
-                                 f"number of fields after {name}")
+                raise InvalidValue(f"{path}:{n}: expected '<file> <char> <pinyin> <char> <pinyin> ...', got an odd "
+                                   f"number of fields after {name}")
             out[name] = ("".join(rest[0::2]), " ".join(rest[1::2]))
     except guard.Refused as e:  # content.txt itself is a pipe or a folder
-        raise ValueError(e.detail) from None
+        raise InvalidValue(e.detail) from None
     return out, refused, lost
 
 

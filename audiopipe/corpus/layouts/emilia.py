@@ -35,6 +35,7 @@ from audiopipe.corpus.records import Reject, Utterance
 from audiopipe.corpus.tarmembers import TAR_ERRORS, Member, list_members, open_tar, read_member
 from audiopipe.decode.audio import RejectError
 from audiopipe.decode.members import member_info
+from audiopipe.errors import InvalidValue
 from audiopipe.storage import guard
 
 NAME = "emilia"
@@ -164,7 +165,7 @@ def discover(root: str, speaker_rule: int | None, options: Any = None) -> tuple[
                 rejects.append(Reject(jsonl, f"{jsonl_source}:{n}", row.reason, row.detail))
                 continue
             if any(k not in row for k in _REQUIRED):
-                raise ValueError(f"{jsonl}:{n}: an Emilia line needs {', '.join(_REQUIRED)}")
+                raise InvalidValue(f"{jsonl}:{n}: an Emilia line needs {', '.join(_REQUIRED)}")
             wav = row["wav"]
             if not isinstance(wav, str) or not wav.strip() or guard.name_problem(wav):
                 what = kind_of_value(wav) if not isinstance(wav, str) else "not a file name"

@@ -29,6 +29,7 @@ from typing import Any
 from audiopipe.corpus.entries import segment_problem
 from audiopipe.corpus.layouts.common import header, rel, speaker_from_folders, utterance
 from audiopipe.corpus.records import Reject, Utterance
+from audiopipe.errors import InvalidValue
 from audiopipe.storage import guard
 
 NAME = "kaldi"
@@ -85,13 +86,13 @@ def _table(path: str, min_fields: int, rest_joined: bool = True, reason: str = "
             key, _, rest = line.strip().partition(" ")
             fields = [rest.strip()] if rest_joined else rest.split()
             if len(fields) < min_fields or (min_fields and not fields[0]):
-                raise ValueError(f"{path}:{n}: expected '<id> {'<value>' if min_fields == 1 else '...'}', "
-                                 f"got {line[:200]!r}")
+                raise InvalidValue(f"{path}:{n}: expected '<id> {'<value>' if min_fields == 1 else '...'}', "
+                                   f"got {line[:200]!r}")
             if key in out and not repeats:
-                raise ValueError(f"{path}:{n}: id {key!r} already given on line {out[key][0]}")
+                raise InvalidValue(f"{path}:{n}: id {key!r} already given on line {out[key][0]}")
             out[key] = (n, fields)
     except guard.Refused as e:  # the file itself (a pipe, a folder): it concerns every line
-        raise ValueError(e.detail) from None
+        raise InvalidValue(e.detail) from None
     return out
 
 

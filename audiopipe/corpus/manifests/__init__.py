@@ -29,6 +29,7 @@ from typing import Any
 from audiopipe.corpus.listings import json_objects, open_binary, regular_file
 from audiopipe.corpus.manifests import commonvoice, hf, lhotse, nemo
 from audiopipe.corpus.manifests.common import Read
+from audiopipe.errors import Failed, InvalidValue
 from audiopipe.storage import guard
 
 KINDS = ("plain", "lhotse", "lhotse_shar", "nemo", "commonvoice", "hf")
@@ -72,9 +73,9 @@ def kind_of(path: str) -> str:
             return "lhotse_shar"
         if hf.table_files(path):
             return "hf"
-        raise ValueError(f"{path} is a folder but not a manifest: expected a Hugging Face save_to_disk folder "
-                         f"(state.json), a lhotse Shar folder (cuts.000000.jsonl.gz) or a folder of .parquet/"
-                         f".arrow files; a folder of audio is given with --corpus")
+        raise InvalidValue(f"{path} is a folder but not a manifest: expected a Hugging Face save_to_disk folder "
+                           f"(state.json), a lhotse Shar folder (cuts.000000.jsonl.gz) or a folder of .parquet/"
+                           f".arrow files; a folder of audio is given with --corpus")
     path = regular_file(path)
     name = os.path.basename(path).lower()
     if name.endswith((".parquet", ".arrow")):
@@ -84,8 +85,11 @@ def kind_of(path: str) -> str:
         first = _first_object(path)
         if first is not None and "audio_filepath" in first:
             return "nemo"
-        if first is not None and _lhotse_item(first) or first is None and _LHOTSE_NAME.search(name):
-            return "lhotse"  # (no line readable: lhotse's own reader says why, rather than another reader)
+        # By its items, or by lhotse's file names when the first readable line names no audio file (none
+        # readable, or a damaged item): lhotse's reader then rejects each line it cannot parse.
+        named = _LHOTSE_NAME.search(name) and (first is None or not {"path", "audio"} & first.keys())
+        if first is not None and _lhotse_item(first) or named:
+            return "lhotse"
         return "plain"
     if stem.endswith(".tsv"):
         with open_binary(path) as f:
@@ -102,8 +106,8 @@ def _need(module: str, what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise RuntimeError(f"reading {what} needs the {module} package: pip install -e \".[manifests]\" "
-                           f"(or pip install {module})")
+        raise Failed(f"reading {what} needs the {module} package: pip install -e \".[manifests]\" "
+                     f"(or pip install {module})")
 
 
 def read(kind: str, paths: list[str], root: str, speaker_rule: int | None, options: Any) -> Read:
@@ -114,7 +118,7 @@ def read(kind: str, paths: list[str], root: str, speaker_rule: int | None, optio
         _need("datasets", "a Hugging Face dataset")
     readers = {"nemo": nemo, "commonvoice": commonvoice, "lhotse": lhotse, "lhotse_shar": lhotse, "hf": hf}
     if kind not in readers:
-        raise ValueError(f"no reader for manifest kind {kind!r}")
+        raise InvalidValue(f"no reader for manifest kind {kind!r}")
     mod = readers[kind]
     # A manifest's speaker is taken in every --speaker mode, as for audiopipe's own manifests.
     return mod.read(paths, root, options) if kind != "lhotse_shar" else mod.read_shar(paths, root, options)

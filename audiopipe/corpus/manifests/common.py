@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from audiopipe.corpus.entries import Entry
 from audiopipe.corpus.layouts.common import rel
 from audiopipe.corpus.records import Reject
+from audiopipe.errors import InvalidValue
 
 
 @dataclass
@@ -41,6 +42,6 @@ def pick_column(columns: list[str], given: str | None, usual: tuple[str, ...], f
     present, else None."""
     if given:
         if given not in columns:
-            raise ValueError(f"{where}: no column {given!r} ({flag}); its columns are {', '.join(columns)}")
+            raise InvalidValue(f"{where}: no column {given!r} ({flag}); its columns are {', '.join(columns)}")
         return given
     return next((c for c in usual if c in columns), None)

@@ -32,6 +32,7 @@ from audiopipe.corpus.manifests.common import Read, pick_column, source_of
 from audiopipe.corpus.wavheader import parse_wav_header
 from audiopipe.decode.audio import RejectError
 from audiopipe.decode.cells import cell_info, open_arrow
+from audiopipe.errors import InvalidValue
 from audiopipe.storage import guard
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text", "raw_text")
@@ -50,7 +51,7 @@ def table_files(folder: str) -> list[str]:
             dirs[:] = []
         found += [os.path.join(d, f) for f in files if f.endswith((".parquet", ".arrow")) and not f.startswith(".")]
         if len(found) > _MAX_TABLE_FILES:
-            raise ValueError(f"{folder}: more than {_MAX_TABLE_FILES} table files; name the ones to read")
+            raise InvalidValue(f"{folder}: more than {_MAX_TABLE_FILES} table files; name the ones to read")
     return sorted(found)
 
 
@@ -120,13 +121,13 @@ def _columns(t: _Table, schema: Any, options: Any) -> _Columns:
     audio = options.audio_column
     if audio:
         if audio not in names:
-            raise ValueError(f"{where}: no column {audio!r} (--audio-column); its columns are {', '.join(names)}")
+            raise InvalidValue(f"{where}: no column {audio!r} (--audio-column); its columns are {', '.join(names)}")
     else:
         typed = _audio_columns(schema, t.features)
         if len(typed) != 1:
             what = f"{len(typed)} columns typed Audio ({', '.join(typed)})" if typed else "no column typed Audio"
-            raise ValueError(f"{where}: {what}; name the audio column with --audio-column (columns: "
-                             f"{', '.join(names)})")
+            raise InvalidValue(f"{where}: {what}; name the audio column with --audio-column (columns: "
+                               f"{', '.join(names)})")
         audio = typed[0]
     typ = schema.field(audio).type
     if pa.types.is_struct(typ) and typ.get_field_index("bytes") >= 0:
@@ -135,7 +136,7 @@ def _columns(t: _Table, schema: Any, options: Any) -> _Columns:
             or pa.types.is_large_string(typ):
         audio_field = None
     else:
-        raise ValueError(f"{where}: column {audio!r} is {typ}, not audio bytes, a path, or a {{bytes, path}} struct")
+        raise InvalidValue(f"{where}: column {audio!r} is {typ}, not audio bytes, a path, or a {{bytes, path}} struct")
     text = pick_column(names, options.text_column, TEXT_COLUMNS, "--text-column", where)
     speaker = pick_column(names, options.speaker_column, SPEAKER_COLUMNS, "--speaker-column", where)
     uid = pick_column(names, options.id_column, ("id",), "--id-column", where)
@@ -236,7 +237,7 @@ def read(paths: list[str], root: str, options: Any) -> Read:
     out = Read()
     tables = [t for p in paths for t in _tables(p)]
     if not tables:
-        raise ValueError(f"no .parquet or .arrow file in {', '.join(paths)}")
+        raise InvalidValue(f"no .parquet or .arrow file in {', '.join(paths)}")
     files = list(ordered_map(lambda t: _read_file(t, root, options), tables, threads=min(4, len(tables)),
                              block=1))
     names = [n for f in files for n in f.names]

@@ -25,9 +25,11 @@ from typing import Any
 
 from audiopipe.corpus.entries import Entry, resolve_path
 from audiopipe.corpus.hints import USED_EXTRA
-from audiopipe.corpus.listings import plain_value, regular_file, text_of
+from audiopipe.corpus.listings import json_objects, plain_value, regular_file, text_of
 from audiopipe.corpus.manifests.common import Read, source_of
 from audiopipe.corpus.tarmembers import Member, list_members
+from audiopipe.errors import InvalidValue
+from audiopipe.storage import guard
 
 
 def _load(path: str) -> Any:
@@ -36,7 +38,49 @@ def _load(path: str) -> Any:
     try:
         return load_manifest_lazy_or_eager(path)
     except Exception as e:  # lhotse raises many kinds for a malformed manifest
-        raise ValueError(f"{path}: lhotse cannot read it as a manifest ({type(e).__name__}: {e})") from None
+        raise InvalidValue(f"{path}: lhotse cannot read it as a manifest ({type(e).__name__}: {e})") from None
+
+
+def _is_jsonl(path: str) -> bool:
+    return path.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson"))
+
+
+class _Bad:
+    """A manifest line lhotse cannot parse: rejected alone (`where` names the file and line)."""
+
+    def __init__(self, where: str, reason: str, detail: str) -> None:
+        self.where, self.reason, self.detail = where, reason, detail
+
+
+def _rows(path: str) -> Any:
+    """(where, item or _Bad) of a lhotse manifest, `where` being `<file>:<line>`. A JSON-lines manifest is read
+    line by line (audiopipe.corpus.listings.json_objects) and each line parsed by lhotse's own
+    deserialize_item, so that a line it cannot parse is one reject, never the whole manifest; another format
+    (a .json list, .yaml) is lhotse's to read whole."""
+    from lhotse.serialization import deserialize_item
+
+    name = os.path.basename(path)
+    if not _is_jsonl(path):
+        m = _load(path)
+        for n, item in enumerate(_items(m, path) if m is not None else ()):
+            yield f"{name}:{n + 1}", item
+        return
+    for n, rec in json_objects(path):
+        where = f"{name}:{n}"
+        if isinstance(rec, guard.Refused):
+            yield where, _Bad(where, rec.reason, rec.detail)
+            continue
+        try:
+            yield where, deserialize_item(rec)
+        except Exception as e:  # lhotse raises many kinds for a malformed item
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            yield where, _Bad(where, "bad_value", f"{where}: lhotse cannot read this line ({type(e).__name__}: "
+                                                  f"{first})")
+
+
+def _file(where: str) -> str:
+    """The manifest file name of a `<file>:<line>`."""
+    return where.rsplit(":", 1)[0]
 
 
 def _items(manifest: Any, path: str) -> Any:
@@ -50,7 +94,7 @@ def _items(manifest: Any, path: str) -> Any:
         except StopIteration:
             return
         except Exception as e:  # lhotse raises many kinds for a malformed item
-            raise ValueError(f"{path}: lhotse cannot read item {n + 1} ({type(e).__name__}: {e})") from None
+            raise InvalidValue(f"{path}: lhotse cannot read item {n + 1} ({type(e).__name__}: {e})") from None
         n += 1
         yield item
 
@@ -117,42 +161,53 @@ def _sibling_supervisions(path: str) -> str | None:
 
 
 def read(paths: list[str], root: str, options: Any) -> Read:
-    from lhotse import CutSet, RecordingSet, SupervisionSet
-
     out = Read()
     keep = set(options.keep_columns)
     cwd = os.getcwd()
     recordings: dict[str, tuple[Any, str]] = {}
     supervisions: list[tuple[Any, str]] = []
     recording_files: list[str] = []
+    from lhotse import Recording, SupervisionSegment
+    from lhotse.cut import Cut
+
     for p in paths:
         p = regular_file(p)
-        m = _load(p)
         name = os.path.basename(p)
-        if m is None:
+        items = 0
+        for where, item in _rows(p):
+            items += 1
+            if isinstance(item, _Bad):
+                out.entries.append(Entry(p, where, where, None, problem=(item.reason, item.detail)))
+            elif isinstance(item, Recording):
+                if p not in recording_files:
+                    recording_files.append(p)
+                if item.id in recordings:  # never dropped silently: the second of an id is refused
+                    out.entries.append(Entry(p, where, where, item.id, problem=(
+                        "duplicate_id", f"{where}: recording id {item.id!r} is listed already "
+                                        f"({recordings[item.id][1]}); the first is kept")))
+                    continue
+                recordings[item.id] = (item, where)
+            elif isinstance(item, SupervisionSegment):
+                supervisions.append((item, where))
+            elif isinstance(item, Cut):
+                out.entries.append(_cut_entry(item, where, root, cwd, keep, out))
+            else:
+                raise InvalidValue(f"{p}: a lhotse {type(item).__name__} holds no audio; give recordings + "
+                                   f"supervisions or cuts")
+        if items == 0:
             out.notes.append(f"{name} is an empty lhotse manifest")
-        elif isinstance(m, RecordingSet):
-            recording_files.append(p)
-            for r in _items(m, p):
-                recordings.setdefault(r.id, (r, name))
-        elif isinstance(m, SupervisionSet):
-            supervisions.extend((s, name) for s in _items(m, p))
-        elif isinstance(m, CutSet):
-            for c in _items(m, p):
-                out.entries.append(_cut_entry(c, name, root, cwd, keep, out))
-        else:
-            raise ValueError(f"{p}: a lhotse {type(m).__name__} holds no audio; give recordings + supervisions "
-                             f"or cuts")
     if supervisions and not recordings:
-        raise ValueError("lhotse supervisions name their audio by recording id only: give the recordings "
-                         "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
-    if recordings and not supervisions:
+        raise InvalidValue("lhotse supervisions name their audio by recording id only: give the recordings "
+                           "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
+    # Recordings alone are whole-file utterances only when nothing but recordings was given (a supervisions
+    # manifest whose every line was refused still says that the recordings are to be cut).
+    if recordings and not supervisions and len(recording_files) == len(paths):
         hint = next((s for s in map(_sibling_supervisions, recording_files) if s), None)
         out.notes.append(f"only lhotse recordings were given: {len(recordings)} whole recordings without text "
                          f"or speaker" + (f" (add --manifest {hint})" if hint else ""))
         for rec, name in recordings.values():
             path, problem = _audio(rec, f"{name}", cwd)
-            e = Entry(path or name, source_of(path, root, path) if path else f"{name}#{rec.id}",
+            e = Entry(path or name, source_of(path, root, path) if path else f"{_file(name)}#{rec.id}",
                       f"{name}: recording {rec.id}", rec.id, problem=problem)
             out.entries.append(e)
         return out
@@ -161,7 +216,7 @@ def read(paths: list[str], root: str, options: Any) -> Read:
         where = f"{name}: supervision {sup.id}"
         got = recordings.get(sup.recording_id)
         if got is None:
-            out.entries.append(Entry(sup.recording_id, f"{name}#{sup.id}", where, sup.id, problem=(
+            out.entries.append(Entry(sup.recording_id, f"{_file(name)}#{sup.id}", where, sup.id, problem=(
                 "lhotse_missing_recording", f"it cuts recording {sup.recording_id!r}, which no recordings "
                                             f"manifest given lists")))
             continue
@@ -177,7 +232,7 @@ def read(paths: list[str], root: str, options: Any) -> Read:
         except (TypeError, ValueError) as e:  # a text that is a list, a start that is not a number
             text, speaker, start, end = "", "", None, None
             problem = problem or (getattr(e, "reason", "bad_value"), str(e))
-        out.entries.append(Entry(path or rec.id, source_of(path, root, path) if path else f"{name}#{sup.id}",
+        out.entries.append(Entry(path or rec.id, source_of(path, root, path) if path else f"{_file(name)}#{sup.id}",
                                  where, sup.id, text, speaker, start, end, extra, problem=problem))
     if len(used) < len(recordings):
         out.notes.append(f"{len(recordings) - len(used)} lhotse recordings have no supervision and are left out")
@@ -202,6 +257,7 @@ def _cut_entry(cut: Any, name: str, root: str, cwd: str, keep: set[str], out: Re
     from lhotse.cut.data import DataCut
 
     where = f"{name}: cut {cut.id}"
+    name = _file(name)
     if not isinstance(cut, DataCut):
         return Entry(name, f"{name}#{cut.id}", where, cut.id, problem=(
             "lhotse_cut", f"a {type(cut).__name__} mixes or pads several recordings; write its audio to files "
@@ -225,11 +281,11 @@ def _span(item: Any) -> tuple[float, float]:
     """[start, start + duration) of a supervision or cut, in seconds; ValueError when they are not numbers (a
     nan or inf is left to the cut, which refuses it as `bad_segment`)."""
     if isinstance(item.start, bool) or isinstance(item.duration, bool):
-        raise ValueError("start and duration must be seconds")
+        raise InvalidValue("start and duration must be seconds")
     try:
         start, duration = float(item.start), float(item.duration)
     except (TypeError, ValueError):
-        raise ValueError(f"start and duration must be seconds, got {item.start!r:.40} and {item.duration!r:.40}") \
+        raise InvalidValue(f"start and duration must be seconds, got {item.start!r:.40} and {item.duration!r:.40}") \
             from None
     return start, start + duration
 
@@ -269,13 +325,12 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
         parts = _shar_parts(folder)
         if not any(os.path.isfile(t) for _, t in parts):
             gz = [n for n in os.listdir(folder) if n.startswith("recording.") and n.endswith(".tar.gz")]
-            raise ValueError(f"{folder}: this lhotse Shar folder has no uncompressed recording tars "
-                             f"(recording.000000.tar)" + (": compressed tars cannot be read in place, "
+            raise InvalidValue(f"{folder}: this lhotse Shar folder has no uncompressed recording tars "
+                               f"(recording.000000.tar)" + (": compressed tars cannot be read in place, "
                                                           "decompress them first" if gz else
                                                           "; it was written without its audio"))
         for cuts_path, tar in parts:
             cuts_path = regular_file(cuts_path)
-            name = os.path.basename(cuts_path)
             tar_source = source_of(tar, root, tar)
             try:
                 members, refused, damage = _tar_members(regular_file(tar, "Shar recording tar"))
@@ -284,9 +339,12 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
                 broken = f"{os.path.basename(tar)} cannot be read as an uncompressed tar ({e})"
             else:
                 broken = None
-            cuts = _load(cuts_path)
-            for cut in _items(cuts, cuts_path) if cuts is not None else ():
-                where = f"{name}: cut {cut.id}"
+            for line, cut in _rows(cuts_path):
+                if isinstance(cut, _Bad):  # a line lhotse cannot parse: it alone is refused
+                    out.entries.append(Entry(cuts_path, f"{tar_source}#{line}", line, None,
+                                             problem=(cut.reason, cut.detail)))
+                    continue
+                where = f"{line}: cut {cut.id}"
                 m = members.get(cut.id)
                 if broken:
                     problem = ("unreadable", broken)
@@ -303,7 +361,12 @@ def read_shar(paths: list[str], root: str, options: Any) -> Read:
                 if problem is not None:
                     out.entries.append(Entry(tar, f"{tar_source}#{cut.id}", where, cut.id, problem=problem))
                     continue
-                text, speaker, extra = _cut_texts(cut, keep, out)
+                try:
+                    text, speaker, extra = _cut_texts(cut, keep, out)
+                except (TypeError, ValueError) as e:  # a text that is a list: this cut alone is refused
+                    out.entries.append(Entry(tar, f"{tar_source}#{cut.id}", where, cut.id, problem=(
+                        getattr(e, "reason", "bad_value"), f"{where}: {e}")))
+                    continue
                 extra.update(tar_member=m.name, member_offset=m.offset, member_size=m.size)
                 out.entries.append(Entry(tar, f"{tar_source}#{m.name}", where, cut.id, text, speaker,
                                          extra=extra))

@@ -19,7 +19,6 @@ from audiopipe.corpus.entries import Entry, resolve_path
 from audiopipe.corpus.hints import LOCATION_EXTRA, USED_EXTRA
 from audiopipe.corpus.listings import json_objects, kind_of_value, plain_value, regular_file, text_of
 from audiopipe.corpus.manifests.common import Read, inside, source_of
-from audiopipe.corpus.transcripts import TranscriptError
 from audiopipe.storage import guard
 
 
@@ -55,8 +54,10 @@ def read(paths: list[str], root: str, options: Any) -> Read:
                 continue
             seen_keys.update(rec)
             written = rec.get(audio_key)
-            if written is None or written == "":
-                raise TranscriptError(f"{manifest}:{n}: no {audio_key!r} value; fields are {sorted(rec)}")
+            if written is None or written == "":  # this row names no audio: it alone is refused
+                out.entries.append(Entry(manifest, where, where, None, problem=(
+                    "bad_value", f"{where}: no {audio_key!r} value; fields are {sorted(rec)}")))
+                continue
             if not isinstance(written, str) or not written.strip() or guard.name_problem(written):
                 what = kind_of_value(written) if not isinstance(written, str) else "not a file name"
                 out.entries.append(Entry(manifest, where, where, None,
@@ -73,7 +74,11 @@ def read(paths: list[str], root: str, options: Any) -> Read:
                            if (k in keep or k in USED_EXTRA) and k not in LOCATION_EXTRA and plain_value(v)}
                 if rec.get("lang") is not None and "language" not in e.extra:
                     e.extra["language"] = text_of(rec["lang"], "lang")
-                e.id = text_of(rec.get(options.id_column or "id"), "id") or None
+                given = rec.get(options.id_column or "id")
+                e.id = text_of(given, "id") or None
+                if isinstance(given, str) and e.id is not None and e.id != given:  # never changed silently
+                    raise guard.Refused("bad_id", f"{where}: id {given!r:.80} has line breaks, tabs, or spaces "
+                                                  f"at its ends or doubled; an id is kept as given: fix it")
                 e.text = text_of(rec.get(text_key), text_key)
                 e.speaker = next((text_of(rec[k], k) for k in speaker_keys if rec.get(k) is not None), "")
             except guard.Refused as err:

@@ -48,9 +48,9 @@ def _given(v: Any, name: str) -> str | None:
 
 def _row(rec: dict[str, Any], base: str, where: str, line: int) -> ManifestRow:
     written = next((rec[k] for k in MANIFEST_PATH_KEYS if rec.get(k) is not None and rec.get(k) != ""), None)
-    if written is None:
-        raise TranscriptError(f"{where}:{line}: no 'path' (or 'audio') value; columns are "
-                              f"{sorted(k for k in rec if k is not None)}")
+    if written is None:  # this row names no audio: it alone is refused
+        return _bad_row(where, line, "bad_value", f"no 'path' (or 'audio') value; columns are "
+                                                  f"{sorted(str(k) for k in rec if k is not None)}")
     if not isinstance(written, str) or not written.strip():
         return _bad_row(where, line, "bad_value", f"the audio path is {kind_of_value(written)}, not a path")
     written = written.strip()
@@ -73,6 +73,13 @@ def _bad_row(where: str, line: int, reason: str, detail: str) -> ManifestRow:
     """A row whose audio cannot be named: the manifest line itself is the rejected input."""
     return ManifestRow(path=where, written_path=f"{where}:{line}", line=line,
                        problem=(reason, detail if detail.startswith(where) else f"{where}:{line}: {detail}"))
+
+
+def _allow_long_cells() -> None:
+    """csv refuses a cell over 128 KiB (its default limit) and cannot go on after it; a JSONL line may be up to
+    guard's line limit, so a CSV cell may be too: one long transcript is a row like any other."""
+    if csv.field_size_limit() < guard.LIMITS["jsonl line"]:
+        csv.field_size_limit(guard.LIMITS["jsonl line"])
 
 
 def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
@@ -98,7 +105,8 @@ def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
     if ext not in ("csv", "tsv"):
         raise TranscriptError(f"{path}: unknown manifest type '.{ext}' (use .jsonl, .csv or .tsv, "
                               f"or a lhotse, NeMo, Common Voice or Hugging Face manifest: docs/corpus.md)")
-    line = 0
+    reader = None
+    _allow_long_cells()
     try:
         with open_text(path) as f:
             reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
@@ -106,10 +114,9 @@ def read_manifest(path: str | os.PathLike[str]) -> list[ManifestRow]:
                 raise TranscriptError(f"{path}: the header row needs a 'path' or 'audio' column, "
                                       f"got {reader.fieldnames}")
             for rec in reader:
-                line = reader.line_num
-                rows.append(_row(rec, base, path, line))
+                rows.append(_row(rec, base, path, reader.line_num))
     except (UnicodeDecodeError, EOFError, OSError) as e:
         raise TranscriptError(f"{path}: not UTF-8 text ({e})") from None
-    except csv.Error as e:  # a NUL byte, a field over csv's size limit
-        raise TranscriptError(f"{path}:{line + 1}: not a CSV row ({e})") from None
+    except csv.Error as e:  # a NUL byte: the reader cannot go on past it
+        raise TranscriptError(f"{path}:{reader.line_num if reader else 1}: not a CSV row ({e})") from None
     return rows

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from audiopipe.collate.pad import PadCollator
+from audiopipe.errors import InvalidValue
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import ShardError
 from audiopipe.reader.integrity import checksum_fails, verify_mode
@@ -60,10 +61,10 @@ class WdsStream(torch.utils.data.IterableDataset):
         super().__init__()
         verify = verify_mode(verify)
         if pool_size < 1 or interleave < 1 or num_workers < 0:
-            raise ValueError(f"need pool_size >= 1, interleave >= 1, num_workers >= 0; got {pool_size}, "
-                             f"{interleave}, {num_workers}")
+            raise InvalidValue(f"need pool_size >= 1, interleave >= 1, num_workers >= 0; got {pool_size}, "
+                               f"{interleave}, {num_workers}")
         if int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed!r}")
+            raise InvalidValue(f"seed must be >= 0, got {seed!r}")
         # ShardDataset's constructor reads only manifest.json and index.arrow and refuses unknown features and
         # config-hash mismatches; reuse those checks (check_shards=False: the Arrow shards may not be here at all).
         meta = ShardDataset(shards, features, expect=expect, check_shards=False)
@@ -76,8 +77,8 @@ class WdsStream(torch.utils.data.IterableDataset):
             try:
                 tar_url.format(path="wds/x.tar", name="x")
             except (KeyError, IndexError, ValueError) as e:
-                raise ValueError(f"tar_url {tar_url!r} may use only {{path}} and {{name}} "
-                                 f"({type(e).__name__}: {e})") from None
+                raise InvalidValue(f"tar_url {tar_url!r} may use only {{path}} and {{name}} "
+                                   f"({type(e).__name__}: {e})") from None
         self.tar_url = tar_url
         missing = [s["name"] for s in self.manifest["shards"] if "tar" not in s]
         if missing:
@@ -100,14 +101,14 @@ class WdsStream(torch.utils.data.IterableDataset):
         if subset is not None:
             subset = np.asarray(subset, dtype=np.int64)
             if subset.ndim != 1 or (subset.size and (subset.min() < 0 or subset.max() >= n)):
-                raise ValueError(f"subset must be 1-D global indices in 0..{n - 1}")
+                raise InvalidValue(f"subset must be 1-D global indices in 0..{n - 1}")
         full = meta.lengths(length_feature or self.features[0]).astype(np.int64) if lengths is None else None
         if lengths is not None:
             lengths = validate_lengths(lengths)
             want = n if subset is None else subset.size
             if lengths.size != want:
-                raise ValueError(f"lengths has {lengths.size} entries, expected {want} (one per "
-                                 f"{'subset item' if subset is not None else 'utterance'})")
+                raise InvalidValue(f"lengths has {lengths.size} entries, expected {want} (one per "
+                                   f"{'subset item' if subset is not None else 'utterance'})")
             if subset is not None:
                 full = np.zeros(n, dtype=np.int64)
                 full[subset] = lengths
@@ -137,7 +138,7 @@ class WdsStream(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next pass plays. Setting the epoch being resumed again keeps the resume."""
         if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+            raise InvalidValue(f"epoch must be >= 0, got {epoch}")
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self._resume = None
@@ -164,28 +165,28 @@ class WdsStream(torch.utils.data.IterableDataset):
         base = self._offset_of_pass()
         done = base + int(consumed_batches)
         if not base <= done <= total:
-            raise ValueError(f"consumed_batches={consumed_batches} is outside this pass's 0..{total - base}")
+            raise InvalidValue(f"consumed_batches={consumed_batches} is outside this pass's 0..{total - base}")
         return {"format": STATE_FORMAT, "epoch": self.epoch, "consumed": done, "world_size": self.world_size,
                 "num_workers": self.num_workers, "lengths_sha256": self._fingerprint, "config": self._config()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next pass yields exactly this rank's batches that follow the saved position."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a WdsStream state (expected format {STATE_FORMAT!r})")
+            raise InvalidValue(f"not a WdsStream state (expected format {STATE_FORMAT!r})")
         if state["lengths_sha256"] != self._fingerprint:
-            raise ValueError("the state was saved for other lengths or another subset (another corpus or index?)")
+            raise InvalidValue("the state was saved for other lengths or another subset (another corpus or index?)")
         if state["config"] != self._config():
             diff = {k: (v, self._config().get(k)) for k, v in state["config"].items() if self._config().get(k) != v}
-            raise ValueError(f"the state was saved with another stream config (saved, now): {diff}")
+            raise InvalidValue(f"the state was saved with another stream config (saved, now): {diff}")
         if (state["world_size"], state["num_workers"]) != (self.world_size, self.num_workers):
-            raise ValueError(
+            raise InvalidValue(
                 f"the state was saved with {state['world_size']} ranks x {state['num_workers']} workers, this run has "
                 f"{self.world_size} x {self.num_workers}: a streaming plan cannot be re-dealt mid-epoch; resume with "
                 "the same layout, start the next epoch, or use make_loader (mmap), which re-deals")
         self.epoch = int(state["epoch"])
         total = self.plan().batches_per_rank
         if not 0 <= int(state["consumed"]) <= total:
-            raise ValueError(f"stream state says {state['consumed']} of {total} batches were consumed")
+            raise InvalidValue(f"stream state says {state['consumed']} of {total} batches were consumed")
         self._resume = int(state["consumed"])
 
     def _config(self) -> dict[str, Any]:
@@ -201,11 +202,11 @@ class WdsStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker = 0 if info is None else info.id
         if info is None and self.num_workers > 0:
-            raise ValueError(f"WdsStream was planned for num_workers={self.num_workers}; iterate it through a "
-                             "DataLoader with that many workers (make_wds_loader), not directly")
+            raise InvalidValue(f"WdsStream was planned for num_workers={self.num_workers}; iterate it through a "
+                               "DataLoader with that many workers (make_wds_loader), not directly")
         if info is not None and info.num_workers != self.num_workers:
-            raise ValueError(f"WdsStream was planned for num_workers={self.num_workers}, but the DataLoader has "
-                             f"{info.num_workers}; pass the same number to both (make_wds_loader does)")
+            raise InvalidValue(f"WdsStream was planned for num_workers={self.num_workers}, but the DataLoader has "
+                               f"{info.num_workers}; pass the same number to both (make_wds_loader does)")
         plan = self.plan()
         quotas = plan.quotas[self.rank]
         done = self._resume or 0  # only the first pass after load_state_dict() resumes

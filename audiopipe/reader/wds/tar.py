@@ -17,6 +17,7 @@ import numpy as np
 import soundfile as sf
 import webdataset
 
+from audiopipe.errors import InvalidValue
 from audiopipe.reader.errors import ShardError
 from audiopipe.shard.checksum import Checksum, new_hash
 
@@ -89,7 +90,7 @@ def _samples(stream: _CheckedStream, wanted: Callable[[str], bool]) -> Iterator[
         if sample is None:
             sample = {"__key__": key}
         if ext in sample:
-            raise ValueError(f"{member.name}: a second member with extension {ext!r} for sample {key!r}")
+            raise InvalidValue(f"{member.name}: a second member with extension {ext!r} for sample {key!r}")
         if wanted(ext):  # unwanted members are skipped by the next read, never copied
             sample[ext] = tar.extractfile(member).read()
     if sample is not None:
