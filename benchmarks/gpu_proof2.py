@@ -24,6 +24,10 @@ Parts, in order of value; each in its own process under its own cap:
                 and F5's frames/s with it against one global budget's (>= 1x)
   speakers      ERes2Net and CAM++ `default` as the trainers run (their own main(), prefetch 2) on the bundle's
                 speaker shards grown the same way: 10 warm-up + 60 timed steps, data wait from their log
+  shapes        (a second call: --parts shapes) F5-TTS `default` on the grown corpus, step by step with each batch's
+                shape: eager as today, eager with --shapes 8, compiled with --shapes 8: the step at a shape met
+                for the first time against one met before; GPT-SoVITS s1 `default` with --shapes 8, eager against
+                --compile, through its own main()
   features      bench_gpu_features.py with --equal: clips in batches of equal length (each group of B
                 length-sorted clips cut to its shortest), mel, fbank and codec in fp32, batched against one at a
                 time on the same cut clips
@@ -47,13 +51,18 @@ for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
 
 import gpu_proof as g1  # noqa: E402 - after the path set-up: the machinery of the first round
 
-PARTS = ("full_batches", "cores", "features", "calibrate", "speakers")
+PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
 # Seconds each part may take on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the calibrate part of round
 # 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
-CAPS = {"full_batches": 120, "cores": 130, "features": 35, "calibrate": 70, "speakers": 40}
-FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20}
-QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 120, "calibrate": 120, "speakers": 150}
-QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8}
+# shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
+# (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
+CAPS = {"full_batches": 120, "cores": 130, "features": 35, "calibrate": 70, "speakers": 40, "shapes": 290}
+FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20, "shapes": 200}
+QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 150, "calibrate": 200, "speakers": 150, "shapes": 250}
+QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8, "shapes": 8}
+SHAPES = 8  # shapes: --shapes K, the batch shapes a run meets at most
+SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first ones meet each shape first)
+GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
 SPEAKER_STEPS = {"full": (10, 60), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
 SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
 HOLD_ROUNDS = {"full": 10, "quick": 1}  # calibrate: rounds over every bucket's largest shapes
@@ -142,7 +151,7 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
         opt.step()
         opt.zero_grad(set_to_none=True)
         clock.step_end()
-        info.append({"where": where, "items": int(batch["mel"].shape[0]), "frames": int(batch["mel_lengths"].sum()),
+        info.append({"where": where, "shape": tuple(batch["mel"].shape), "items": int(batch["mel"].shape[0]), "frames": int(batch["mel_lengths"].sum()),
                      "padded": int(batch["mel"].shape[0] * batch["mel"].shape[-1])})
     steps = per_step(clock)
     g1.ensure(bool(torch.isfinite(loss)), "the loss is not finite")
@@ -358,9 +367,80 @@ def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+# ----------------------------------------------------------------------------- part: shapes
+
+
+def first_seen(steps: list[tuple[float, float]], info: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step time at a batch shape met for the first time in the run against one met before (step 0 left out:
+    the first step of a process pays for more than its shape)."""
+    seen, new, old = set(), [], []
+    for i, ((ms, _), b) in enumerate(zip(steps, info)):
+        if i:
+            (old if b["shape"] in seen else new).append(ms)
+        seen.add(b["shape"])
+    mean = (lambda x: sum(x) / len(x) if x else None)
+    return {"shapes_met": len(seen), "first_seen_steps": len(new), "first_seen_ms": mean(new),
+            "repeated_steps": len(old), "repeated_ms": mean(old),
+            "first_seen_vs_repeated": mean(new) / mean(old) if new and old else None}
+
+
+def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
+    """Few batch shapes and torch.compile on the device (the trainers' --shapes and --compile)."""
+    import importlib
+    from dataclasses import replace
+
+    import torch
+
+    import core
+
+    n = SHAPE_STEPS["quick" if a.quick else "full"]
+    res: dict[str, Any] = {"shapes": SHAPES, "steps": n, "f5tts": {}}
+    for key, shapes, compile_ in (("eager", 0, False), ("eager_shapes", SHAPES, False),
+                                  ("compiled_shapes", SHAPES, True)):
+        s = f5_setup(a, copies_for(a, n + 2))
+        cfg = replace(s["cfg"], shapes=shapes, compile=compile_)
+        s["cfg"] = cfg
+        if compile_:  # what --compile runs; on a CPU rehearsal, dynamo and autograd without inductor's codegen
+            s["model"] = core.compiled(s["model"], cfg) if not a.quick else torch.compile(s["model"],
+                                                                                            backend="aot_eager")
+        loader = g1._f5_loader(s, 2, s["dev"])
+        t0 = time.perf_counter()
+        steps, info = train_steps(s, with_epochs(loader), n)
+        res["f5tts"][key] = {**summary(steps[1:], info[1:]), **first_seen(steps, info),
+                             "wall_s": round(time.perf_counter() - t0, 1)}
+        g1.save_partial(a, res)
+        del s, loader
+        if a.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    f5 = res["f5tts"]
+    res["f5tts"]["compiled_vs_eager_shapes"] = f5["compiled_shapes"]["step_ms"] / f5["eager_shapes"]["step_ms"]
+    warm, timed = GPT_STEPS["quick" if a.quick else "full"]
+    res["gpt_sovits"] = {}
+    for key, extra in (("eager_shapes", []), ("compiled_shapes", ["--compile"])):
+        if a.quick and extra:  # inductor on a CPU takes minutes; the trainers' own tests cover --compile there
+            continue
+        out = a.work / f"shapes-gpt-{key}"
+        argv = ["--shards", str(a.bundle / "tokens" / "gpt_sovits"), "--config", "tiny" if a.quick else "default",
+                "--out", str(out), "--max-steps", str(warm + timed), "--log-every", str(warm),
+                "--ckpt-every", str(10 ** 9), "--prefetch", "2", "--seed", "0", "--shapes", str(SHAPES), *extra,
+                *(["--batch-frames", "1500"] if a.quick else [])]
+        t0 = time.perf_counter()
+        importlib.import_module("train_gpt_sovits").main(argv)
+        log = out / "log.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        res["gpt_sovits"][key] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
+                                  **g1._window_stats(records, warm)}
+        shutil.rmtree(out, ignore_errors=True)
+        g1.save_partial(a, res)
+    gs = res["gpt_sovits"]
+    if "compiled_shapes" in gs:
+        gs["compiled_vs_eager"] = gs["compiled_shapes"]["step_ms"] / gs["eager_shapes"]["step_ms"]
+    return res
+
+
 CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "full_batches": part_full_batches, "cores": part_cores, "features": part_features,
-    "calibrate": part_calibrate, "speakers": part_speakers,
+    "calibrate": part_calibrate, "speakers": part_speakers, "shapes": part_shapes,
     "info": lambda a: g1.device_info(a.device)}
 
 
@@ -396,6 +476,14 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
                 if r.get("timed_steps"):
                     lines.append(f"  {name}: {r['step_ms']:.1f} ms/step, data wait {100 * r['data_wait_share']:.3f} %, "
                                  f"{r['epochs']} epochs")
+        elif part == "shapes" and "f5tts" in res:
+            for key, r in res["f5tts"].items():
+                if isinstance(r, dict):
+                    lines.append(f"  F5-TTS {key}: {r['step_ms']:.1f} ms/step, {r['shapes_met']} shapes, first-seen "
+                                 f"step {r['first_seen_vs_repeated'] or float('nan'):.2f}x a repeated one")
+            for key, r in res.get("gpt_sovits", {}).items():
+                if isinstance(r, dict) and r.get("timed_steps"):
+                    lines.append(f"  GPT-SoVITS {key}: {r['step_ms']:.1f} ms/step")
         elif part == "features" and "summary" in res:
             lines += [f"  {k}: {v['x_rt']} x real time" for k, v in res["summary"].items()]
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
@@ -419,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of all parts together (default 395; 700 with --quick)")
+                    help="wall-clock budget of all parts together (default 395; 900 with --quick)")
     ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--trainers", default="", help=argparse.SUPPRESS)  # gpu_proof's child protocol carries these
@@ -451,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     started = time.time()
-    budget = a.budget_s if a.budget_s is not None else (700.0 if a.quick else 395.0)
+    budget = a.budget_s if a.budget_s is not None else (900.0 if a.quick else 395.0)
     caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
     wheels = g1.install_wheels(a.bundle, a.work / "site")
     paths = [wheels["site"]] if wheels.get("site") else []

@@ -254,12 +254,12 @@ def test_quick_round_two_runs_every_part_on_cpu(bundle, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_proof2.py"), "--bundle", str(bundle), "--out",
                         str(out), "--work", str(tmp_path / "work"), "--device", "cpu", "--quick", "--without", ABSENT],
-                       capture_output=True, text=True, env=env(), timeout=900)
+                       capture_output=True, text=True, env=env(), timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["gpu_proof2.json", "gpu_proof2.log"]
     doc = json.loads((out / "gpu_proof2.json").read_text())
     parts = doc["parts"]
-    assert list(parts) == ["full_batches", "cores", "features", "calibrate", "speakers"]
+    assert list(parts) == ["full_batches", "cores", "features", "calibrate", "speakers", "shapes"]
     assert all(p["status"] == "ok" and 0 < p["seconds"] <= p["cap_s"] for p in parts.values())
 
     full = parts["full_batches"]
@@ -287,4 +287,9 @@ def test_quick_round_two_runs_every_part_on_cpu(bundle, tmp_path):
     for name in ("eres2net", "campplus"):
         run = parts["speakers"][name]
         assert run["timed_steps"] == 2 and run["step_ms"] > 0 and 0 <= run["data_wait_share"] < 1
-    assert "5/5 parts ok" in (out / "gpu_proof2.log").read_text()
+    f5 = parts["shapes"]["f5tts"]
+    for key in ("eager", "eager_shapes", "compiled_shapes"):
+        assert f5[key]["steps"] == 3 and f5[key]["first_seen_steps"] + f5[key]["repeated_steps"] == 3
+    assert f5["eager_shapes"]["shapes_met"] <= 8 and f5["compiled_vs_eager_shapes"] > 0
+    assert parts["shapes"]["gpt_sovits"]["eager_shapes"]["timed_steps"] == 2
+    assert "6/6 parts ok" in (out / "gpu_proof2.log").read_text()
