@@ -96,11 +96,14 @@ def grown(a: argparse.Namespace, folder: Path, copies: int) -> list[Path]:
 
 def f5_setup(a: argparse.Namespace, copies: int) -> dict[str, Any]:
     """gpu_proof's F5 set-up (model, optimizer, precision, run config) over `copies` corpora of the F5 shards."""
+    return regrow(a, g1._f5_setup(a), copies)
+
+
+def regrow(a: argparse.Namespace, s: dict[str, Any], copies: int) -> dict[str, Any]:
+    """The same set-up reading `copies` corpora (the model is kept)."""
     from dataclasses import replace
 
-    s = g1._f5_setup(a)
-    dirs = grown(a, s["shards"], copies)
-    s["cfg"] = replace(s["cfg"], shards=",".join(map(str, dirs)), weights=None)
+    s["cfg"] = replace(s["cfg"], shards=",".join(map(str, grown(a, s["shards"], copies))), weights=None)
     s["copies"] = copies
     return s
 
@@ -188,8 +191,7 @@ def part_full_batches(a: argparse.Namespace) -> dict[str, Any]:
     loader = g1._f5_loader(s, 2, s["dev"])
     while len(loader) < warm + timed + 2 * edge:  # packing filled fewer batches than the frames promised
         copies += max(1, copies // 20)
-        s = f5_setup(a, copies)
-        loader = g1._f5_loader(s, 2, s["dev"])
+        loader = g1._f5_loader(regrow(a, s, copies), 2, s["dev"])
     per_epoch = len(loader)
     res: dict[str, Any] = {"model": "tiny" if a.quick else "default", "precision": s["precision"],
                            "batch_frames": s["cfg"].batch_frames, "max_items": s["cfg"].max_items,
@@ -395,8 +397,10 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
 
     n = SHAPE_STEPS["quick" if a.quick else "full"]
     res: dict[str, Any] = {"shapes": SHAPES, "steps": n, "f5tts": {}}
+    if "f5tts" not in a.shape_trainers.split(","):
+        res.pop("f5tts")
     for key, shapes, compile_ in (("eager", 0, False), ("eager_shapes", SHAPES, False),
-                                  ("compiled_shapes", SHAPES, True)):
+                                  ("compiled_shapes", SHAPES, True)) if "f5tts" in res else ():
         s = f5_setup(a, copies_for(a, n + 2))
         cfg = replace(s["cfg"], shapes=shapes, compile=compile_)
         s["cfg"] = cfg
@@ -412,11 +416,14 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
         del s, loader
         if a.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    f5 = res["f5tts"]
-    res["f5tts"]["compiled_vs_eager_shapes"] = f5["compiled_shapes"]["step_ms"] / f5["eager_shapes"]["step_ms"]
+    if "f5tts" in res:
+        f5 = res["f5tts"]
+        f5["compiled_vs_eager_shapes"] = f5["compiled_shapes"]["step_ms"] / f5["eager_shapes"]["step_ms"]
     warm, timed = GPT_STEPS["quick" if a.quick else "full"]
     res["gpt_sovits"] = {}
     for key, extra in (("eager_shapes", []), ("compiled_shapes", ["--compile"])):
+        if "gpt_sovits" not in a.shape_trainers.split(","):
+            break
         if a.quick and extra:  # inductor on a CPU takes minutes; the trainers' own tests cover --compile there
             continue
         out = a.work / f"shapes-gpt-{key}"
@@ -500,20 +507,12 @@ class Report(g1.Report):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle", help="what `make gpu-bundle` made")
-    ap.add_argument("--out", type=Path, help="results: gpu_proof2.json, gpu_proof2.log (required to run)")
-    ap.add_argument("--work", type=Path, default=None, help="scratch (default: a folder in the system temp dir)")
-    ap.add_argument("--device", default=None, help="cuda (default where torch sees one) or cpu")
-    ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of all parts together (default 395; 900 with --quick)")
-    ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part")
+    g1.common_args(ap, PARTS, "gpu_proof2.json, gpu_proof2.log", "395; 900")
+    ap.add_argument("--shape-trainers", default="f5tts,gpt_sovits",
+                    help="the trainers the shapes part runs (default f5tts,gpt_sovits)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--trainers", default="", help=argparse.SUPPRESS)  # gpu_proof's child protocol carries these
     ap.add_argument("--trainer", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--deadline", default="0", help=argparse.SUPPRESS)
-    ap.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.out is None:
         ap.error("--out is required: the folder for gpu_proof2.json and gpu_proof2.log")
@@ -541,19 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     budget = a.budget_s if a.budget_s is not None else (900.0 if a.quick else 395.0)
     caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
-    wheels = g1.install_wheels(a.bundle, a.work / "site")
-    paths = [wheels["site"]] if wheels.get("site") else []
-    a.env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT), str(ROOT / "trainers"),
-                                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-             "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    def run_child(a: argparse.Namespace, part: str, cap: float) -> dict[str, Any]:
-        return g1.run_child(a, part, cap, script=Path(__file__).resolve())
 
-    info = run_child(a, "info", 120)
-    if info["status"] == "ok":
-        info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit")}
-    else:
-        info = {"device": a.device, "error": info.get("error") or g1.tail(info.get("output_tail", ""), 5)}
+    def run_child(a: argparse.Namespace, part: str, cap: float) -> dict[str, Any]:
+        return g1.run_child(a, part, cap, script=Path(__file__).resolve(),
+                            flags=["--shape-trainers", a.shape_trainers])
+
+    wheels, info = g1.start(a, script=Path(__file__).resolve())
     doc: dict[str, Any] = {"format": "audiopipe.gpu_proof2/1", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
                            "without": a.without, "budget_s": budget, "command": " ".join(sys.argv),
@@ -562,27 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     dv = doc["device"]
     report.say(f"gpu_proof2: {dv.get('name')} ({a.device}), torch {dv.get('torch')}, CUDA {dv.get('cuda')}, "
                f"commit {dv.get('commit')}" + (f"; device not read: {dv['error']}" if dv.get("error") else ""))
-    for part in (p for p in PARTS if p in parts):
-        later = [q for q in PARTS[PARTS.index(part) + 1:] if q in parts]
-        left = budget - (time.time() - started)
-        cap = min(caps[part], left - sum(floors[q] for q in later))
-        if cap < floors[part]:
-            doc["parts"][part] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
-            report.say(f"part {part}: skipped, {left:.0f} s of the budget left")
-            continue
-        report.say(f"part {part}: started (cap {cap:.0f} s)")
-        res = run_child(a, part, cap)
-        doc["parts"][part] = res
-        report.say(f"part {part}: {res['status']} in {res['seconds']:.1f} s")
-        for line in headline(part, res):
-            report.say(line)
-        if res["status"] != "ok":
-            report.say("  " + (res.get("error") or g1.tail(res.get("output_tail", ""), 3)).replace("\n", "\n  ")[:1500])
-    g1.kill_groups(a.work)
-    doc["total_s"] = round(time.time() - started, 1)
-    statuses = {p: r["status"] for p, r in doc["parts"].items()}
-    report.say(f"gpu_proof2: {sum(s == 'ok' for s in statuses.values())}/{len(statuses)} parts ok in "
-               f"{doc['total_s']:.0f} s: {statuses}")
+    statuses = g1.run_parts(a, report, [p for p in PARTS if p in parts], caps, floors, budget, started, headline,
+                            run_child, "gpu_proof2")
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 
 
