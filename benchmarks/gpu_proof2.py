@@ -20,7 +20,7 @@ Parts, in order of value; each in its own process under its own cap:
                 the same batches already on the device. Headline: the fewest cores at which each keeps the step
                 within 3 % of the on-device step
   calibrate     calibrate_batches.py for F5-TTS, then whether the budget holds: every bucket's largest shapes
-                trained in turn 10 times (no out-of-memory error, peak reserved memory <= 92 % of the device),
+                trained in turn 3 times (no out-of-memory error, peak reserved memory <= 92 % of the device),
                 and F5's frames/s with it against one global budget's (>= 1x)
   speakers      ERes2Net and CAM++ `default` as the trainers run (their own main(), prefetch 2) on the bundle's
                 speaker shards grown the same way: 10 warm-up + 60 timed steps, data wait from their log
@@ -56,7 +56,7 @@ PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
 # 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
 # shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
 # (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
-CAPS = {"full_batches": 120, "cores": 130, "features": 35, "calibrate": 70, "speakers": 40, "shapes": 290}
+CAPS = {"full_batches": 115, "cores": 115, "features": 35, "calibrate": 90, "speakers": 40, "shapes": 290}
 FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20, "shapes": 200}
 QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 150, "calibrate": 200, "speakers": 150, "shapes": 250}
 QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8, "shapes": 8}
@@ -65,7 +65,8 @@ SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first on
 GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
 SPEAKER_STEPS = {"full": (10, 60), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
 SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
-HOLD_ROUNDS = {"full": 10, "quick": 1}  # calibrate: rounds over every bucket's largest shapes
+HOLD_ROUNDS = {"full": 3, "quick": 1}  # calibrate: rounds over every bucket's largest shapes (8 on F5)
+HOLD_S = 30.0  # calibrate: the seconds kept for them (24 steps of ~1 s at ~100,000 frames on an H200)
 PEAK_SHARE = 0.92  # calibrate: the peak (reserved) memory the budget may reach, of the device's total
 STEPS = {"full": (10, 200), "quick": (1, 2)}  # full_batches: warm-up, timed mid-epoch
 BOUNDARY = {"full": 5, "quick": 1}  # steps timed on each side of the epoch's end
@@ -333,7 +334,8 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
     import calibrate_batches as cb
 
     res = cb.calibrate(model="f5tts", device=a.device, quick=a.quick, out=a.work / "bucket_budget_f5tts.json",
-                       compare=True, deadline=a.deadline - 2, hold_rounds=HOLD_ROUNDS["quick" if a.quick else "full"])
+                       compare=True, deadline=a.deadline - 2, hold_rounds=HOLD_ROUNDS["quick" if a.quick else "full"],
+                       hold_s=0.0 if a.quick else HOLD_S)
     h, c = res.get("hold", {}), res.get("compare", {})
     res["holds"] = {"no_out_of_memory": bool(h.get("complete")), "peak_reserved_share": h.get("peak_reserved_share"),
                     "peak_within": h.get("peak_reserved_share") is not None and h["peak_reserved_share"] <= PEAK_SHARE,
