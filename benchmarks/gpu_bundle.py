@@ -13,10 +13,9 @@ What it writes (docs/gpu-proof.md):
   tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
                               stay here)
   shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages)
-  wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and a wheel of julius
-                              (pure Python), which the GPU image lacks (the reader and trainers import without the
-                              first four; F5's loading rule, the clips and speed perturbation on the CPU use them;
-                              julius resamples for speed perturbation on the device)
+  wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and julius (pure
+                              Python), which the GPU image lacks (the reader and trainers import without them;
+                              F5's loading rule, the clips and speed perturbation use them)
   bundle.json                 what is in it, how it was made, and its size
 
 The reader and trainers need neither ray nor webdataset nor kaldi-native-fbank, so those do not travel. The whole
@@ -45,10 +44,7 @@ SOUNDS = Path("/usr/share/asterisk/sounds")
 # Five distinct real voices that ship as WAV (es_MX_f_Allison is the en_US voice again, so it is left out).
 VOICES = ("en_US_f_Allison", "fr_CA_f_June", "it_IT_f_Menardi", "it_IT_m_Carlo", "ru_RU_f_IvrvoiceRU")
 # The wheels the GPU image lacks, at the versions installed here (the ones the tests ran with).
-WHEELS = ("soundfile", "cffi", "pycparser", "soxr")
-# Pure-Python packages the GPU image lacks, as wheels built here (py3-none-any; PyPI may carry only their sdist):
-# julius, the torch-only resampler of the speaker trainers' speed perturbation on the device.
-PURE = ("julius",)
+WHEELS = ("soundfile", "cffi", "pycparser", "soxr", "julius")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
@@ -195,14 +191,9 @@ def download_wheels(dest: Path) -> list[str]:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"gpu_bundle: pip download of {', '.join(pins)} failed: {r.stderr.strip().splitlines()[-1:]}")
-    pure = [f"{name}=={version(name)}" for name in PURE]
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), *pure],
-                       capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"gpu_bundle: pip wheel of {', '.join(pure)} failed: {r.stderr.strip().splitlines()[-1:]}")
     names = sorted(p.name for p in dest.glob("*.whl"))
-    if len(names) != len(WHEELS) + len(PURE):
-        raise SystemExit(f"gpu_bundle: expected one wheel each of {', '.join(WHEELS + PURE)}, got {names}")
+    if len(names) != len(WHEELS):
+        raise SystemExit(f"gpu_bundle: expected one wheel each of {', '.join(WHEELS)}, got {names}")
     return names
 
 
