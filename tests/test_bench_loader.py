@@ -111,7 +111,7 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
                          "--step-ms", "20", "--step-batches", "6"])
     assert loader_bench.run(args) == 0
     report = json.loads(out_json.read_text())
-    assert set(report) >= {"command", "machine", "corpus", "config", "loaders", "memcpy", "targets", "skipped"}
+    assert set(report) >= {"command", "machine", "corpus", "config", "loaders", "memcpy", "ratios", "skipped"}
     assert report["machine"]["logical_cpus"] >= 1 and "torch" in report["machine"]["versions"]
     assert report["corpus"]["utterances"] == len(w.rows) and report["corpus"]["shards"] == 3
     assert [r["name"] for r in report["loaders"]] == ["mmap", "npy_per_utt"]
@@ -119,7 +119,7 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
         assert r["batches_per_s"] > 0 and r["mb_per_s"] > 0 and r["padding_efficiency"] >= 0.9  # same plan, both
         assert len(r["rounds"]) == 1
     assert report["memcpy"]["mb_per_s"] > 0
-    t = report["targets"]
+    t = report["ratios"]
     assert set(t) == {"mmap_vs_npy_per_utt", "mmap_vs_memcpy"}
     mmap, npy = report["loaders"]
     # Against memcpy: the copy timed in the loader's own process, just around it (not the round's memcpy).
@@ -133,6 +133,21 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| mmap |" in table and "| memcpy |" in table and "mmap MB/s / memcpy MB/s" in table
     assert "of a 20 ms step |" in table
+    assert "2 loader(s) x 1 round(s), 0.2 s timed each: about" in table  # the estimate, up front
+    assert "target" not in table.lower() and "met" not in table.split()  # no internal goals in what it prints
+
+
+def test_the_default_run_is_the_short_one_and_its_estimate_fits_90_s():
+    p = argparse.ArgumentParser()
+    loader_bench.add_arguments(p)
+    short = p.parse_args(["--shards", "x"])
+    loader_bench._defaults(short)
+    assert (short.loaders, short.seconds, short.rounds) == ("mmap,npy_per_utt", 3.0, 1)
+    # A 500 MB corpus whose baseline copy is still to be written: the estimate is what the docs promise.
+    assert loader_bench.estimate_s(short, 2, 500.0, cache_ready=False) <= 90
+    full = p.parse_args(["--shards", "x", "--full", "--seconds", "5"])
+    loader_bench._defaults(full)
+    assert full.loaders.split(",") == list(loader_bench.LOADERS) and (full.seconds, full.rounds) == (5.0, 3)
 
 
 def test_bad_arguments_are_refused_clearly(corpus, tmp_path):

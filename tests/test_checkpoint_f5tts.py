@@ -32,6 +32,8 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 # The small parity config: F5's position convolution is fixed at kernel 31, 16 groups (so dim is a multiple of 16).
 ARCH = dict(dim=32, depth=2, heads=2, dim_head=16, ff_mult=2, text_dim=16, conv_layers=1)
 VOCAB = [" "] + [chr(c) for c in range(33, 127)] + ["é"]
+# The `tiny` preset's sizes (the vocabulary is the test's)
+TINY = {k: v for k, v in asdict(f5.CONFIGS["tiny"]).items() if k not in ("text_num_embeds", "upstream_forward")}
 UPDATES, WARMUP, LR = 125, 20, 3e-3  # past update 111, so F5's EMA has moved by decay more than once
 
 
@@ -249,7 +251,11 @@ def exported(oracle, finetuned, tmp_path_factory) -> tuple[Path, dict[str, torch
     online = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in start.items()}
     ema = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in start.items()}
     run = _fake_run(d / "made", online, ema, step=30, ema_step=155, upstream_forward=True)
-    for src, name in ((run, "export_made"), (finetuned[0], "export_finetuned")):
+    # the `tiny` preset (README's first run): F5's DiT builds it, so it exports
+    tiny_w = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in
+              f5.F5TTS(our_config(**TINY, upstream_forward=True)).state_dict().items()}
+    tiny = _fake_run(d / "tiny", tiny_w, tiny_w, step=20, ema_step=20, **TINY, upstream_forward=True)
+    for src, name in ((run, "export_made"), (finetuned[0], "export_finetuned"), (tiny, "export_tiny")):
         assert cli(["export-checkpoint", str(src), "--out", str(d / name), "--format", "both"]) == 0
     assert cli(["export-checkpoint", str(run), "--out", str(d / "export_made")]) == 2  # no silent overwrite
     run_upstream("f5tts_oracle.py", "load", d)
@@ -266,6 +272,9 @@ def test_export_loads_strictly_in_f5s_inference_and_finetuning(exported):
         assert_same_outputs(ours, theirs, name)  # F5's inference reads the EMA weights
         assert_same_outputs(ours, theirs, f"finetune.{name}")  # and fine-tunes from them
         assert int(theirs[f"ema_step.{name}"]) == 155  # its EMA continues from our EMA's count
+    tiny = our_outputs(our_model(ck.read_f5_checkpoint(d / "export_tiny" / "model_20.pt").ema_weights,
+                                 **TINY, upstream_forward=True), make_inputs())
+    assert_same_outputs(tiny, theirs, "export_tiny/model_20.safetensors")  # the tiny preset runs in F5 as here
     back = ck.read_f5_checkpoint(d / "export_made" / "model_30.pt")  # and the way back is the identity
     assert all(torch.equal(back.online_weights[k], online[k]) and torch.equal(back.ema_weights[k], ema[k])
                for k in online)
@@ -390,13 +399,14 @@ def test_export_refusals(tmp_path):
     assert summary["weights"] == "online" and any("byte" in n for n in summary["notes"])
     with pytest.raises(CheckpointError, match="already in F5-TTS's format"):
         ck.export_run(tmp_path / "x" / "model_3.safetensors", tmp_path / "y")
-    tiny = tmp_path / "tiny"
-    tiny.mkdir()
-    write_torch({"step": 3, "model": f5.F5TTS(f5.CONFIGS["tiny"]).state_dict()}, tiny / "ckpt-00000003.pt")
-    (tiny / "model_config.json").write_text(json.dumps({"trainer": "f5tts", "tokenizer": "byte",
-                                                        "model": asdict(f5.CONFIGS["tiny"])}))
+    k7 = tmp_path / "k7"  # a position convolution F5's DiT cannot build (its kernel is fixed at 31)
+    k7.mkdir()
+    mcfg = replace(f5.CONFIGS["tiny"], conv_pos_kernel=7)
+    write_torch({"step": 3, "model": f5.F5TTS(mcfg).state_dict()}, k7 / "ckpt-00000003.pt")
+    (k7 / "model_config.json").write_text(json.dumps({"trainer": "f5tts", "tokenizer": "byte",
+                                                      "model": asdict(mcfg)}))
     with pytest.raises(CheckpointError, match="kernel 7.*31"):
-        ck.export_run(tiny, tmp_path / "z")
+        ck.export_run(k7, tmp_path / "z")
 
 
 def test_init_from_options_ema_restart_cosine_and_a_kept_forward(f5_shards, tmp_path):

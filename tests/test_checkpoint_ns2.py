@@ -28,6 +28,7 @@ from audiopipe.checkpoints.ns2 import (
     AMPHION_PHONES,
     amphion_phone_map,
     config_from_upstream,
+    export_cli,
     export_run,
     from_upstream,
     read_upstream,
@@ -47,6 +48,12 @@ def fixture_config(**changes) -> NS2Config:
     codec = META["codec"]
     return NS2Config(**{**config_from_upstream(META["model"]), "n_codebooks": codec["n_q"],
                         "codec_layers": codec["n_q"], "codebook_size": codec["bins"], **changes})
+
+
+def amphion_rules(**changes) -> NS2Config:
+    """The fixture's config as a run records it when trained with Amphion's rules (--forward amphion
+    --prompt-rule phones --phone-table amphion): what export-checkpoint writes without a word."""
+    return fixture_config(**{**AMPHION_FORWARD, "prompt_rule": "phones", "phone_table": "amphion", **changes})
 
 
 def fixture_io() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -156,6 +163,42 @@ def test_mismatches_end_in_one_line_that_names_the_flag(tmp_path):
         make_init_reader(other, 4)(str(FIXTURE / "amphion_checkpoint"))
 
 
+def test_export_refuses_rules_amphion_does_not_run_unless_allowed(tmp_path, capsys):
+    """A run whose prompt rule, phone table or forward is not Amphion's (the trainer's from-scratch defaults among
+    them), or whose ns2_config.json is gone, is refused in one line naming each; --allow-different writes it and
+    prints each difference; a run with Amphion's rules exports without a note."""
+    from audiopipe.checkpoints.rules import ExportDiffers
+    from audiopipe.cli import main as cli
+
+    model = NaturalSpeech2(fixture_config())
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"step": 2, "model": model.state_dict(), "optimizer": {}}, run / "ckpt-00000002.pt")
+    flags = {"--phone-table audiopipe": dict(phone_table="audiopipe"), "--prompt-rule frames":
+             dict(prompt_rule="frames"), "--forward (positions) time": dict(positions="time"),
+             "--forward (padding) True": dict(mask_padding=True)}
+    for named, change in flags.items():
+        (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(amphion_rules(**change))))
+        with pytest.raises(ExportDiffers) as e:
+            export_cli(run, tmp_path / "x")
+        assert "\n" not in str(e.value) and named in str(e.value) and str(e.value).count("(upstream: ") == 1
+    assert not (tmp_path / "x").exists()
+    # the defaults of a run from scratch: all four, through the command
+    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(fixture_config())))
+    assert cli(["export-checkpoint", str(run), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert all(f in err for f in flags) and "--allow-different" in err and not (tmp_path / "x").exists()
+    assert cli(["export-checkpoint", str(run), "--out", str(tmp_path / "x"), "--allow-different"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: computes differently")]
+    assert len(notes) == 4 and all(any(f in n for n in notes) for f in flags)
+    assert (tmp_path / "x" / "pytorch_model.bin").is_file()
+    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(amphion_rules(ce_labels="codes"))))
+    assert export_cli(run, tmp_path / "y")["notes"] == []  # the loss's labels do not change the forward
+    (run / "ns2_config.json").unlink()
+    with pytest.raises(ExportDiffers, match="ns2_config.json missing"):
+        export_cli(run, tmp_path / "z")
+
+
 def test_untrusted_files_are_refused_in_one_line(tmp_path):
     class Evil:
         def __reduce__(self):
@@ -245,7 +288,7 @@ def test_amphion_loads_our_cli_export_strictly_with_equal_outputs(tmp_path, tmp_
     run = tmp_path / "run"
     run.mkdir()
     torch.save({"step": 5, "model": model.state_dict(), "optimizer": {}}, run / "ckpt-00000005.pt")
-    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(fixture_config())))
+    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(amphion_rules())))
     out = tmp_path / "export"
     assert cli(["export-checkpoint", str(run), "--out", str(out), "--format", "both"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["exp_config.json", "model.safetensors", "pytorch_model.bin"]

@@ -49,11 +49,6 @@ def encoder_of(name: str, mcfg) -> torch.nn.Module:
     return mod.ERes2Net(mcfg) if name == "eres2net" else mod.CAMPPlus(mcfg)
 
 
-def upstream_mode(name: str, mcfg):
-    """The config as the trainer runs it from a 3D-Speaker checkpoint (ERes2Net: upstream's pooling epsilon)."""
-    return replace(mcfg, pool_eps=train_eres2net.UPSTREAM_POOL_EPS) if name == "eres2net" else mcfg
-
-
 def config_of(name: str, size: str):
     return SMALL[name] if size == "small" else TRAINERS[name].CONFIGS[size]
 
@@ -152,7 +147,7 @@ def test_upstream_checkpoint_loads_with_init_from(oracle, name, size):
     """speakerlab's torch.save'd state dict through the trainer's --init-from reader: every tensor of the network
     loads, the AAM head is new, and the embeddings equal speakerlab's within 1e-5 (in upstream mode)."""
     root, tag = oracle["root"], f"{name}-{size}"
-    mcfg = upstream_mode(name, config_of(name, size))
+    mcfg = config_of(name, size)
     model = speaker.SpeakerModel(encoder_of(name, mcfg), mcfg.embedding_size, 6, lambda s: 0.0)
     read = speaker.init_weights(name, model, TRAINERS[name].upstream_args, TRAINERS[name].CONFIGS, size)
     path = str(root / f"{tag}.up.ckpt")
@@ -166,15 +161,17 @@ def test_upstream_checkpoint_loads_with_init_from(oracle, name, size):
     assert (got - want).abs().max() < 1e-5
 
 
-def test_pooling_epsilon_is_upstream_s_from_an_upstream_checkpoint(oracle):
-    """Our default epsilon (1e-7) moves ERes2Net's embeddings away from speakerlab's; 1e-8 (upstream mode) does
-    not. The size of that difference is what docs/trainers/eres2net.md quotes."""
+def test_pooling_epsilon_is_upstream_s_by_default(oracle):
+    """The configs' pooling epsilon is speakerlab's (1e-8); a run with another (--pool-eps 1e-7) computes other
+    embeddings from the same weights, which is why its export is refused without --allow-different. The size of
+    that difference is what docs/trainers/eres2net.md quotes."""
     root = oracle["root"]
     state = ck.from_upstream_file("eres2net", root / "eres2net-default.up.ckpt")
     want = load_file(root / "eres2net-default.up.out.safetensors")["emb"]
-    ours = embed("eres2net", train_eres2net.CONFIGS["default"], state, oracle["feats"])
-    upstream = embed("eres2net", upstream_mode("eres2net", train_eres2net.CONFIGS["default"]), state, oracle["feats"])
-    assert (upstream - want).abs().max() < (ours - want).abs().max()
+    assert all(c.pool_eps == ck.UPSTREAM_POOL_EPS == 1e-8 for c in train_eres2net.CONFIGS.values())
+    same = embed("eres2net", train_eres2net.CONFIGS["default"], state, oracle["feats"])
+    other = embed("eres2net", replace(train_eres2net.CONFIGS["default"], pool_eps=1e-7), state, oracle["feats"])
+    assert (same - want).abs().max() < (other - want).abs().max()
 
 
 @pytest.mark.parametrize("name", list(TRAINERS))
@@ -182,7 +179,7 @@ def test_upstream_experiment_folder_loads_with_its_head(oracle, name):
     """An experiment folder of speakerlab's trainer (its Checkpointer): the embedding model, and the AAM head when
     this run has the same classes; with other classes the head starts fresh."""
     root, tag = oracle["root"], f"{name}-small"
-    mcfg = upstream_mode(name, SMALL[name])
+    mcfg = SMALL[name]
     exp = root / f"{tag}.up-exp"
     want_head = load_file(root / f"{tag}.up.out.safetensors")["classifier"]
     for classes, head_loaded in ((EXPERIMENT_CLASSES, True), (9, False)):
@@ -205,7 +202,7 @@ def test_our_export_loads_strictly_in_speakerlab(oracle, name, size):
     and its embeddings equal ours (in upstream mode) within 1e-5."""
     root, tag = oracle["root"], f"{name}-{size}"
     got = load_file(root / f"{tag}.ours.out.safetensors")["emb"]
-    ours = embed(name, upstream_mode(name, config_of(name, size)), oracle["ours"][tag], oracle["feats"])
+    ours = embed(name, config_of(name, size), oracle["ours"][tag], oracle["feats"])
     assert (got - ours).abs().max() < 1e-5
 
 
@@ -216,7 +213,7 @@ def test_speakerlab_extract_reads_our_experiment_folder(oracle, name):
     root, tag = oracle["root"], f"{name}-small"
     got = load_file(root / f"{tag}.extract.safetensors")
     assert sorted(got) == ["utt0", "utt1"]
-    mcfg = upstream_mode(name, SMALL[name])
+    mcfg = SMALL[name]
     for k in range(2):
         wav, _ = sf.read(root / f"utt{k}.wav", dtype="float32")
         feats = speaker_data.fbank_batch(torch.from_numpy(wav)[None])
@@ -294,6 +291,36 @@ def test_export_cli_writes_an_experiment_folder(tmp_path, capsys):
     assert all(torch.equal(back[k], state[k]) for k in back) and set(back) == set(state) - {"micro_batches"}
 
 
+def test_export_refuses_another_pooling_epsilon_unless_allowed(tmp_path, capsys):
+    """A run trained with a pooling epsilon other than speakerlab's (or whose model_config.json is gone) is refused
+    in one line naming it; --allow-different writes it and prints the difference; the default run exports
+    without a note."""
+    from audiopipe.checkpoints.rules import ExportDiffers
+    from audiopipe.cli import main as cli
+
+    write_our_run(tmp_path / "eps", "eres2net", replace(SMALL["eres2net"], pool_eps=1e-7))
+    with pytest.raises(ExportDiffers) as e:
+        ck.export_upstream("eres2net", tmp_path / "eps", tmp_path / "x")
+    assert "\n" not in str(e.value) and "pool_eps (--pool-eps) 1e-07 (upstream: 1e-08)" in str(e.value)
+    assert not (tmp_path / "x").exists()
+    assert cli(["export-checkpoint", str(tmp_path / "eps"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "pool_eps (--pool-eps) 1e-07" in err and "--allow-different" in err and not (tmp_path / "x").exists()
+    assert cli(["export-checkpoint", str(tmp_path / "eps"), "--out", str(tmp_path / "x"), "--allow-different"]) == 0
+    out = capsys.readouterr().out
+    assert "note: computes differently in upstream: pool_eps (--pool-eps) 1e-07 (upstream: 1e-08)" in out
+    assert (tmp_path / "x" / "config.yaml").is_file()
+    with pytest.raises(SystemExit, match="pool_eps"):  # the module's own command refuses alike
+        ck.main(["--model", "eres2net", "--checkpoint", str(tmp_path / "eps"), "--export-upstream",
+                 str(tmp_path / "y")])
+    (tmp_path / "eps" / "model_config.json").unlink()
+    with pytest.raises(ExportDiffers, match="model_config.json missing"):
+        ck.export_upstream("eres2net", tmp_path / "eps", tmp_path / "z", layout="file")
+    write_our_run(tmp_path / "default", "eres2net", SMALL["eres2net"])
+    assert cli(["export-checkpoint", str(tmp_path / "default"), "--out", str(tmp_path / "d")]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name,have,want,flag", [("eres2net", "default", "base", "--config base"),
                                                   ("eres2net", "base", "large", "--config large"),
                                                   ("campplus", "default", "common", "--config common")])
@@ -314,10 +341,10 @@ def test_init_from_another_size_names_the_config(tmp_path, name, have, want, fla
 def test_a_run_continued_or_resumed_keeps_its_pooling_epsilon(tmp_path):
     """The epsilon a run trained with (model_config.json) is found from --init-from of its folder or checkpoint,
     and from --out when resuming; a fresh run has none to keep."""
-    write_our_run(tmp_path / "ft", "eres2net", upstream_mode("eres2net", SMALL["eres2net"]))
+    write_our_run(tmp_path / "ft", "eres2net", replace(SMALL["eres2net"], pool_eps=1e-7))  # not the default
     for init in (tmp_path / "ft", tmp_path / "ft" / "ckpt-00000040.pt"):
-        assert speaker.previous_model_config(core.RunConfig(init_from=str(init)))["pool_eps"] == 1e-8
-    assert speaker.previous_model_config(core.RunConfig(out=str(tmp_path / "ft"), resume=True))["pool_eps"] == 1e-8
+        assert speaker.previous_model_config(core.RunConfig(init_from=str(init)))["pool_eps"] == 1e-7
+    assert speaker.previous_model_config(core.RunConfig(out=str(tmp_path / "ft"), resume=True))["pool_eps"] == 1e-7
     assert speaker.previous_model_config(core.RunConfig(out=str(tmp_path / "new"), resume=True)) == {}
 
 

@@ -66,6 +66,7 @@ def test_prefetch_yields_the_same_batches_as_without(shards):
         want = [_summary(b) for b in plain]
         got = [_summary(b) for b in ahead]
         assert got == want and len(got) == len(ahead)
+    del plain, ahead  # their look-aheads run on into epoch 2 while the loaders live
     _wait_no_thread()
 
 
@@ -75,13 +76,16 @@ def test_resume_counts_consumed_not_prefetched_batches(shards, stop_at):
     ref = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=9)
     ref.set_epoch(1)
     full = [_summary(b) for b in ref]
+    del ref  # its look-ahead would run on into epoch 2
     assert len(full) > stop_at + k  # K batches really are in flight when we stop
 
     loader = make_loader(shards.root, ["mel"], max_frames=BUDGET, seed=9, prefetch=k)
     loader.set_epoch(1)
     it = iter(loader)
     taken = [_summary(next(it)) for _ in range(stop_at)]
-    _wait_yielded(loader, stop_at + k)  # the thread filled its queue: more yielded than consumed
+    # The thread filled its queue: more yielded than consumed (before the first take, only the first batch is
+    # built: it goes to the consumer alone).
+    _wait_yielded(loader, stop_at + k if stop_at else 1)
     state = loader.state_dict()  # no consumed_batches given: the loader knows what was consumed
     assert state["segments"][-1] == [1, stop_at]
     del it
@@ -103,12 +107,14 @@ def test_thread_ends_when_the_pass_is_abandoned_or_restarted(shards):
     it = iter(loader)
     next(it)
     it2 = iter(loader)  # a new pass closes the previous one's thread, even while `it` is still referenced
-    assert not it.alive or (it._thread.join(5) is None and not it.alive)
+    assert not it.alive or (it.look._thread.join(5) is None and not it.alive)
     next(it2)
     del it, it2
     _wait_no_thread()
-    # A finished pass leaves nothing behind either.
+    # A finished pass leaves its thread running on into the next epoch while the loader lives; no longer.
     assert sum(1 for _ in loader) == len(loader)
+    assert _prefetch_threads()
+    del loader
     _wait_no_thread()
 
 
@@ -224,6 +230,7 @@ def test_device_hands_over_tensors_on_that_device(shards):
         assert got["mel"].device.type == device and got["mel_mask"].device.type == device
         np.testing.assert_array_equal(got["mel"].cpu().numpy(), want["mel"].numpy())
         assert got["index"] == want["index"]
+    del loader
     _wait_no_thread()
 
 

@@ -443,6 +443,8 @@ def test_torchrun_two_ranks_logs_every_term(ns2_shards, straight_run):
     out, r = straight_run
     assert "monotonic alignment search" in r.stdout
     assert "prompt rule frames, phone table audiopipe" in r.stdout
+    assert r.stdout.count("[ns2] not Amphion's rules (--phone-table audiopipe, --prompt-rule frames, --forward "
+                          "(positions) time, --forward (padding) True)") == 1  # said where the run starts
     assert len(usable_subset(ns2_shards)[0]) == 4
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs] == [1, 2, 3, 4]
@@ -479,6 +481,7 @@ def test_init_from_an_amphion_checkpoint_folder_trains_in_amphions_mode(ns2_shar
     r = torchrun(ns2_shards, out, codec_folder, "--init-from", str(tmp_path / "epoch-0001_step-0000100_loss-1.0"),
                  steps=2)
     assert "prompt rule phones, phone table amphion, forward: positions per batch item" in r.stdout
+    assert "not Amphion's rules" not in r.stdout
     assert "new (kept as initialised): 2 (align_proj.weight, align_proj.bias)" in r.stdout
     assert "dropped (not in this model): none" in r.stdout
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]

@@ -2,7 +2,8 @@
 recipe and its command line, the schedule counted in epochs, the model wrapper (embedding model + AAM head) and its
 loss, SGD, starting from a checkpoint (3D-Speaker's or ours), and what follows training (EER, export).
 
-  speaker_data.py   which utterances train; crops, speed perturbation, augmentation; fbank on the device
+  speaker_data.py   which utterances train; crops and their random draws; fbank on the device
+  speaker_augment.py  speed perturbation, reverb and noise for a whole batch on the device
   speaker_eval.py   the AAM-softmax head; the EER on held-out speakers
 """
 
@@ -87,6 +88,10 @@ def add_speaker_args(p: argparse.ArgumentParser, r: Recipe) -> None:
                    help="chance a crop is corrupted when --noise-dir/--rir-dir is given (default %(default)s)")
     g.add_argument("--snr-low", type=float, default=0.0, help="lowest noise SNR in dB (default %(default)s)")
     g.add_argument("--snr-high", type=float, default=15.0, help="highest noise SNR in dB (default %(default)s)")
+    g.add_argument("--augment-on", choices=("device", "cpu"), default="device",
+                   help="where speed perturbation, noise and reverb run: 'device', batched on the training device "
+                        "next to the fbank (the loader only slices crops); 'cpu', per crop in the loader with soxr "
+                        "and scipy, as 3D-Speaker does (default %(default)s)")
     g.add_argument("--sync-bn", action="store_true",
                    help="synchronise BatchNorm statistics across GPUs (default: off, as 3D-Speaker's trainer)")
     g.add_argument("--export-upstream", default=None, metavar="DIR",
@@ -206,10 +211,23 @@ class SpeakerModel(nn.Module):
 
 
 def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """AAM-softmax cross entropy of the batch's crops against their (speaker, speed) classes."""
+    """AAM-softmax cross entropy of the batch's crops (finished waveforms) against their (speaker, speed) classes."""
     wav = batch["wav"]
     labels = torch.as_tensor(batch["label"], dtype=torch.int64, device=wav.device)
     return model(wav, labels)
+
+
+def loss_for(data: SpeakerData) -> core.LossFn:
+    """core.train's loss_fn: the batch's crops finished on the device first (speed, reverb, noise: inside the step,
+    next to the fbank), unless the loader already finished them (--augment-on cpu)."""
+    finish = data.finish
+    if finish is None:
+        return loss_fn
+
+    def run(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        return loss_fn(model, {"wav": finish(batch), "label": batch["label"]})
+
+    return run
 
 
 def sgd(model: nn.Module, cfg: core.RunConfig) -> torch.optim.Optimizer:
@@ -319,11 +337,14 @@ def evaluate_and_export(name: str, model: SpeakerModel, data: SpeakerData, cfg: 
         last = {**last, "eer": res["eer"]}
     if args.export_upstream:
         try:
+            # asked for before training: written, with each way speakerlab computes otherwise printed
             done = ckpt.export_upstream(name, cfg.out, args.export_upstream,
-                                        check_config=ckpt.MODEL_CONFIG_CHECKS.get(name))
+                                        check_config=ckpt.MODEL_CONFIG_CHECKS.get(name), allow_different=True)
         except CheckpointError as e:
             raise SystemExit(f"{name}: error: --export-upstream {e}") from None
         print(f"[{name}] wrote {done['path']}: a speakerlab experiment folder of {ckpt.UPSTREAM_CLASS[name]}"
               f"({', '.join(f'{k}={v}' for k, v in done['args'].items())})", flush=True)
+        for note in done["notes"]:
+            print(f"[{name}] note: {note}", flush=True)
         last = {**last, "export": done["path"]}
     return last

@@ -4,12 +4,13 @@ and what one training example is.
 In order (3D-Speaker's recipe):
   speakers from index.arrow -> whole speakers held out for the EER trials (`split_speakers`)
   -> stored int16 PCM @16 kHz -> random crop (3 s; shorter utterances repeat-padded)
-  -> speed perturbation 1.0/0.9/1.1 through soxr, the class becoming speaker * 3 + speed index
+  -> speed perturbation 1.0/0.9/1.1, the class becoming speaker * 3 + speed index
   -> optional additive noise / reverberation from user folders
-     [all of the above in `SpeakerCrops`, the loader's item_transform, drawn from a generator seeded by
+     [the draws and slices in `SpeakerCrops`, the loader's item_transform, from a generator seeded by
       (seed, epoch, utterance): a resumed run sees the very same crops, with or without DataLoader workers]
-  -> on the training device, for the whole batch: Kaldi fbank 80 (dither 0) minus each crop's mean over time
-     (`fbank_batch`).
+  -> on the training device, for the whole batch: speed, reverb and noise (speaker_augment.DeviceAugment),
+     then Kaldi fbank 80 (dither 0) minus each crop's mean over time (`fbank_batch`).
+  (`--augment-on cpu`: speed, reverb and noise per crop in the item transform, with soxr and scipy, instead.)
 `speaker_data` wires these into make_loader's arguments for core.train.
 """
 
@@ -32,8 +33,9 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 
 import core
+from speaker_augment import (SAMPLE_RATE, DeviceAugment, first_output, source_samples, speed_rates,
+                             stack_for_device)
 
-SAMPLE_RATE = 16000
 NUM_MEL_BINS = 80
 SPEEDS = (1.0, 0.9, 1.1)  # index 0 is the unperturbed speed, so class speaker * 3 is the original voice
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
@@ -72,8 +74,9 @@ def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout:
         raise ValueError(f"no usable utterance: {int(unlabelled.sum())} have no speaker label and "
                          f"{int(short.sum())} are shorter than {min_samples} samples")
     if heldout >= len(names):
+        fix = f"at most {len(names) - 1}, or 0 for no EER" if len(names) > 2 else "0 (no EER)"
         raise ValueError(f"--heldout-speakers {heldout} leaves no speaker to train on: the shards have "
-                         f"{len(names)} speakers with usable utterances")
+                         f"{len(names)} speakers with usable utterances; hold out {fix}")
     rng = np.random.default_rng([seed, 0x5E1D])
     out = sorted(rng.choice(np.array(names, dtype=object), size=heldout, replace=False).tolist()) if heldout else []
     train_names = [n for n in names if n not in set(out)]
@@ -99,32 +102,30 @@ def read_speaker_index(shards: str | Path) -> tuple[list[str], np.ndarray]:
 
 # ----------------------------------------------------------------------------- crops, speed, augmentation
 
-def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n consecutive samples at a random start; a shorter utterance is repeated from its start to fill n."""
+def pick_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n consecutive samples at a random start (a view), or the whole utterance when it is shorter than n."""
     if len(pcm) >= n:
         start = int(rng.integers(0, len(pcm) - n + 1))
         return pcm[start:start + n]
-    return np.resize(pcm, n)  # cyclic repetition
+    return pcm
 
 
-_RESAMPLE_MARGIN = 64  # input samples kept on each side so soxr's edge transients fall outside the crop
+def take_segment(pcm: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n consecutive samples at a random start; a shorter utterance is repeated from its start to fill n."""
+    return np.resize(pick_segment(pcm, n, rng), n)  # a copy; np.resize repeats a short array cyclically
 
 
-def crop_with_speed(pcm: np.ndarray, n: int, speed: float, rng: np.random.Generator) -> np.ndarray:
-    """A float32 crop of n samples in [-1, 1] of the utterance played `speed` times faster (sox's `speed`).
-
-    Speed s takes about n * s input samples and resamples them from s * 16 kHz to 16 kHz, so duration and
-    pitch both change by s, as 3D-Speaker's sox `speed` + `rate` effects do (soxr is SoX's resampler).
-    """
+def speed_soxr(src: np.ndarray, n: int, speed: float) -> np.ndarray:
+    """The per-utterance path's speed perturbation: `source_samples(n, speed)` int16 samples -> a float32 crop of
+    n samples in [-1, 1] of them played `speed` times faster (sox's `speed` + `rate`, through soxr, SoX's
+    resampler). The device path (speaker_augment.DeviceAugment) makes the same crop from the same samples."""
+    wav = src.astype(np.float32) / np.float32(INT16_SCALE)
     if speed == 1.0:
-        return take_segment(pcm, n, rng).astype(np.float32) / np.float32(INT16_SCALE)
-    import soxr  # here: only speed perturbation resamples, and the reader and trainers import without it
+        return wav
+    import soxr  # here: only this path resamples on the CPU, and the reader and trainers import without it
 
-    need = int(math.ceil(n * speed)) + 2 * _RESAMPLE_MARGIN + 2
-    seg = take_segment(pcm, need, rng).astype(np.float32) / np.float32(INT16_SCALE)
-    out = soxr.resample(seg, speed * SAMPLE_RATE, SAMPLE_RATE)
-    off = int(round(_RESAMPLE_MARGIN / speed))
-    return np.ascontiguousarray(out[off:off + n], dtype=np.float32)
+    first = first_output(speed)
+    return np.ascontiguousarray(soxr.resample(wav, speed * SAMPLE_RATE, SAMPLE_RATE)[first:first + n])
 
 
 class AudioFolder:
@@ -175,9 +176,8 @@ def _energy_db(x: np.ndarray) -> float:
     return 10.0 * math.log10(float(np.mean(np.square(x, dtype=np.float64))) + 1e-6)
 
 
-def add_noise(wav: np.ndarray, noise: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
-    """wav + a random stretch of noise (repeated when short) scaled to snr_db below the speech."""
-    noise = take_segment(noise, len(wav), rng)
+def add_noise(wav: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
+    """wav + noise (as long as wav) scaled to snr_db below the speech."""
     gain = 10.0 ** ((_energy_db(wav) - _energy_db(noise) - snr_db) / 20.0)
     return (wav + gain * noise).astype(np.float32)
 
@@ -194,8 +194,10 @@ def add_reverb(wav: np.ndarray, rir: np.ndarray) -> np.ndarray:
 class Augment:
     """With probability `prob`: noise, reverb, or reverb then noise (one chosen at random among those given).
 
-    No peak normalisation afterwards (3D-Speaker rescales to peak 1): the per-crop mean normalisation of the
-    log fbank removes an overall gain anyway.
+    `draw` makes the random choices and slices (the impulse response, a crop-long stretch of noise, repeated
+    when short); the device path applies them to the batch, the per-utterance path with `apply`. No peak
+    normalisation afterwards (3D-Speaker rescales to peak 1): the per-crop mean normalisation of the log fbank
+    removes an overall gain anyway.
     """
 
     noise: AudioFolder | None = None
@@ -208,27 +210,43 @@ class Augment:
             raise SystemExit(f"--aug-prob must be in [0, 1], got {self.prob}")
         if self.snr_db[0] > self.snr_db[1]:
             raise SystemExit(f"--snr-low {self.snr_db[0]} is above --snr-high {self.snr_db[1]}")
-        if self.rir is not None:
-            try:
-                import scipy.signal  # noqa: F401
-            except ImportError as e:
-                raise SystemExit("--rir-dir needs scipy (pip install scipy)") from e
         self.kinds = [k for k, ok in ((("noise",), self.noise), (("reverb",), self.rir),
                                       (("reverb", "noise"), self.noise and self.rir)) if ok]
 
-    def __call__(self, wav: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray | None, np.ndarray | None, float]:
+        """(impulse response or None, n samples of noise or None, SNR in dB) for one crop of n samples."""
         if not self.kinds or rng.random() >= self.prob:
-            return wav
+            return None, None, 0.0
         kind = self.kinds[int(rng.integers(len(self.kinds)))]
-        if "reverb" in kind:
-            wav = add_reverb(wav, self.rir.pick(rng))
-        if "noise" in kind:
-            wav = add_noise(wav, self.noise.pick(rng), float(rng.uniform(*self.snr_db)), rng)
+        rir = self.rir.pick(rng) if "reverb" in kind else None
+        if "noise" not in kind:
+            return rir, None, 0.0
+        noise = self.noise.pick(rng)
+        snr = float(rng.uniform(*self.snr_db))
+        return rir, take_segment(noise, n, rng), snr
+
+    @staticmethod
+    def apply(wav: np.ndarray, rir: np.ndarray | None, noise: np.ndarray | None, snr: float) -> np.ndarray:
+        if rir is not None:
+            wav = add_reverb(wav, rir)
+        if noise is not None:
+            wav = add_noise(wav, noise, snr)
         return wav
+
+    def __call__(self, wav: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return self.apply(wav, *self.draw(len(wav), rng))
 
 
 class SpeakerCrops:
-    """The loader's item_transform: {"pcm", "index", ...} -> {"wav": float32 [crop], "label", "index"}.
+    """The loader's item_transform: {"pcm", "index", ...} -> one crop's draws and slices.
+
+    on_device=True (the trainers' default): {"wav": int16 source samples, a view of the mmap (the
+    `source_samples(crop, speed)` the crop reads, or the whole utterance when it is shorter: the device repeats
+    it), "speed": index into speeds, "rir", "noise", "snr" (Augment.draw), "label", "index"}, which
+    `stack_for_device` (the batch transform) and `DeviceAugment` finish per batch.
+    on_device=False (`--augment-on cpu`): {"wav": float32 [crop], "label", "index"}, finished here per crop with
+    soxr and scipy, 3D-Speaker's way. The two make the same crops from the same draws, within the resamplers'
+    difference.
 
     Every random draw comes from np.random.default_rng([seed, epoch, index]), so an utterance's crop depends
     only on where the run is, never on what ran before: resuming gives the same crops. The epoch lives in
@@ -236,7 +254,7 @@ class SpeakerCrops:
     """
 
     def __init__(self, label_of: np.ndarray, *, seed: int, crop_samples: int = 3 * SAMPLE_RATE,
-                 speeds: Sequence[float] = SPEEDS, augment: Augment | None = None):
+                 speeds: Sequence[float] = SPEEDS, augment: Augment | None = None, on_device: bool = True):
         if crop_samples < 400:
             raise SystemExit(f"a crop of {crop_samples} samples is shorter than one 25 ms fbank frame")
         self.label_of = np.asarray(label_of, dtype=np.int64)
@@ -244,7 +262,14 @@ class SpeakerCrops:
         self.speeds = tuple(float(s) for s in speeds)
         if not self.speeds or any(not 0.5 <= s <= 2.0 for s in self.speeds):
             raise SystemExit(f"speeds must be in [0.5, 2], got {self.speeds}")
-        self.augment = augment
+        for s in self.speeds:
+            speed_rates(s)  # a speed sox's `speed` cannot express at 16 kHz is refused here
+        self.augment, self.on_device = augment, bool(on_device)
+        if augment is not None and augment.rir is not None and not on_device:
+            try:
+                import scipy.signal  # noqa: F401
+            except ImportError as e:
+                raise SystemExit("--rir-dir with --augment-on cpu needs scipy (pip install scipy)") from e
         self._epoch: Any = multiprocessing.Value("q", 0, lock=False)
 
     @property
@@ -269,11 +294,15 @@ class SpeakerCrops:
         if spk < 0:
             raise ValueError(f"utterance {item.get('id')!r} (index {index}) is not a training utterance")
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        k = int(rng.integers(len(self.speeds)))
-        wav = crop_with_speed(item["pcm"], self.crop_samples, self.speeds[k], rng)
-        if self.augment is not None:
-            wav = self.augment(wav, rng)
-        return {"wav": wav, "label": spk * len(self.speeds) + k, "index": index}
+        n, k = self.crop_samples, int(rng.integers(len(self.speeds)))
+        need = source_samples(n, self.speeds[k])
+        src = pick_segment(item["pcm"], need, rng)
+        rir, noise, snr = self.augment.draw(n, rng) if self.augment is not None else (None, None, 0.0)
+        label = spk * len(self.speeds) + k
+        if self.on_device:  # slices only: DeviceAugment repeats a short one and finishes the batch
+            return {"wav": src, "speed": k, "rir": rir, "noise": noise, "snr": snr, "label": label, "index": index}
+        wav = Augment.apply(speed_soxr(np.resize(src, need), n, self.speeds[k]), rir, noise, snr)
+        return {"wav": wav, "label": label, "index": index}
 
 
 # ----------------------------------------------------------------------------- features on the device
@@ -297,10 +326,12 @@ class SpeakerData:
     crops: SpeakerCrops
     loader_kw: dict[str, Any]
     num_classes: int
+    finish: DeviceAugment | None  # None: the loader hands finished crops (--augment-on cpu)
 
 
-def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, *, verbose: bool) -> SpeakerData:
-    """The held-out split, the crop transform and make_loader's arguments for core.train."""
+def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, d: core.Dist, name: str) -> SpeakerData:
+    """The held-out split, the crop transform, the device side and make_loader's arguments for core.train."""
+    verbose = d.main
     crop = int(round(args.crop_seconds * SAMPLE_RATE))
     if cfg.batch_frames < crop:
         raise SystemExit(f"--batch-frames {cfg.batch_frames} holds no crop: a batch of B crops of "
@@ -312,15 +343,19 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, *, verbose: bool
         speakers += [f"{s}:{x}" if x and len(dirs) > 1 else x for x in spk]
         num_samples.append(n)
     num_samples = np.concatenate(num_samples)
-    split = split_speakers(speakers, num_samples, heldout=args.heldout_speakers, seed=cfg.seed,
-                           min_samples=max(400, int(args.min_seconds * SAMPLE_RATE)))
+    try:
+        split = split_speakers(speakers, num_samples, heldout=args.heldout_speakers, seed=cfg.seed,
+                               min_samples=max(400, int(args.min_seconds * SAMPLE_RATE)))
+    except ValueError as e:  # the same on every rank: rank 0 says it in one line
+        core._fail(f"{name}: error: {e}", d)
     augment = None
     if args.noise_dir or args.rir_dir:
         augment = Augment(AudioFolder(args.noise_dir, "--noise-dir") if args.noise_dir else None,
                           AudioFolder(args.rir_dir, "--rir-dir") if args.rir_dir else None,
                           args.aug_prob, (args.snr_low, args.snr_high))
+    on_device = args.augment_on == "device"
     crops = SpeakerCrops(split.label_of, seed=cfg.seed, crop_samples=crop,
-                         speeds=(1.0,) if args.no_speed_perturb else SPEEDS, augment=augment)
+                         speeds=(1.0,) if args.no_speed_perturb else SPEEDS, augment=augment, on_device=on_device)
     if verbose:
         print(f"[speaker] {len(split.train)} training utterances of {len(split.train_speakers)} speakers "
               f"(x{len(crops.speeds)} speeds = {len(split.train_speakers) * len(crops.speeds)} classes); "
@@ -332,8 +367,10 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, *, verbose: bool
         print(f"[speaker] {repeats} training utterances listed twice so that every batch is full "
               f"(the other side of 3D-Speaker's drop_last; CAM++'s last BatchNorm needs 2+ crops)", flush=True)
     loader_kw = {"item_transform": crops, "subset": subset, "collate_features": ["wav"],
-                 "lengths": np.full(len(subset), crop, dtype=np.int64)}  # the budget counts crops
-    return SpeakerData(split, speakers, crops, loader_kw, len(split.train_speakers) * len(crops.speeds))
+                 "batch_transform": stack_for_device if on_device else None,
+                 "lengths": np.full(len(subset), crop, dtype=np.int64)}  # the budget counts crops, not sources
+    return SpeakerData(split, speakers, crops, loader_kw, len(split.train_speakers) * len(crops.speeds),
+                       DeviceAugment(crops.speeds, crop) if on_device else None)
 
 
 def crops_per_batch(cfg: core.RunConfig, crop: int) -> int:

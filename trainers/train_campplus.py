@@ -8,7 +8,7 @@ speakerlab's trainer) with the --config of its size; `--export-upstream DIR` wri
 extract.py. docs/trainers/campplus.md has the recipe and every difference from 3D-Speaker's trainer.
 
 Read top to bottom: the configs and the recipe's numbers, the network, then main(): flags, data (speaker_data.py:
-held-out speakers, random 3 s crops of the `pcm` column, speed perturbation, noise/reverb; fbank on the device),
+held-out speakers, random 3 s crops of the `pcm` column; speed perturbation, noise/reverb and fbank on the device),
 model (CAM++ under an AAM-softmax head), loss and schedule (speaker.py), core.train, then the EER
 (speaker_eval.py) and the export.
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # data: held-out speakers, 3 s crops, speed perturbation (3 classes per speaker), noise/reverb. Every batch
     # holds 2+ crops: CAM++'s last layer is a BatchNorm without affine parameters (speaker_data.fill_last_batch)
-    data = speaker_data(cfg, args, verbose=d.main)
+    data = speaker_data(cfg, args, d, "campplus")
 
     # model: CAM++ under an AAM-softmax head whose margin follows the epochs
     schedule = speaker.EpochSchedule.from_flags(cfg, args)
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     read_init = speaker.init_weights("campplus", model, upstream_args, CONFIGS, cfg.config)
 
     # loss, optimizer, schedule: AAM-softmax cross entropy, SGD, LR and margin counted in epochs of the loader
-    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_fn, cfg, d, features=["pcm"],
+    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_for(data), cfg, d, features=["pcm"],
                       loader_kw=data.loader_kw, optimizer=speaker.sgd(model, cfg), lr_fn=schedule.lr,
                       on_loader=lambda loader: schedule.start(cfg, len(loader) // cfg.grad_accum),
                       init_weights=read_init, init_hints=speaker.INIT_HINTS, log_name="campplus")

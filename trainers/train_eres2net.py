@@ -8,7 +8,7 @@ speakerlab's trainer) with the --config of its size; `--export-upstream DIR` wri
 extract.py. docs/trainers/eres2net.md has the recipe and every difference from 3D-Speaker's trainer.
 
 Read top to bottom: the configs and the recipe's numbers, the network, then main(): flags, data (speaker_data.py:
-held-out speakers, random 3 s crops of the `pcm` column, speed perturbation, noise/reverb; fbank on the device),
+held-out speakers, random 3 s crops of the `pcm` column; speed perturbation, noise/reverb and fbank on the device),
 model (ERes2Net under an AAM-softmax head), loss and schedule (speaker.py), core.train, then the EER
 (speaker_eval.py) and the export.
 
@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiopipe.checkpoints.speaker import UPSTREAM_POOL_EPS
+
 import core
 import speaker
 from speaker_data import speaker_data
@@ -44,7 +46,7 @@ class ERes2NetConfig:
     base_width: int = 32  # Res2Net group width = planes * base_width / 64
     scale: int = 2  # channel groups per block
     aff_reduction: int = 4
-    pool_eps: float = 1e-7  # under the pooling's square root; 3D-Speaker's is 1e-8 (--pool-eps)
+    pool_eps: float = UPSTREAM_POOL_EPS  # under the pooling's square root, 3D-Speaker's (--pool-eps)
 
 
 CONFIGS = {
@@ -57,7 +59,6 @@ CONFIGS = {
 #: egs/voxceleb/sv-eres2net/conf/eres2net.yaml
 RECIPE = speaker.Recipe(lr=0.2, min_lr=5e-5, epochs=70, warmup_epochs=5, margin=0.3, margin_start_epoch=20,
                         margin_fix_epoch=50, aug_prob=0.8)
-UPSTREAM_POOL_EPS = 1e-8
 
 
 def upstream_args(c: ERes2NetConfig) -> dict | None:
@@ -192,9 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
     def flags(p):
         speaker.add_speaker_args(p, RECIPE)
         p.add_argument("--pool-eps", type=float, default=None,
-                       help=f"epsilon under the pooling's square root (default: {UPSTREAM_POOL_EPS} when --init-from "
-                            f"is a 3D-Speaker checkpoint, as it was trained; a resumed or continued run's own; "
-                            f"else the config's)")
+                       help=f"epsilon under the pooling's square root (default: a resumed or continued run's own, "
+                            f"else {UPSTREAM_POOL_EPS}, 3D-Speaker's; another value makes the export compute "
+                            f"other embeddings in speakerlab)")
 
     cfg, args = core.parse_args("Train ERes2Net speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
                                 defaults=speaker.run_defaults(RECIPE), extra=flags, argv=argv,
@@ -211,9 +212,12 @@ def main(argv: list[str] | None = None) -> dict:
     if d.main and from_upstream:
         print(f"[eres2net] --init-from is a 3D-Speaker checkpoint: pooling epsilon {pool_eps} as it was trained",
               flush=True)
+    if d.main and pool_eps != UPSTREAM_POOL_EPS:
+        print(f"[eres2net] pooling epsilon {pool_eps} is not speakerlab's {UPSTREAM_POOL_EPS}: its export computes "
+              f"other embeddings there, so export-checkpoint refuses it without --allow-different", flush=True)
 
     # data: held-out speakers, 3 s crops, speed perturbation (3 classes per speaker), noise/reverb
-    data = speaker_data(cfg, args, verbose=d.main)
+    data = speaker_data(cfg, args, d, "eres2net")
 
     # model: ERes2Net under an AAM-softmax head whose margin follows the epochs
     schedule = speaker.EpochSchedule.from_flags(cfg, args)
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     speaker.write_model_config(cfg, d, "eres2net", mcfg)
 
     # loss, optimizer, schedule: AAM-softmax cross entropy, SGD, LR and margin counted in epochs of the loader
-    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_fn, cfg, d, features=["pcm"],
+    last = core.train(speaker.sync_batchnorm(model, args, d), speaker.loss_for(data), cfg, d, features=["pcm"],
                       loader_kw=data.loader_kw, optimizer=speaker.sgd(model, cfg), lr_fn=schedule.lr,
                       on_loader=lambda loader: schedule.start(cfg, len(loader) // cfg.grad_accum),
                       init_weights=speaker.init_weights("eres2net", model, upstream_args, CONFIGS, cfg.config),

@@ -69,7 +69,8 @@ class ModelConfig:
 
 
 CONFIGS = {
-    "tiny": ModelConfig(dim=64, depth=2, heads=2, dim_head=32, text_dim=32, conv_layers=1, conv_pos_kernel=7),
+    # F5's position convolution (kernel 31, 16 groups, which its DiT fixes), so even a tiny run exports
+    "tiny": ModelConfig(dim=64, depth=2, heads=2, dim_head=32, text_dim=32, conv_layers=1),
     "small": ModelConfig(dim=768, depth=18, heads=12, text_dim=512, conv_layers=4),  # F5TTS_v1_Small
     "default": ModelConfig(),  # F5TTS_v1_Base: dim 1024, depth 22, heads 16, ff 2, text 512, conv 4
     "base_v0": ModelConfig(text_mask_padding=False, pe_attn_head=1),  # F5TTS_Base, the first release
@@ -375,7 +376,9 @@ class F5TTS(nn.Module):
         mask = lengths_to_mask(lens, n)
         span = random_span_mask(lens, self.cfg.frac_lengths, n) & mask
         x1 = mel.masked_fill(~mask[..., None], 0.0)  # padding holds whatever collate put there: never read it
-        x0 = torch.randn_like(x1)
+        # In the input's memory layout, as F5's randn_like(inp): its Trainer, like loss_fn, hands the model a
+        # transposed view of [B, 100, T] mels, so the same RNG state puts the same noise on the same frames
+        x0 = torch.randn_like(mel)
         t = torch.rand(b, device=mel.device, dtype=mel.dtype)
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * x1  # OT path, sigma = 0
         flow = x1 - x0

@@ -50,7 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiopipe.checkpoints.files import CheckpointError
-from audiopipe.checkpoints.ns2 import amphion_phone_map, from_codec, is_upstream_state, looks_upstream, read_upstream
+from audiopipe.checkpoints.ns2 import (
+    amphion_phone_map, from_codec, is_upstream_state, looks_upstream, read_upstream, rule_differences,
+)
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.text.en_phones import PHONES
@@ -975,6 +977,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[ns2] prompt rule {mcfg.prompt_rule}, phone table {mcfg.phone_table}, forward: positions per "
               f"{'batch item' if mcfg.positions == 'batch' else 'time step'}, padding "
               f"{'masked' if mcfg.mask_padding else 'read (Amphion)'}, code labels {mcfg.ce_labels}", flush=True)
+        if differs := rule_differences(asdict(mcfg)):
+            print(f"[ns2] not Amphion's rules ({', '.join(f'{x.what} {x.ours}' for x in differs)}): Amphion would "
+                  f"compute something else with these weights, so export-checkpoint refuses this run without "
+                  f"--allow-different; train with --forward amphion --prompt-rule phones --phone-table amphion "
+                  f"for an export", flush=True)
         if dropped:
             print(f"[ns2] leaving out {len(dropped)} utterance(s) with < 2 frames or fewer frames than phones: "
                   f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", flush=True)

@@ -6,8 +6,10 @@ Each model is one entry of MODELS: where its converters live (imported only when
 entry names three functions in "module:function" form:
   to_upstream(state, **model settings) -> upstream state dict      (audiopipe names -> upstream names)
   from_upstream(state) -> (audiopipe state dict, ...)              (the way back, used by --init-from)
-  writer(source, out, *, weights, fmt, overwrite) -> summary dict  (the export: files written, "notes", "next")
-and the file formats the writer offers (the first is the default).
+  writer(source, out, *, weights, fmt, overwrite[, allow_different]) -> summary dict  (files written, "notes",
+                                                                                     "next")
+and the file formats the writer offers (the first is the default). A writer that knows how upstream would compute
+otherwise with a run's weights (audiopipe.checkpoints.rules) takes allow_different: without it, it refuses.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Converter:
     writer: str
     formats: tuple[str, ...]
     upstream: str  # what the files are for, in the help
+    rules: bool = False  # the writer compares the run's rules with upstream's (takes allow_different)
 
     def load(self, which: str) -> Callable[..., Any]:
         module, _, name = getattr(self, which).partition(":")
@@ -42,7 +45,7 @@ MODELS: dict[str, Converter] = {
     "eres2net": Converter("audiopipe.checkpoints.speaker:eres2net_to_upstream",
                           "audiopipe.checkpoints.speaker:eres2net_from_upstream",
                           "audiopipe.checkpoints.cli:export_eres2net", ("experiment", "file"),
-                          "3D-Speaker speakerlab (bin/extract.py)"),
+                          "3D-Speaker speakerlab (bin/extract.py)", rules=True),
     "campplus": Converter("audiopipe.checkpoints.speaker:campplus_to_upstream",
                           "audiopipe.checkpoints.speaker:campplus_from_upstream",
                           "audiopipe.checkpoints.cli:export_campplus", ("experiment", "file"),
@@ -53,12 +56,12 @@ MODELS: dict[str, Converter] = {
                             "RVC-Boss/GPT-SoVITS stage 1 (its WebUI, TTS_infer_pack)"),
     "ns2": Converter("audiopipe.checkpoints.ns2:to_upstream", "audiopipe.checkpoints.ns2:from_upstream",
                      "audiopipe.checkpoints.ns2:export_cli", ("bin", "both"),
-                     "open-mmlab/Amphion NaturalSpeech2 (its inference, accelerate load_state)"),
+                     "open-mmlab/Amphion NaturalSpeech2 (its inference, accelerate load_state)", rules=True),
 }
 
 
 def _export_speaker(model: str, source: Path, out: str | Path, *, weights: str | None, fmt: str,
-                    overwrite: bool) -> dict[str, Any]:
+                    overwrite: bool, allow_different: bool = False) -> dict[str, Any]:
     """audiopipe.checkpoints.speaker's export in this command's terms: an experiment folder at --out, or (format
     file) the embedding model's state dict as --out/embedding_model.ckpt."""
     from audiopipe.checkpoints.files import CheckpointError
@@ -69,10 +72,12 @@ def _export_speaker(model: str, source: Path, out: str | Path, *, weights: str |
     target = Path(out) / "embedding_model.ckpt" if fmt == "file" else Path(out)
     if target.exists() and not overwrite and (fmt == "file" or any(target.iterdir())):
         raise CheckpointError(f"{target} already exists; pass --overwrite to replace")
-    res = export_upstream(model, source, target, layout=fmt, check_config=MODEL_CONFIG_CHECKS.get(model))
+    res = export_upstream(model, source, target, layout=fmt, check_config=MODEL_CONFIG_CHECKS.get(model),
+                          allow_different=allow_different)
     nxt = (f"torchrun --nproc_per_node=1 speakerlab/bin/extract.py --exp_dir {target} --data wav.scp"
            if fmt == "experiment" else "")
-    return {"model": model, "source": res["from"], "weights": "model", "files": [res["path"]], "next": nxt}
+    return {"model": model, "source": res["from"], "weights": "model", "files": [res["path"]], "notes": res["notes"],
+            "next": nxt}
 
 
 def export_eres2net(source: Path, out: str | Path, **kw: Any) -> dict[str, Any]:
@@ -116,6 +121,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which weights (default: the EMA copy where the model keeps one, as upstream inference "
                         "reads it; online: the weights as last trained)")
     p.add_argument("--overwrite", action="store_true", help="replace files already in --out")
+    p.add_argument("--allow-different", action="store_true",
+                   help="write a run that upstream would compute differently (NS2: a prompt rule, phone table or "
+                        "forward not Amphion's; ERes2Net: a pooling epsilon not speakerlab's), printing each "
+                        "difference (default: refuse it, naming each)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or conv.formats[0]
     if fmt not in conv.formats:
         raise InvalidValue(f"--format {fmt}: {model} exports {', '.join(conv.formats)}")
-    summary = conv.load("writer")(source, args.out, weights=args.weights, fmt=fmt, overwrite=args.overwrite)
+    writer = conv.load("writer")
+    extra = {"allow_different": args.allow_different} if conv.rules else {}
+    summary = writer(source, args.out, weights=args.weights, fmt=fmt, overwrite=args.overwrite, **extra)
     step = f" step {summary['step']}" if summary.get("step") is not None else ""
     print(f"exported {model}{step} ({summary.get('weights', 'model')} weights) from {summary.get('source', source)}:")
     for f in summary["files"]:

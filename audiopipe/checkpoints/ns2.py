@@ -30,6 +30,7 @@ import torch
 from audiopipe.checkpoints.files import (
     CheckpointError, read_weights, run_checkpoint, tensors_only, write_safetensors, write_torch,
 )
+from audiopipe.checkpoints.rules import Difference, settle
 
 UPSTREAM_FILES = ("model.safetensors", "pytorch_model.bin")  # what accelerate.save_state writes (new, old)
 INFERENCE_FILE = "pytorch_model.bin"  # what Amphion's NS2Inference.build_model reads
@@ -377,10 +378,40 @@ def export_run(src: str | Path, out: str | Path, safetensors: bool = False) -> P
     return write_upstream(state, out, safetensors=safetensors, config=config)
 
 
+# The rules a run records in ns2_config.json (trainers/train_ns2.py) that change what the weights compute, with
+# Amphion's value and what Amphion's inference does otherwise. `ce_labels` only chooses the loss's labels in
+# training, so it is not among them.
+AMPHION_RULES: tuple[tuple[str, str, Any, str], ...] = (
+    ("phone_table", "--phone-table", "amphion", "Amphion's g2p gives ids of its 89-entry table, and none of them "
+                                                "means the phone it meant in this run"),
+    ("prompt_rule", "--prompt-rule", "phones", "Amphion's inference gives the phone encoder the target's phones "
+                                               "only; this run's read the prompt's phones too"),
+    ("positions", "--forward (positions)", "batch", "Amphion's Transformers add one sinusoid position per batch "
+                                                    "item, this run's one per time step"),
+    ("mask_padding", "--forward (padding)", False, "in a batch of unequal lengths, Amphion's convs and style "
+                                                   "means read the padded frames this run masked"),
+)
+
+
+def rule_differences(cfg: Mapping[str, Any] | None) -> list[Difference]:
+    """How a run's recorded NS2 config (ns2_config.json as a dict; None: not recorded) makes Amphion compute
+    something else with its weights. Fields missing from an older record count as the trainer's defaults then
+    (frames, audiopipe table, per-time-step positions, masked padding)."""
+    if cfg is None:
+        return [Difference("ns2_config.json", "missing", "present", "the run's prompt rule, phone table and "
+                                                                    "forward cannot be checked against Amphion's")]
+    was = {"phone_table": "audiopipe", "prompt_rule": "frames", "positions": "time", "mask_padding": True}
+    return [Difference(flag, cfg.get(key, was[key]), want, effect)
+            for key, flag, want, effect in AMPHION_RULES if cfg.get(key, was[key]) != want]
+
+
 def export_cli(source: str | Path, out: str | Path, *, weights: str | None = None, fmt: str = "bin",
-               overwrite: bool = False) -> dict[str, Any]:
+               overwrite: bool = False, allow_different: bool = False) -> dict[str, Any]:
     """export_run in `audiopipe export-checkpoint`'s terms. fmt bin: pytorch_model.bin (what Amphion's inference
-    loads); both: model.safetensors as well (what newer accelerate's load_state reads)."""
+    loads); both: model.safetensors as well (what newer accelerate's load_state reads). A run whose rules differ
+    from Amphion's (rule_differences) is refused unless allow_different; then each difference is a note."""
+    import json
+
     if weights not in (None, "online"):
         raise CheckpointError(f"--weights {weights}: the NS2 trainer keeps no EMA copy; its weights are the online "
                               f"ones")
@@ -388,12 +419,15 @@ def export_cli(source: str | Path, out: str | Path, *, weights: str | None = Non
     if (target / INFERENCE_FILE).exists() and not overwrite:
         raise CheckpointError(f"{target / INFERENCE_FILE} exists; pass --overwrite to replace it")
     _, ck = read_run_weights(source)
+    cfg_file = ck.parent / "ns2_config.json"
+    differs = settle(str(ck), rule_differences(json.loads(cfg_file.read_text()) if cfg_file.is_file() else None),
+                     allow_different)
     folder = export_run(ck, target, safetensors=fmt == "both")
     files = sorted(str(p) for p in folder.iterdir() if p.name in (INFERENCE_FILE, "model.safetensors",
                                                                    "exp_config.json"))
-    notes = [] if (folder / "exp_config.json").is_file() else [
-        f"{ck.parent / 'ns2_config.json'} is missing, so no exp_config.json was written; give Amphion the model "
-        f"config the run trained with"]
+    notes = differs + ([] if (folder / "exp_config.json").is_file() else [
+        f"{cfg_file} is missing, so no exp_config.json was written; give Amphion the model config the run "
+        f"trained with"])
     return {"files": files, "weights": "online", "source": str(ck), "notes": notes,
             "next": f"cd Amphion && PYTHONPATH=. python bins/tts/inference.py --config {folder}/exp_config.json "
                     f"--checkpoint_path {folder} --mode single --text 'Hello.' --ref_audio prompt.wav "

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from audiopipe.checkpoints.files import CheckpointError, read_weights, run_checkpoint, tensors_only, write_torch
+from audiopipe.checkpoints.rules import Difference, settle
 from audiopipe.storage.atomic import write_text_atomic
 
 MODELS = ("eres2net", "campplus")
@@ -415,9 +416,12 @@ def read_our_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict
 
 
 def export_upstream(model: str, checkpoint: str | Path, out: str | Path, *, layout: str = "experiment",
-                    check_config: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
+                    check_config: Callable[[Mapping[str, Any]], None] | None = None,
+                    allow_different: bool = False) -> dict[str, Any]:
     """Write one of our checkpoints in speakerlab's layout: an experiment folder (`layout="experiment"`, with the
-    AAM head as classifier.ckpt) or the embedding model's plain file (`layout="file"`). Returns what was written.
+    AAM head as classifier.ckpt) or the embedding model's plain file (`layout="file"`). Returns what was written,
+    with "notes": the ways speakerlab computes otherwise with these weights (RULE_DIFFERENCES), which refuse the
+    export unless allow_different.
 
     check_config(model_config) may refuse a config upstream cannot build from facts the weights do not show
     (CAM++'s dilations and segment length); the run's model_config.json is what it gets."""
@@ -429,6 +433,8 @@ def export_upstream(model: str, checkpoint: str | Path, out: str | Path, *, layo
             raise CheckpointError(f"{facts['checkpoint']} is a {mc.get('model')} run, not {model}")
         if check_config is not None:
             check_config(mc)
+    rules = RULE_DIFFERENCES.get(model)
+    notes = settle(facts["checkpoint"], rules(mc) if rules else [], allow_different)
     upstream = conv.to_upstream(state)
     args = conv.upstream_args(upstream)
     if layout == "file":
@@ -440,7 +446,7 @@ def export_upstream(model: str, checkpoint: str | Path, out: str | Path, *, layo
     else:
         raise CheckpointError(f"unknown layout {layout!r}: experiment or file")
     return {"path": str(path), "model": model, "args": args, "layout": layout, "tensors": len(upstream),
-            "from": facts["checkpoint"]}
+            "from": facts["checkpoint"], "notes": notes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,14 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", choices=("experiment", "file"), default="experiment",
                    help="experiment folder (config.yaml + models/CKPT-EPOCH-N-00/) or plain state dict file "
                         "(default %(default)s)")
+    p.add_argument("--allow-different", action="store_true",
+                   help="write a run that speakerlab would compute differently (e.g. another pooling epsilon), "
+                        "printing each difference (default: refuse it)")
     a = p.parse_args(argv)
     try:
         res = export_upstream(a.model, a.checkpoint, a.export_upstream, layout=a.layout,
-                              check_config=MODEL_CONFIG_CHECKS.get(a.model))
+                              check_config=MODEL_CONFIG_CHECKS.get(a.model), allow_different=a.allow_different)
     except CheckpointError as e:
         raise SystemExit(f"export: error: {e}") from None
     print(f"wrote {res['path']} ({res['layout']}, {res['tensors']} tensors of {UPSTREAM_CLASS[a.model]}"
           f"({', '.join(f'{k}={v}' for k, v in res['args'].items())})) from {res['from']}")
+    for n in res["notes"]:
+        print(f"note: {n}")
     return 0
 
 
@@ -483,6 +494,24 @@ def check_campplus_config(mc: Mapping[str, Any]) -> None:
 
 
 MODEL_CONFIG_CHECKS = {"campplus": check_campplus_config}
+
+UPSTREAM_POOL_EPS = 1e-8  # speakerlab's ERes2Net: sqrt(var + 1e-8) in its TSTP pooling
+
+
+def eres2net_differences(mc: Mapping[str, Any] | None) -> list[Difference]:
+    """The pooling epsilon a run recorded (model_config.json) against speakerlab's, which its ERes2Net fixes."""
+    if mc is None:
+        return [Difference("model_config.json", "missing", "present", "the pooling epsilon the run trained with "
+                                                                      "cannot be checked against speakerlab's")]
+    eps = mc.get("pool_eps", 1e-7)  # a record without the field is from a trainer whose only epsilon was 1e-7
+    if eps == UPSTREAM_POOL_EPS:
+        return []
+    return [Difference("pool_eps (--pool-eps)", eps, UPSTREAM_POOL_EPS, "speakerlab's pooling takes sqrt(var + "
+                       "1e-8), which moves the embeddings of channels with little variance")]
+
+
+RULE_DIFFERENCES: dict[str, Callable[[Mapping[str, Any] | None], list[Difference]]] = {
+    "eres2net": eres2net_differences}
 
 
 if __name__ == "__main__":

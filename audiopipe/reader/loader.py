@@ -20,6 +20,7 @@ uses no shared memory. With workers, each batch in flight lives in /dev/shm unti
 
 from __future__ import annotations
 
+import collections
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from audiopipe.errors import InvalidValue
 from audiopipe.reader import integrity
 from audiopipe.reader.errors import NonFiniteBatch
 from audiopipe.reader.open_dataset import is_remote, open_dataset, shard_sets
-from audiopipe.reader.prefetch import PrefetchIterator
+from audiopipe.reader.prefetch import LookAhead, PrefetchIterator
 from audiopipe.reader.reading import Reading
 from audiopipe.sampler.block_window import BlockWindowSampler
 from audiopipe.sampler.bucket import BucketBatchSampler
@@ -66,11 +67,15 @@ class _View:
         self.ds.read_ahead(self.subset[indices] if self.subset is not None else indices)
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[dict[str, Any]]:
-        if self.item_transform is None and hasattr(self.ds, "__getitems__"):
+        if hasattr(self.ds, "__getitems__"):
             # The whole batch in one call: ShardDataset answers with a RowBatch that collate pads without
-            # building per-item dicts.
+            # building per-item dicts. A transform gets the same item dicts as ds[i] from it, located and read
+            # once per batch instead of once per item (half of a speaker batch's CPU time, bench_speaker_batch.py).
             idx = np.asarray(indices, dtype=np.int64)
-            return self.ds.__getitems__(self.subset[idx] if self.subset is not None else idx)
+            rows = self.ds.__getitems__(self.subset[idx] if self.subset is not None else idx)
+            if self.item_transform is None:
+                return rows
+            return [self.item_transform(rows[i]) for i in range(len(rows))]
         return [self[i] for i in indices]
 
 
@@ -80,8 +85,9 @@ class _Collate:
     def __init__(self, pad: PadCollator, batch_transform: Callable | None, release_kernels: bool = False,
                  check_finite: bool = False):
         self.pad, self.batch_transform, self.check_finite = pad, batch_transform, check_finite
-        # num_workers=0: the kernel load waits until the first batch has been handed over (it starts with the
-        # second batch: started as the first is returned, it held the GIL the hand-over needed).
+        # num_workers=0 without a prefetch thread: the kernel load waits until the first batch has been handed over
+        # (it starts with the second batch: started as the first is returned, it held the GIL the hand-over
+        # needed). With the thread, the loader releases it as the consumer takes the first batch.
         self.batches_before_release = 1 if release_kernels else -1
 
     def __call__(self, items):
@@ -122,6 +128,9 @@ class Loader:
     _active: Any = field(default=None, repr=False)  # weakref to the PrefetchIterator of the pass in progress
     _progress: Any = field(default=None, repr=False)  # its consumed count, kept after the iterator is dropped
     mix: CorpusWeights | None = None  # several corpora: mix.shares(epoch) / mix.summary(epoch) per corpus
+    # The look-ahead that runs on across epochs, and the passes it runs into, in order: (epoch, position) each.
+    _look: LookAhead | None = field(default=None, repr=False)
+    _upcoming: Any = field(default=None, repr=False)
 
     def mix_summary(self) -> str | None:
         """One line per epoch on what each corpus gave the epoch being planned (None for a single corpus)."""
@@ -131,11 +140,57 @@ class Loader:
         if self.prefetch == 0 and self.device is None:
             return iter(self.dataloader)
         self._close_active()  # one pass at a time: the previous pass' thread must not draw from the sampler
-        it = PrefetchIterator(iter(self.dataloader), max(self.prefetch, 1), self.device)
+        look = self._take_over()
+        if look is None:
+            look = self._look_ahead()
+        # The copy kernel's background load (num_workers=0) starts once the consumer holds the first batch: started
+        # by the thread's second collate, it held the GIL while the first batch was being handed over.
+        it = PrefetchIterator(look=look, on_first=release_warm_up if self.dataloader.num_workers == 0 else None)
         self._active, self._progress = weakref.ref(it), it.progress
         return it
 
+    def _look_ahead(self) -> LookAhead:
+        """A thread for the pass iter() begins now. In one process over a bucket plan, it runs on into the next
+        epochs (set_epoch(e + 1) then iter() takes those batches over); with workers, or block windows (whose
+        passes hold and release storage), it builds this pass only."""
+        depth = max(self.prefetch, 1)
+        if self.dataloader.num_workers > 0 or not getattr(self.sampler, "runs_ahead", False):
+            return LookAhead(iter([iter(self.dataloader)]), depth, self.device)
+        view, collate = self.dataloader.dataset, self.dataloader.collate_fn
+        transforms = [t for t in (view.item_transform, collate.batch_transform) if hasattr(t, "set_epoch")]
+        self._upcoming = collections.deque()
+        passes = _epochs(self.sampler, self.sampler.epoch, _Fetch(view, collate), transforms, self._upcoming)
+        self._look = LookAhead(passes, depth, self.device)
+        return self._look
+
+    def _take_over(self) -> LookAhead | None:
+        """The running look-ahead when the pass it runs into is the one iter() begins now (the epoch after the
+        pass it finished, from its start); otherwise it is stopped, and None."""
+        look = self._look
+        if look is None:
+            return None
+        if look.running and self._upcoming and self.sampler.adopt(*self._upcoming[0]):
+            self._upcoming.popleft()
+            return look
+        self._drop_look()
+        return None
+
+    def _drop_look(self) -> None:
+        """Stop the look-ahead; transforms it moved on to the next epoch go back to the sampler's epoch."""
+        if self._look is None:
+            return
+        self._look.close()
+        self._look = None
+        self._set_transform_epochs(self.sampler.epoch)
+
+    def _set_transform_epochs(self, epoch: int) -> None:
+        view, collate = self.dataloader.dataset, self.dataloader.collate_fn
+        for t in (view.item_transform, collate.batch_transform):
+            if hasattr(t, "set_epoch"):
+                t.set_epoch(epoch)
+
     def _close_active(self) -> None:
+        """Stop the pass in progress if it is not over (a pass that ended leaves its look-ahead running on)."""
         it = self._active() if self._active is not None else None
         if it is not None:
             it.close()
@@ -151,12 +206,11 @@ class Loader:
         shared-memory tensor, as trainers/speaker.py's SpeakerCrops does).
         """
         self._close_active()  # a prefetch thread still drawing the previous epoch stops first
+        if not (self._upcoming and self._upcoming[0][0] == epoch):
+            self._drop_look()  # its thread builds an epoch other than this one
         self._progress = None
         self.sampler.set_epoch(epoch)
-        view, collate = self.dataloader.dataset, self.dataloader.collate_fn
-        for t in (view.item_transform, collate.batch_transform):
-            if hasattr(t, "set_epoch"):
-                t.set_epoch(epoch)
+        self._set_transform_epochs(epoch)
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The sampler's state after `consumed_batches` of this pass (default with prefetch: the batches the
@@ -167,6 +221,7 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._close_active()
+        self._drop_look()
         self._progress = None
         self.sampler.load_state_dict(state)
 
@@ -177,6 +232,40 @@ class Loader:
             return 0
         return dl.prefetch_factor * padded_bytes(self.collate.features, self.dataset.manifest["features"],
                                                  self.dataset.channels, self.sampler.budget.max_frames)
+
+
+class _Fetch:
+    """One batch from its rows, as a single-process DataLoader builds it (the dataset's __getitems__, then
+    collate), for the passes a look-ahead builds; holds the view and collator, never the Loader."""
+
+    def __init__(self, view: _View, collate: _Collate):
+        self.view, self.collate = view, collate
+
+    def __call__(self, indices: list[int]) -> dict[str, Any]:
+        return self.collate(self.view.__getitems__(indices))
+
+
+def _epochs(sampler: Any, epoch: int, fetch: _Fetch, transforms: list, upcoming: collections.deque) -> Iterator:
+    """The passes a look-ahead builds: the sampler's own pass over `epoch` (a resume, if one is pending), then a
+    fresh pass over each epoch after it. Each following pass is announced in `upcoming` before the pass ahead of
+    it starts, so it is known by the time the consumer finishes that one; the transforms move on to its epoch only
+    once every batch before it is built (the thread builds in order)."""
+    following = sampler.pass_ahead(epoch + 1)
+    upcoming.append((epoch + 1, following[0]))
+    yield map(fetch, iter(sampler))
+    while True:
+        epoch += 1
+        batches = following[1]
+        following = sampler.pass_ahead(epoch + 1)
+        upcoming.append((epoch + 1, following[0]))
+        yield _run(batches, epoch, fetch, transforms)
+
+
+def _run(batches: Iterator[list[int]], epoch: int, fetch: _Fetch, transforms: list) -> Iterator[dict[str, Any]]:
+    for t in transforms:
+        t.set_epoch(epoch)
+    for b in batches:
+        yield fetch(b)
 
 
 def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[str], *,
@@ -283,7 +372,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                                           quadratic=quadratic, max_items=max_items, seed=seed, shuffle=shuffle,
                                           rank=rank, world_size=world_size, nodes=opts.nodes)
         if bucket_only:
-            raise ValueError("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
+            raise InvalidValue("min_efficiency, pools, passes and shapes set the bucket sampler; block-window "
                              "reading plans its own batches: give Reading(mode='rows')")
         sampler.on_hold = lambda tag, ids: ds.hold_blocks(tag, table, ids)
         sampler.on_release = ds.release_blocks
@@ -363,7 +452,8 @@ def loader_over(ds: Any, sampler: Any, features: Sequence[str], *, subset: np.nd
     # Every iter() of a DataLoader draws a worker base seed; from its own generator it leaves torch's global RNG
     # alone, so a resumed run's dropout masks and crops continue exactly where the checkpoint left them.
     dl = torch.utils.data.DataLoader(view, batch_sampler=sampler,
-                                     collate_fn=_Collate(collate, batch_transform, release_kernels=num_workers == 0,
+                                     collate_fn=_Collate(collate, batch_transform,
+                                                         release_kernels=num_workers == 0 and depth == 0,
                                                          check_finite=check_finite),
                                      num_workers=num_workers, pin_memory=pinned,
                                      generator=torch.Generator().manual_seed(seed), **kw)

@@ -34,7 +34,7 @@ import collections
 import queue
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -88,32 +88,44 @@ def _copy_to_device(batch: Any, device: torch.device, stream: Any) -> Any:
     return out
 
 
-def _produce(source: Iterator, out: queue.SimpleQueue, space: Any, depth: int, stop: threading.Event,
-             device: torch.device | None, stream: Any, spent: collections.deque) -> None:
-    """Thread body: build batches into `out` until the source ends, fails or `stop` is set. At most `depth` wait in
-    `out`, and one more is built and waits for room (the thread waits on `space`, a lock the consumer releases
-    after each take), as a queue.Queue(maxsize=depth) would hold them."""
+def _produce(passes: Iterator[Iterator], out: queue.SimpleQueue, space: Any, depth: int, stop: threading.Event,
+             device: torch.device | None, stream: Any, spent: collections.deque, ends: list[int]) -> None:
+    """Thread body: build the batches of each pass `passes` yields into `out`, an _End after each, until `passes`
+    ends, a batch fails or `stop` is set. At most `depth` batches wait in `out` (an _End takes no room: ends[0]
+    counts those put, ends[1] those taken), and one more is built and waits for room (the thread waits on `space`,
+    a lock the consumer releases after each take), as a queue.Queue(maxsize=depth) would hold them."""
 
-    def room() -> bool:
-        while out.qsize() >= depth:
+    def room(limit: int = depth) -> bool:
+        while out.qsize() - (ends[0] - ends[1]) >= limit:
             if stop.is_set():
                 return False
             space.acquire(timeout=_POLL_S)  # a take releases it; the timeout re-checks the stop flag
             spent.clear()
         return not stop.is_set()
 
+    first = True
     try:
-        while not stop.is_set():
-            spent.clear()  # the batches the consumer moved on from: freed here, not on the training thread
-            batch = next(source, _END)
-            if batch is _END:
-                out.put(_End())
+        for source in passes:
+            while not stop.is_set():
+                spent.clear()  # the batches the consumer moved on from: freed here, not on the training thread
+                batch = next(source, _END)
+                if batch is _END:
+                    ends[0] += 1
+                    out.put(_End())
+                    break
+                if device is not None and not stop.is_set():
+                    batch = _copy_to_device(batch, device, stream)
+                if not room():
+                    return
+                out.put(batch)
+                # The very first batch goes to the consumer alone: building the second at once held the GIL the
+                # consumer's wake-up needed (time to the first batch). The second then overlaps the first step.
+                if first:
+                    first = False
+                    if not room(1):
+                        return
+            if stop.is_set():
                 return
-            if device is not None and not stop.is_set():
-                batch = _copy_to_device(batch, device, stream)
-            if not room():
-                return
-            out.put(batch)
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
         out.put(_Failed(exc))
 
@@ -125,16 +137,19 @@ def _stop(stop: threading.Event, thread: threading.Thread, space: Any) -> None:
         thread.join(timeout=5.0)
 
 
-class PrefetchIterator:
-    """Yields `source`'s batches, built `depth` batches ahead in a background thread (optionally on `device`)."""
+class LookAhead:
+    """One background thread that builds the batches of successive passes, `depth` batches ahead of the consumer.
 
-    def __init__(self, source: Iterator, depth: int, device: torch.device | str | None = None):
+    `passes` yields one iterator of batches per pass. When it yields another after the pass in progress (the
+    loader's next epoch), the thread runs on into it while the consumer takes the last batches of this one:
+    the epoch boundary is then no different from any other step. Batches are taken by a PrefetchIterator per pass.
+    """
+
+    def __init__(self, passes: Iterator[Iterator], depth: int, device: torch.device | str | None = None):
         if depth < 1:
             raise InvalidValue(f"prefetch depth must be >= 1 batch, got {depth!r}")
         self.depth = int(depth)
         self.device = torch.device(device) if device is not None else None
-        self.progress = Progress()
-        self.finished = False
         stream = None
         if self.device is not None and self.device.type == "cuda":
             stream = torch.cuda.Stream(device=self.device)
@@ -148,22 +163,19 @@ class PrefetchIterator:
         # which the prefetch thread clears. The consumer's `batch = next(it)` then only drops a reference, and
         # freeing the previous batch (its tensors, its lists of ids and texts: ~60 us, caches cold after a step)
         # happens in the prefetch thread, not inside the training thread's wait for the next batch.
-        self._held: Any = None
-        self._spent: collections.deque = collections.deque()
+        self.held: Any = None
+        self.spent: collections.deque = collections.deque()
+        self._ends = [0, 0]  # pass ends put by the thread, taken by the consumer (each written by one side)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=_produce, name="audiopipe-prefetch", daemon=True,
-                                        args=(source, self._queue, self._space, self.depth, self._stop, self.device,
-                                              stream, self._spent))
+                                        args=(passes, self._queue, self._space, self.depth, self._stop, self.device,
+                                              stream, self.spent, self._ends))
         self._thread.start()
-        # Ends the thread when this iterator is garbage collected (the thread only holds the queue, lock and flag).
+        # Ends the thread when this object is garbage collected (the thread holds neither it nor its iterators).
         self._finalizer = weakref.finalize(self, _stop, self._stop, self._thread, self._space)
 
-    def __iter__(self) -> PrefetchIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self.finished:
-            raise StopIteration
+    def take(self) -> Any:
+        """The next item in pass order: a batch, an _End or a _Failed."""
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)
@@ -172,12 +184,63 @@ class PrefetchIterator:
                 if not self._thread.is_alive() and self._queue.empty():
                     self.close()
                     raise PrefetchError("the prefetch thread ended without finishing the pass") from None
-        _signal(self._space)
-        if self._held is not None:
-            self._spent.append(self._held)
-            self._held = None
         if isinstance(item, _End):
-            self.close()
+            self._ends[1] += 1
+        _signal(self._space)
+        if self.held is not None:
+            self.spent.append(self.held)
+            self.held = None
+        return item
+
+    def close(self) -> None:
+        """Stop the thread; the batches built ahead are dropped."""
+        self._finalizer()
+        self.held = None
+        self.spent.clear()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def ready(self) -> int:
+        """Batches built and waiting to be taken (the ends of passes not counted)."""
+        return self._queue.qsize() - (self._ends[0] - self._ends[1])
+
+    @property
+    def running(self) -> bool:
+        """Not stopped and not ended: what it builds next is still the next batch in pass order."""
+        return not self._stop.is_set() and self._thread.is_alive()
+
+
+class PrefetchIterator:
+    """Yields one pass's batches, built `depth` batches ahead in a background thread (optionally on `device`).
+
+    Given `source`, it runs its own LookAhead over that one pass. Given `look`, it takes the next pass of a
+    LookAhead that may already have built its first batches (the loader's next epoch). Dropped or closed before
+    the pass ends, it stops the thread; a pass that ends leaves the thread running on into the next one.
+    """
+
+    def __init__(self, source: Iterator | None = None, depth: int = 2, device: torch.device | str | None = None, *,
+                 look: LookAhead | None = None, on_first: Callable[[], None] | None = None):
+        self.look = look if look is not None else LookAhead(iter([source]), depth, device)
+        self._on_first = on_first  # called once the first batch is in the consumer's hands
+        self.depth, self.device = self.look.depth, self.look.device
+        self.progress = Progress()
+        self.finished = False
+        # Dropped mid-pass: the thread stops (it holds no reference to this iterator, so this finalizer runs).
+        self._finalizer = weakref.finalize(self, self.look.close)
+
+    def __iter__(self) -> PrefetchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        item = self.look.take()
+        if isinstance(item, _End):
+            self.finished = True
+            self._finalizer.detach()  # the pass is over: the thread may run on into the next one,
+            self.look = None  # for as long as its owner (the loader) keeps it, not this spent iterator
             raise StopIteration
         if isinstance(item, _Failed):
             self.close()
@@ -189,7 +252,10 @@ class PrefetchIterator:
                 if isinstance(v, torch.Tensor) and v.is_cuda:
                     v.record_stream(current)
         self.progress.consumed += 1
-        self._held = item
+        self.look.held = item
+        if self._on_first is not None:
+            self._on_first, on_first = None, self._on_first
+            on_first()
         return item
 
     @property
@@ -197,12 +263,12 @@ class PrefetchIterator:
         return self.progress.consumed
 
     def close(self) -> None:
-        """Stop the thread (the batches built ahead are dropped; `consumed` stays what the consumer took)."""
-        self.finished = True
-        self._finalizer()
-        self._held = None
-        self._spent.clear()
+        """Stop the thread if this pass is not over (the batches built ahead are dropped; `consumed` stays what
+        the consumer took)."""
+        if not self.finished:
+            self.finished = True
+            self._finalizer()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self.look is not None and self.look.alive

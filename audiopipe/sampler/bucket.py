@@ -131,6 +131,8 @@ class BucketBatchSampler(EpochPasses):
     efficiency splits then: a split batch would be padded back to its shape's rows.
     """
 
+    runs_ahead = True
+
     def __init__(
         self,
         lengths: np.ndarray,
@@ -168,9 +170,9 @@ class BucketBatchSampler(EpochPasses):
             self.budget = ShapeBudget(self.budget, self.shapes)
         if passes is not None and (isinstance(passes, bool) or not isinstance(passes, (int, np.integer))
                                    or passes < 1):
-            raise ValueError(f"passes must be None (automatic: by corpus size) or an integer >= 1, got {passes!r}")
+            raise InvalidValue(f"passes must be None (automatic: by corpus size) or an integer >= 1, got {passes!r}")
         if passes is not None and passes > 1 and epoch_items is not None:
-            raise ValueError("passes > 1 repeats one corpus; a weighted mix of corpora (weights) sets its own "
+            raise InvalidValue("passes > 1 repeats one corpus; a weighted mix of corpora (weights) sets its own "
                              "repeats: leave passes at None or 1")
         if pools is not None and (isinstance(pools, bool) or not isinstance(pools, (int, np.integer)) or pools < 1):
             raise InvalidValue(f"pools must be None (automatic) or an integer >= 1, got {pools!r}")
@@ -224,7 +226,11 @@ class BucketBatchSampler(EpochPasses):
         # Planning and taking over a pending resume happen at the first next(), not here: a multi-worker
         # DataLoader calls iter() twice before drawing anything, and the resume must survive that.
         pos = self._begin_pass()
-        current = self._deal(self.epoch, pos.segments)
+        yield from self._batches(self.epoch, pos)
+
+    def _batches(self, epoch: int, pos: Position) -> Iterator[list[int]]:
+        """This rank's batches of `epoch` from `pos` on (pos counts what is yielded); no other state is touched."""
+        current = self._deal(epoch, pos.segments)
         steps = current.steps[pos.start :, self.rank]
         ahead = self.read_ahead if self.on_upcoming is not None else 0
         for j in range(min(ahead, steps.size)):
@@ -335,9 +341,10 @@ class BucketBatchSampler(EpochPasses):
         """Diagnostics of the current epoch as planned (including earlier world-size segments of a resume)."""
         pos = self._pending or self._active or Position((), 0)
         key = ("diag", self.epoch, pos.segments, self.world_size)
-        if key not in self._cache:
-            self._cache[key] = self._diagnose(self.epoch, pos.segments)
-        return self._cache[key]
+        diag = self._cache.get(key)
+        if diag is None:
+            diag = self._cache[key] = self._diagnose(self.epoch, pos.segments)
+        return diag
 
     def _diagnose(self, epoch: int, segments: tuple[tuple[int, int], ...]) -> SamplerDiagnostics:
         plan = self._plan(epoch)
@@ -394,10 +401,11 @@ class BucketBatchSampler(EpochPasses):
     def _plan(self, epoch: int) -> EpochPlan:
         """The epoch's global batches before dealing (position ranges of its pools)."""
         key = ("plan", epoch)
-        if key not in self._cache:
+        plan = self._cache.get(key)
+        if plan is None:  # kept in a local: a look-ahead's thread may trim the cache meanwhile
             self._trim_cache(epoch)
-            self._cache[key] = self._plan_uncached(epoch)
-        return self._cache[key]
+            plan = self._cache[key] = self._plan_uncached(epoch)
+        return plan
 
     def _epoch_items(self, epoch: int) -> np.ndarray:
         items = np.asarray(self.epoch_items(epoch), dtype=np.int64)
@@ -440,7 +448,8 @@ class BucketBatchSampler(EpochPasses):
         """The deal of segment len(segments): the plan, re-dealt after each earlier (world_size, steps)."""
         world_size = self.world_size if world_size is None else world_size
         key = ("deal", epoch, segments, world_size)
-        if key not in self._cache:
+        dealt = self._cache.get(key)
+        if dealt is None:
             plan = self._plan(epoch)
             if segments:
                 w, k = segments[-1]
@@ -448,12 +457,14 @@ class BucketBatchSampler(EpochPasses):
             else:
                 table = plan.table
             rng = self._rng(_DEAL, epoch, len(segments)) if self.shuffle else None
-            self._cache[key] = deal(table, plan, self.budget, world_size, rng, self.uneven)
-        return self._cache[key]
+            dealt = self._cache[key] = deal(table, plan, self.budget, world_size, rng, self.uneven)
+        return dealt
 
     def _trim_cache(self, epoch: int) -> None:
-        # Plans of other epochs are never needed again; keep memory bounded to one epoch.
-        self._cache = {k: v for k, v in self._cache.items() if k[1] == epoch}
+        # Plans of older epochs are never needed again; keep memory bounded to two epochs: a look-ahead plans
+        # epoch e+1 (in its thread) while the pass over e ends and may still ask for e's plan (state_dict).
+        # list(): a copy taken at once, as the other thread may add an entry meanwhile.
+        self._cache = {k: v for k, v in list(self._cache.items()) if epoch - 1 <= k[1] <= epoch + 1}
 
     def _config(self) -> dict[str, Any]:
         cfg = {

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from audiopipe.errors import InvalidValue
 from audiopipe.sampler.plan import capacities
 
 
@@ -31,9 +32,9 @@ class BatchShapes:
     def fit(lengths: np.ndarray, budget: Any, k: int, multiple: int = 1) -> "BatchShapes":
         """K edges at the quantiles of the lengths that fit the budget alone (empty ones left out)."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"shapes must be None (off) or an integer >= 1 (batch shapes per run), got {k!r}")
+            raise InvalidValue(f"shapes must be None (off) or an integer >= 1 (batch shapes per run), got {k!r}")
         if not isinstance(multiple, (int, np.integer)) or multiple < 1:
-            raise ValueError(f"multiple must be an integer >= 1, got {multiple!r}")
+            raise InvalidValue(f"multiple must be an integer >= 1, got {multiple!r}")
         longest = budget.longest_alone()
         kept = lengths[(lengths > 0) & (lengths <= longest)]
         if kept.size == 0:

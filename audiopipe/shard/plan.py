@@ -12,6 +12,8 @@ every machine and version, and an utterance's place does not depend on which oth
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -21,6 +23,7 @@ import xxhash
 
 from audiopipe.errors import InvalidValue
 from audiopipe.shard.keys import fold, sample_key
+from audiopipe.storage.atomic import atomic_path
 
 
 @dataclass
@@ -50,6 +53,22 @@ class WorkUnit:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "WorkUnit":
         return WorkUnit(d["name"], d["index"], [PlannedUtt(**u) for u in d["utterances"]])
+
+
+def write_plan(path: str | os.PathLike[str], plan: dict[str, Any], units: list[WorkUnit]) -> None:
+    """plan.json: `plan`'s fields (sorted keys) and then "units", written unit by unit (atomically).
+
+    A plan holds every utterance: at a million of them, one json.dumps of the whole would hold the text and its
+    UTF-8 bytes (~600 bytes an utterance) on top of the plan itself. Each unit is its own compact line."""
+    head = json.dumps(plan, sort_keys=True, indent=1, ensure_ascii=False)
+    if "units" in plan or not head.endswith("\n}"):
+        raise ValueError("write_plan: the units go in their own argument")
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(head[:-2] + ',\n "units": [')
+            for k, u in enumerate(units):
+                f.write(("\n  " if k == 0 else ",\n  ") + json.dumps(u.to_dict(), sort_keys=True, ensure_ascii=False))
+            f.write("\n ]\n}\n")
 
 
 def unique_keys(utts: list[PlannedUtt]) -> tuple[list[PlannedUtt], list[dict[str, Any]]]:

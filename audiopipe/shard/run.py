@@ -28,10 +28,10 @@ from typing import Any
 from audiopipe.decode.audio import DecodeLimits, resampler_info
 from audiopipe.shard.job import ENGINES, Job, JobError
 from audiopipe.shard.ledger import Ledger
-from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_json_atomic, write_rejects
+from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_rejects
 from audiopipe.shard.output import LocalOutput, S3Output, open_output
 from audiopipe.shard.plan import (PlannedUtt, WorkUnit, auto_shard_bytes, bytes_per_second, order_record, plan_units,
-                                  unique_keys)
+                                  unique_keys, write_plan)
 from audiopipe.shard.worker import default_niceness, load_table_support
 
 PLAN_NAME = "plan.json"
@@ -131,15 +131,20 @@ def job_specs(job: Job) -> list[Any]:
 
 def make_plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None = None, layout: str = "auto",
               corpus_options: Any = None) -> dict[str, Any]:
-    return _plan(job, manifest, speaker, specs, layout, corpus_options)[0]
+    """The plan as plan.json holds it (units as dicts)."""
+    plan, units, _ = _plan(job, manifest, speaker, specs, layout, corpus_options)
+    return {**plan, "units": [u.to_dict() for u in units]}
 
 
 def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout: str,
-          corpus_options: Any = None) -> tuple[dict[str, Any], float]:
-    """The plan (with discovery's notes, and its hint when nothing usable was found), and the seconds the
-    discovery itself took (the plan also waits for the feature code, to size the shards). manifest: one path or
-    several; corpus_options: audiopipe.corpus.options.CorpusOptions. A corpus where nothing at all is found is
-    a one-line JobError that says what the folder holds instead."""
+          corpus_options: Any = None) -> tuple[dict[str, Any], list[WorkUnit], float]:
+    """The plan (with discovery's notes, and its hint when nothing usable was found) without its units, the
+    units, and the seconds the discovery itself took (the plan also waits for the feature code, to size the
+    shards). manifest: one path or several; corpus_options: audiopipe.corpus.options.CorpusOptions. A corpus
+    where nothing at all is found is a one-line JobError that says what the folder holds instead.
+
+    Memory is the driver's limit at scale (about a kilobyte an utterance): each discovered utterance is let go as
+    its planned twin is made, and the units are kept as objects only, never also as one dict per utterance."""
     from audiopipe.corpus.discover import discover
     from audiopipe.decode.audio import RejectError, check_header
 
@@ -151,7 +156,9 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
     limits = DecodeLimits(**job.limits)
     utts: list[PlannedUtt] = []
     rejects = [dict(path=r.path, source=r.source, reason=r.reason, detail=r.detail) for r in disc.rejects]
-    for u in disc.utterances:
+    found = disc.utterances
+    for i, u in enumerate(found):
+        found[i] = None  # type: ignore[call-overload]  # this one is planned below: free it now
         try:
             check_header(u, limits)
             _check_row_length(u.duration)
@@ -169,11 +176,19 @@ def _plan(job: Job, manifest: Any, speaker: str, specs: list[Any] | None, layout
         "corpus_digest": _utterance_digest(utts, rejects),
         "discovered": len(utts) + len(rejects),
         "discovery_rejects": rejects,
-        "units": [u.to_dict() for u in units],
         "notes": disc.notes,
         "hint": disc.hint,
     }
-    return plan, discovery_s
+    return plan, units, discovery_s
+
+
+def _units_of(dicts: list[dict[str, Any]]) -> list[WorkUnit]:
+    """plan.json's units as objects, each dict let go as soon as it is converted (a rerun holds the new plan too)."""
+    units = []
+    for i, d in enumerate(dicts):
+        dicts[i] = None  # type: ignore[call-overload]
+        units.append(WorkUnit.from_dict(d))
+    return units
 
 
 def _check_row_length(seconds: float) -> None:
@@ -325,22 +340,23 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                 ray_start_s = eng.start(job)
             elif eng is not None:
                 eng.warm_here(job)
-            plan, discovery_s = planned.result()
+            plan, new_units, discovery_s = planned.result()
         mark("planned")
         for note in plan["notes"]:
             print(f"audiopipe: note: {note}", file=sys.stderr)
         if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
             raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
                            f"use a new --out, or delete its {PLAN_NAME} to start over")
-        if not plan["units"]:
+        if not new_units:
             _refuse_empty(out, plan)
         if not old_plan:
-            write_json_atomic(out.work / PLAN_NAME, plan)
+            write_plan(out.work / PLAN_NAME, plan, new_units)
             out.publish(PLAN_NAME)
         out.clean()
 
         # A rerun keeps the units of the first run's plan (same corpus, same settings: the same units anyway).
-        units = [WorkUnit.from_dict(u) for u in (old_plan or plan)["units"]]
+        units = _units_of(old_plan.pop("units")) if old_plan else new_units
+        del new_units
         todo = [u for u in units if u.name not in finished]
         ledger = Ledger(todo)
         warmup_s = 0.0

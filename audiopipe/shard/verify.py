@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
+import os
 import sys
 import tarfile
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import soundfile as sf
 
 from audiopipe.errors import NotFound
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
-from audiopipe.shard.checksum import Checksum, checksum_of, file_checksum, new_hash
+from audiopipe.shard.checksum import Checksum, checksum_of, new_hash
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import MANIFEST_NAME, read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
@@ -72,39 +74,79 @@ def _expected_frames(spec: dict[str, Any], seconds: float) -> int:
     return _FEATURES[spec["hash"]].num_frames(n)
 
 
-def _check_record(shard: str, row: dict[str, Any], arrays: dict[str, np.ndarray], specs: dict[str, Any],
-                  report: VerifyReport, aligned: bool) -> None:
-    rid = row["id"]
-    for name, spec in specs.items():
-        a = arrays[name]
-        frames = row[f"{name}_frames"]
-        if a.shape[-1] != frames:
-            report.fail(f"{shard} {rid}: {name} has {a.shape[-1]} frames, row says {frames}")
-            continue
-        if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.text.bert), not per time step
-            if frames != row.get("phones_frames"):
-                report.fail(f"{shard} {rid}: bert has {frames} columns for {row.get('phones_frames')} phones")
-            if not np.isfinite(a).all():
-                report.fail(f"{shard} {rid}: bert contains NaN or inf")
-            continue
-        # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
-        tol = 1 + (2 if aligned else 0) + (2 + frames // 50 if spec["kind"] not in FEATURE_KINDS else 0)
-        want = _expected_frames(spec, row["duration"])
-        if abs(want - frames) > tol:
-            report.fail(f"{shard} {rid}: {name} has {frames} frames but {row['duration']:.3f} s implies {want}")
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-            report.fail(f"{shard} {rid}: {name} contains NaN or inf")
-        if name == "f0":
-            p = spec["params"]
-            lo, hi = p.get("fmin", 50.0), p.get("fmax", 1100.0)
-            voiced = arrays.get("voiced")
-            mask = voiced.astype(bool) if voiced is not None else a > 0
-            if mask.any() and (a[mask].min() < lo * 0.99 or a[mask].max() > hi * 1.01):
-                report.fail(f"{shard} {rid}: f0 outside [{lo}, {hi}] Hz on voiced frames")
-            if p.get("interpolate") and (a <= 0).any():
-                report.fail(f"{shard} {rid}: interpolated f0 has frames <= 0")
-        if spec["kind"].startswith("encodec") and (a.min(initial=0) < 0 or a.max(initial=0) >= spec["params"].get("codebook_size", 1024)):
-            report.fail(f"{shard} {rid}: codes outside the codebook")
+def _flat(col: ListColumn) -> tuple[np.ndarray, np.ndarray]:
+    """The values the rows hold and offsets from 0 into them (a sliced column's buffer may hold more)."""
+    base = int(col.offsets[0])
+    return col.values[base:int(col.offsets[-1])], col.offsets - base
+
+
+def _rows_where(bad: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The rows (sorted, unique) that hold the flat positions where `bad` is true."""
+    return np.unique(np.searchsorted(offsets, np.flatnonzero(bad), side="right") - 1)
+
+
+def _check_column(shard: str, name: str, spec: dict[str, Any], col: ListColumn, ok: np.ndarray,
+                  frames: np.ndarray, durations: np.ndarray, ids: list[str], table: pa.Table,
+                  voiced: ListColumn | None, voiced_ok: np.ndarray | None, aligned: bool,
+                  found: list[tuple[int, int, int, str]], order: int) -> None:
+    """The semantic checks of one feature column over a whole shard at once (numpy over the flat values buffer;
+    Python per row only for a row's expected frame count). `ok`: the rows whose array has the size its frame
+    count says (the others were reported already). Found failures go to `found` as (row, order, step, message),
+    so that they are reported row by row, in the order the checks are listed here."""
+    values, offsets = _flat(col)
+    rows = np.flatnonzero(ok)
+    if spec["kind"] == "bert_phones":  # one column per phone (audiopipe.text.bert), not per time step
+        phones = table.column("phones_frames").to_numpy() if "phones_frames" in table.column_names else None
+        for i in rows:
+            if phones is None or frames[i] != phones[i]:
+                found.append((i, order, 0, f"{shard} {ids[i]}: bert has {frames[i]} columns for "
+                                           f"{None if phones is None else phones[i]} phones"))
+        for i in np.intersect1d(_rows_where(~np.isfinite(values), offsets), rows):
+            found.append((i, order, 1, f"{shard} {ids[i]}: bert contains NaN or inf"))
+        return
+    # Frame counts follow from the duration; the hop is the tolerance for float32 seconds and codec rounding.
+    derived = spec["kind"] not in FEATURE_KINDS
+    for i in rows:
+        f = int(frames[i])
+        tol = 1 + (2 if aligned else 0) + (2 + f // 50 if derived else 0)
+        want = _expected_frames(spec, float(durations[i]))
+        if abs(want - f) > tol:
+            found.append((i, order, 0, f"{shard} {ids[i]}: {name} has {f} frames but {durations[i]:.3f} s "
+                                        f"implies {want}"))
+    if np.issubdtype(values.dtype, np.floating):
+        for i in np.intersect1d(_rows_where(~np.isfinite(values), offsets), rows):
+            found.append((i, order, 1, f"{shard} {ids[i]}: {name} contains NaN or inf"))
+    if name == "f0":
+        p = spec["params"]
+        lo, hi = p.get("fmin", 50.0), p.get("fmax", 1100.0)
+        mask = values > 0
+        voiced_values, voiced_offsets = _flat(voiced) if voiced is not None else (None, None)
+        if voiced is not None and np.array_equal(voiced_offsets, offsets):
+            # rows whose voiced column is intact take it as the mask (the others fall back to f0 > 0)
+            per_value_ok = np.repeat(voiced_ok, np.diff(offsets))
+            mask = np.where(per_value_ok, voiced_values.astype(bool), mask)
+        out = mask & ((values < lo * 0.99) | (values > hi * 1.01))
+        for i in np.intersect1d(_rows_where(out, offsets), rows):
+            found.append((i, order, 2, f"{shard} {ids[i]}: f0 outside [{lo}, {hi}] Hz on voiced frames"))
+        if p.get("interpolate"):
+            for i in np.intersect1d(_rows_where(values <= 0, offsets), rows):
+                found.append((i, order, 3, f"{shard} {ids[i]}: interpolated f0 has frames <= 0"))
+    if spec["kind"].startswith("encodec"):
+        bad = (values < 0) | (values >= spec["params"].get("codebook_size", 1024))
+        for i in np.intersect1d(_rows_where(bad, offsets), rows):
+            found.append((i, order, 4, f"{shard} {ids[i]}: codes outside the codebook"))
+
+
+def _mapped_checksum(path: Path, algorithm: str) -> str:
+    """The file's checksum (as file_checksum gives it) hashed through a memory map: read() would copy every byte
+    into Python buffers, a third of verify's CPU on the page cache, and verify maps the same pages for the
+    records next."""
+    h = new_hash(algorithm)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                h.update(m)
+    return h.hexdigest()
 
 
 class _Files:
@@ -156,7 +198,7 @@ class _Files:
         """Whether the file has this checksum (the one taken while downloading it, if of that algorithm)."""
         got = self._sums.pop(rel, None)
         if got is None or got.algorithm != want.algorithm:
-            got = Checksum(want.algorithm, file_checksum(self.root / rel, want.algorithm))
+            got = Checksum(want.algorithm, _mapped_checksum(self.root / rel, want.algorithm))
         return got == want
 
     def drop(self, rel: str) -> None:
@@ -301,39 +343,56 @@ def _verify_shard(files: _Files, sh: dict[str, Any], specs: dict[str, Any], kind
     array_names = [f.name for f in table.schema if pa.types.is_large_list(f.type)]
     channels = {n: specs[n]["channels"] if n in specs else 0 for n in array_names}
     lists = {n: ListColumn(table.column(n), zero_copy_only=False) for n in array_names}
-    arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
-    for i in range(table.num_rows):
-        row = {c: table.column(c)[i].as_py() for c in table.column_names if c not in array_names}
-        arrays = {}
-        for n in array_names:
-            flat = lists[n][i]
-            frames = row[f"{n}_frames"]
-            ch = channels[n]
-            if flat.size != max(ch, 1) * frames:
-                report.fail(f"{name} {row['id']}: {n} holds {flat.size} values, expected {max(ch, 1)}x{frames}")
-                continue
-            arrays[n] = flat.reshape(ch, frames) if ch else flat
-        report.records += 1
-        folded = fold(sample_key(row["id"]))
+    n_rows = table.num_rows
+    ids = table.column("id").to_pylist()
+    durations = table.column("duration").to_numpy()
+    # Checks run column by column over the whole shard (a Python loop per record costs more than reading its
+    # bytes); failures are collected as (row, step, sub-step, message) and reported in row order.
+    found: list[tuple[int, int, int, str]] = []
+    ok: dict[str, np.ndarray] = {}
+    frames: dict[str, np.ndarray] = {}
+    for k, n in enumerate(array_names):
+        frames[n] = table.column(f"{n}_frames").to_numpy()
+        ok[n] = np.diff(lists[n].offsets) == max(channels[n], 1) * frames[n]
+        for i in np.flatnonzero(~ok[n]):
+            found.append((i, 0, k, f"{name} {ids[i]}: {n} holds {lists[n].offsets[i + 1] - lists[n].offsets[i]} "
+                                   f"values, expected {max(channels[n], 1)}x{frames[n][i]}"))
+    report.records += n_rows
+    for i, rid in enumerate(ids):
+        folded = fold(sample_key(rid))
         if folded in owner:
             first_shard, first_id = owner[folded]
-            same = "the same id" if first_id == row["id"] else "a key differing only in case or normalisation"
-            report.fail(f"{name} {row['id']}: {same} as {first_id!r} in {first_shard}: a WebDataset reader or "
-                        f"a case-insensitive disk would merge the two samples")
+            same = "the same id" if first_id == rid else "a key differing only in case or normalisation"
+            found.append((i, 1, 0, f"{name} {rid}: {same} as {first_id!r} in {first_shard}: a WebDataset reader "
+                                   f"or a case-insensitive disk would merge the two samples"))
         else:
-            owner[folded] = (name, row["id"])
-        durs = arrays.get("durations")
-        if durs is not None and durs.size:
-            ref = next((n for n in ("codes", "f0", "mel") if n in arrays), None)
-            if durs.size != arrays["phones"].size:
-                report.fail(f"{name} {row['id']}: {durs.size} durations for {arrays['phones'].size} phones")
-            elif ref and int(durs.sum()) != arrays[ref].shape[-1]:
-                report.fail(f"{name} {row['id']}: durations sum to {int(durs.sum())} frames, {ref} has "
-                            f"{arrays[ref].shape[-1]}")
-        _check_record(name, row, arrays, {k: v for k, v in specs.items() if k in arrays}, report, aligned)
-        if tars and "tar" in sh:
-            arrow_arrays[sample_key(row["id"])] = arrays
+            owner[folded] = (name, rid)
+    if "durations" in lists and "phones" in lists:
+        ref = next((n for n in ("codes", "f0", "mel") if n in lists), None)
+        for i in np.flatnonzero(ok["durations"] & ok["phones"]):
+            durs = lists["durations"][i]
+            if not durs.size:
+                continue
+            if durs.size != frames["phones"][i]:
+                found.append((i, 2, 0, f"{name} {ids[i]}: {durs.size} durations for {frames['phones'][i]} phones"))
+            elif ref and ok[ref][i] and int(durs.sum()) != frames[ref][i]:
+                found.append((i, 2, 0, f"{name} {ids[i]}: durations sum to {int(durs.sum())} frames, {ref} has "
+                                       f"{frames[ref][i]}"))
+    checked = [n for n in specs if n in lists]
+    for k, n in enumerate(checked):
+        _check_column(name, n, specs[n], lists[n], ok[n], frames[n], durations, ids, table, lists.get("voiced"),
+                      ok.get("voiced"), aligned, found, 3 + k)
+    for _, _, _, msg in sorted(found, key=lambda f: f[:3]):
+        report.fail(msg)
     if tars and "tar" in sh:
+        arrow_arrays: dict[str, dict[str, np.ndarray]] = {}
+        for i, rid in enumerate(ids):
+            arrays = {}
+            for n in array_names:
+                if ok[n][i]:
+                    flat = lists[n][i]
+                    arrays[n] = flat.reshape(channels[n], frames[n][i]) if channels[n] else flat
+            arrow_arrays[sample_key(rid)] = arrays
         _verify_tar(name, paths["tar"], arrow_arrays, specs, report)
     return table
 

@@ -1,0 +1,204 @@
+"""CPU cost of a speaker trainer's batch: crops finished per crop in the loader (`--augment-on cpu`: soxr, scipy)
+against crops only sliced there and finished on the device (`--augment-on device`, the default).
+
+    python -m audiopipe.corpus.demo /tmp/spkbench/wavs
+    audiopipe shard --corpus /tmp/spkbench/wavs --out /tmp/spkbench/shards --preset campplus
+    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \\
+        --json benchmarks/results/speaker_batch.json --plot docs/img/speaker_batch.png
+
+1. `batch`: the CPU time (thread time of the training thread, `time.thread_time`) to build one batch of CAM++'s
+   `default` recipe (64 crops of 3 s, speed perturbation 1.0/0.9/1.1; the `+aug` rows add noise and reverb from
+   generated folders at the recipe's --aug-prob 0.2): make_loader with no worker and no prefetch, exactly the
+   trainer's item transform, subset and budget (speaker_data). The two paths alternate batch by batch in each
+   round, over the same utterances and draws. `floor`: the same loader whose item transform only takes the first
+   3 s of each utterance (no draw): what reading and collating 64 crops costs whatever the path.
+   `device_side_ms_on_cpu`: what the device path then does on the training device,
+   timed here with the CPU as that device (one torch thread): speed, noise and reverb (DeviceAugment), and the
+   fbank both paths run there.
+2. `datawait`: short CAM++ `tiny` runs of the real trainer on the CPU (--prefetch 0, no worker, 16 crops of 3 s,
+   one torch thread), the two paths alternating run by run; the data-wait share and step time of the second half
+   of each run (the first holds the start-up), from its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "trainers"))
+
+import core  # noqa: E402
+import speaker  # noqa: E402
+import speaker_data  # noqa: E402
+import train_campplus  # noqa: E402
+from audiopipe.reader.loader import make_loader  # noqa: E402
+from results_io import write_results  # noqa: E402  (benchmarks/ is the script's folder)
+
+PATHS = ("cpu", "device")
+
+
+def folders(root: Path) -> tuple[Path, Path]:
+    """A noise folder (white and pink-ish noise, 10 s each) and a RIR folder (two decaying-noise responses)."""
+    import soundfile as sf
+
+    noise, rir = root / "noise", root / "rir"
+    noise.mkdir(parents=True, exist_ok=True), rir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    sr = speaker_data.SAMPLE_RATE
+    sf.write(noise / "white.wav", 0.1 * rng.standard_normal(10 * sr), sr)
+    sf.write(noise / "low.wav", 0.1 * np.cumsum(rng.standard_normal(10 * sr)) / 100, sr)
+    for k, t60 in enumerate((0.3, 0.6)):
+        t = np.arange(int(t60 * sr)) / sr
+        sf.write(rir / f"room{k}.wav", rng.standard_normal(len(t)) * np.exp(-6.9 * t / t60), sr)
+    return noise, rir
+
+
+def trainer_args(shards: Path, path: str, aug: tuple[Path, Path] | None, extra: list[str]) -> list[str]:
+    argv = ["--shards", str(shards), "--config", "default", "--augment-on", path, *extra]
+    if aug:
+        argv += ["--noise-dir", str(aug[0]), "--rir-dir", str(aug[1])]
+    return argv
+
+
+def batch_loader(shards: Path, path: str, aug: tuple[Path, Path] | None):
+    """The trainer's loader for CAM++ `default` (no worker, no prefetch) and its speaker data."""
+    cfg, args = core.parse_args("bench", defaults=speaker.run_defaults(train_campplus.RECIPE),
+                                extra=lambda p: speaker.add_speaker_args(p, train_campplus.RECIPE),
+                                argv=trainer_args(shards, path, aug, []))
+    d = core.Dist(0, 1, 0, torch.device("cpu"))
+    data = speaker_data.speaker_data(cfg, args, d, "campplus")
+    loader = make_loader(str(shards), ["pcm"], max_frames=cfg.batch_frames, seed=cfg.seed, num_workers=0,
+                         prefetch=0, **data.loader_kw)
+    return loader, data
+
+
+class SliceOnly:
+    """The least any item transform does: the first 3 s of the utterance (repeated when short), no draw."""
+
+    def __call__(self, item: dict) -> dict:
+        return {"wav": np.resize(item["pcm"], 48000) if len(item["pcm"]) < 48000 else item["pcm"][:48000],
+                "label": 0}
+
+
+def floor_loader(shards: Path, data: speaker_data.SpeakerData):
+    kw = {**data.loader_kw, "item_transform": SliceOnly(), "batch_transform": None}
+    return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw), data
+
+
+def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, batches: int) -> dict:
+    loaders = {p: batch_loader(shards, p, aug) for p in PATHS}
+    loaders["floor"] = floor_loader(shards, loaders["device"][1])
+    per_round: dict[str, list[float]] = {p: [] for p in (*PATHS, "floor")}
+    device_ms: list[float] = []
+    fbank_ms: list[float] = []
+    for r in range(rounds):
+        its = {}
+        for p in loaders:
+            loaders[p][0].set_epoch(r)
+            its[p] = iter(loaders[p][0])
+        times: dict[str, list[float]] = {p: [] for p in loaders}
+        for _ in range(batches):
+            for p in loaders:  # side by side: the same batch of the plan, one path then the other
+                t0 = time.thread_time()
+                batch = next(its[p])
+                times[p].append(time.thread_time() - t0)
+                if p == "device":
+                    t0 = time.thread_time()
+                    wav = loaders[p][1].finish(batch)
+                    t1 = time.thread_time()
+                    speaker_data.fbank_batch(wav)
+                    device_ms.append((t1 - t0) * 1e3)
+                    fbank_ms.append((time.thread_time() - t1) * 1e3)
+                assert len(batch["label"]) == 64, len(batch["label"])
+        for p in loaders:
+            per_round[p].append(float(np.median(times[p])) * 1e3)
+        print(f"  round {r}: " + ", ".join(f"{p} {per_round[p][-1]:.1f} ms" for p in loaders), flush=True)
+    ratios = [c / d for c, d in zip(per_round["cpu"], per_round["device"])]
+    return {"cpu_ms_per_batch": {p: {"median": float(np.median(v)), "per_round": v} for p, v in per_round.items()},
+            "ratio_cpu_over_device": {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)},
+            "device_side_ms_on_cpu": {"augment": float(np.median(device_ms)), "fbank": float(np.median(fbank_ms))},
+            "crops_per_batch": 64, "batches_per_round": batches, "rounds": rounds}
+
+
+def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
+    out: dict[str, list[dict]] = {p: [] for p in PATHS}
+    for r in range(runs):
+        for p in PATHS:
+            with tempfile.TemporaryDirectory() as tmp:
+                argv = ["--shards", str(shards), "--config", "tiny", "--out", tmp, "--augment-on", p,
+                        "--max-steps", str(steps), "--batch-frames", str(16 * 48000), "--prefetch", "0",
+                        "--num-workers", "0", "--log-every", str(steps // 2), "--ckpt-every", str(10 ** 6),
+                        "--heldout-speakers", "0", "--cpu-threads", "1", "--lr", "0.2"]
+                train_campplus.main(argv)
+                rec = json.loads((Path(tmp) / "log.jsonl").read_text().splitlines()[-1])  # the second half
+            out[p].append({"data_wait_share": rec["data_wait_share"], "step_time_s": rec["step_time"]})
+            print(f"  run {r} {p}: data wait {rec['data_wait_share'] * 100:.1f} %, step {rec['step_time']:.2f} s",
+                  flush=True)
+    return {p: {"data_wait_share": [x["data_wait_share"] for x in v], "step_time_s": [x["step_time_s"] for x in v]}
+            for p, v in out.items()} | {"runs": runs, "steps": steps, "config": "tiny", "crops_per_batch": 16}
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    rows = [("speed", result["batch"]), ("speed + noise/reverb", result["batch_aug"])]
+    y = np.arange(len(rows))
+    bars = (("cpu", "--augment-on cpu"), ("device", "--augment-on device"),
+            ("floor", "floor: read + collate, no draw"))
+    for k, (p, label) in enumerate(bars):
+        med = [r["cpu_ms_per_batch"][p]["median"] for _, r in rows]
+        at = y + (k - 1) * 0.27
+        ax.barh(at, med, height=0.25, label=label)
+        for yy, m in zip(at, med):
+            ax.text(m, yy, f" {m:.1f} ms", va="center", fontsize=8)
+    ax.set_yticks(y, [name for name, _ in rows])
+    ax.set_xlabel("CPU ms to build one CAM++ default batch (64 crops of 3 s), median of rounds")
+    ax.set_xlim(0, 1.2 * max(r["cpu_ms_per_batch"]["cpu"]["median"] for _, r in rows))
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shards", required=True, type=Path, help="16 kHz PCM shards (--preset campplus)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the batch measurement (default %(default)s)")
+    p.add_argument("--batches", type=int, default=4, help="batches per path per round (default %(default)s)")
+    p.add_argument("--runs", type=int, default=2, help="trainer runs per path for the data wait (default %(default)s)")
+    p.add_argument("--steps", type=int, default=12, help="steps per trainer run (default %(default)s)")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        aug = folders(Path(tmp))
+        print("batch (speed perturbation only)", flush=True)
+        batch = measure_batches(a.shards, None, a.rounds, a.batches)
+        print("batch (speed + noise/reverb at --aug-prob 0.2)", flush=True)
+        batch_aug = measure_batches(a.shards, aug, a.rounds, a.batches)
+    print("data wait, CAM++ tiny, --prefetch 0", flush=True)
+    datawait = measure_datawait(a.shards, a.runs, a.steps)
+    result = {"batch": batch, "batch_aug": batch_aug, "datawait": datawait,
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": 1,
+                          "loadavg_start": load_start, "loadavg_end": os.getloadavg()}}
+    write_results(result, a.json, lambda png: plot(result, png), a.plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
