@@ -649,7 +649,9 @@ def child_main(a: argparse.Namespace) -> int:
         body = CHILDREN[a.child](a)
         ok = body.get("ok", True)
     except BaseException as e:  # noqa: BLE001 - written down for the parent, then the exit code says it
-        body = {"error": f"{type(e).__name__}: {e}", "traceback": tail(traceback.format_exc(), 20)}
+        # What the part measured before it failed (save_partial) stays, beside the error.
+        body = json.loads(path.read_text()) if path.exists() else {}
+        body.update(error=f"{type(e).__name__}: {e}", traceback=tail(traceback.format_exc(), 20))
         ok = False
         traceback.print_exc()
     path.write_text(json.dumps(body, indent=1, default=str))
