@@ -23,7 +23,8 @@ Parts, in order of value; each in its own process under its own cap:
                 trained in turn 3 times (no out-of-memory error, peak reserved memory <= 92 % of the device),
                 and F5's frames/s with it against one global budget's (>= 1x)
   speakers      ERes2Net and CAM++ `default` as the trainers run (their own main(), prefetch 2) on the bundle's
-                speaker shards grown the same way: 10 warm-up + 60 timed steps, data wait from their log
+                speaker shards grown the same way, crops finished on the device (the default) and on the CPU
+                (--augment-on cpu): 5 warm-up + 30 timed steps each, data wait from their log
   shapes        (a second call: --parts shapes) F5-TTS `default` on the grown corpus, step by step with each batch's
                 shape: eager as today, eager with --shapes 8, compiled with --shapes 8: the step at a shape met
                 for the first time against one met before; GPT-SoVITS s1 `default` with --shapes 8, eager against
@@ -56,14 +57,15 @@ PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
 # 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
 # shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
 # (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
-CAPS = {"full_batches": 115, "cores": 115, "features": 35, "calibrate": 90, "speakers": 40, "shapes": 290}
+CAPS = {"full_batches": 115, "cores": 115, "features": 30, "calibrate": 85, "speakers": 50, "shapes": 290}
 FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20, "shapes": 200}
 QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 150, "calibrate": 200, "speakers": 150, "shapes": 250}
 QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8, "shapes": 8}
 SHAPES = 8  # shapes: --shapes K, the batch shapes a run meets at most
 SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first ones meet each shape first)
 GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
-SPEAKER_STEPS = {"full": (10, 60), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
+SPEAKER_STEPS = {"full": (5, 30), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
+SPEAKER_PATHS = ("device", "cpu")  # speakers: --augment-on, where the crops are finished
 SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
 HOLD_ROUNDS = {"full": 3, "quick": 1}  # calibrate: rounds over every bucket's largest shapes (8 on F5)
 HOLD_S = 30.0  # calibrate: the seconds kept for them (24 steps of ~1 s at ~100,000 frames on an H200)
@@ -348,26 +350,32 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
-    """The speaker trainers' data wait as they train (whatever data path their defaults take)."""
+    """The speaker trainers' data wait as they train: crops finished on the device (their default) and on the CPU
+    (--augment-on cpu: speed perturbation through soxr per crop in the loader)."""
     import importlib
 
     warm, timed = SPEAKER_STEPS["quick" if a.quick else "full"]
     dirs = grown(a, a.bundle / "shards" / "speakers", 2 if a.quick else SPEAKER_COPIES)
     res: dict[str, Any] = {"warmup_steps": warm, "timed_steps": timed, "copies": len(dirs)}
-    for name, script in (("eres2net", "train_eres2net"), ("campplus", "train_campplus")):
-        out = a.work / f"speakers-{name}"
+    # On a CPU rehearsal CAM++ runs its default path only: both trainers share the data path.
+    runs = [(n, p) for n in ("eres2net", "campplus") for p in SPEAKER_PATHS if not (a.quick and n == "campplus"
+                                                                                    and p != "device")]
+    for name, path in runs:
+        out = a.work / f"speakers-{name}-{path}"
         argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default", "--out", str(out),
                 "--max-steps", str(warm + timed), "--log-every", str(warm), "--ckpt-every", str(10 ** 9),
-                "--prefetch", "2", "--seed", "0", *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
+                "--prefetch", "2", "--seed", "0", "--augment-on", path,
+                *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
         t0 = time.perf_counter()
-        importlib.import_module(script).main(argv)
+        importlib.import_module(f"train_{name}").main(argv)
         log = out / "log.jsonl"
         records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-        res[name] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1), **g1._window_stats(records, warm)}
+        res.setdefault(name, {})[path] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
+                                          **g1._window_stats(records, warm)}
         shutil.rmtree(out, ignore_errors=True)
         g1.save_partial(a, res)
-        g1.ensure(res[name].get("timed_steps") == timed, f"{name}: {res[name].get('timed_steps')} timed steps, "
-                                                         f"expected {timed}")
+        got = res[name][path].get("timed_steps")
+        g1.ensure(got == timed, f"{name} (augment on {path}): {got} timed steps, expected {timed}")
     return res
 
 
@@ -481,10 +489,10 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
                          f"{h['frames_per_s_gain']:.2f}x the global budget's")
         elif part == "speakers":
             for name in ("eres2net", "campplus"):
-                r = res.get(name, {})
-                if r.get("timed_steps"):
-                    lines.append(f"  {name}: {r['step_ms']:.1f} ms/step, data wait {100 * r['data_wait_share']:.3f} %, "
-                                 f"{r['epochs']} epochs")
+                for path, r in res.get(name, {}).items():
+                    if r.get("timed_steps"):
+                        lines.append(f"  {name}, crops finished on the {path}: {r['step_ms']:.1f} ms/step, data wait "
+                                     f"{100 * r['data_wait_share']:.3f} %, {r['epochs']} epochs")
         elif part == "shapes" and "f5tts" in res:
             for key, r in res["f5tts"].items():
                 if isinstance(r, dict):

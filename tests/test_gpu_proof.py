@@ -287,8 +287,9 @@ def test_quick_round_two_runs_every_part_on_cpu(bundle, tmp_path):
 
     holds = parts["calibrate"]["holds"]
     assert holds["no_out_of_memory"] and holds["margin"] == 0.1 and holds["frames_per_s_gain"] > 0
-    for name in ("eres2net", "campplus"):
-        run = parts["speakers"][name]
+    speakers = parts["speakers"]
+    assert set(speakers["eres2net"]) == {"device", "cpu"} and set(speakers["campplus"]) == {"device"}
+    for run in (*speakers["eres2net"].values(), speakers["campplus"]["device"]):
         assert run["timed_steps"] == 2 and run["step_ms"] > 0 and 0 <= run["data_wait_share"] < 1
     f5 = parts["shapes"]["f5tts"]
     for key in ("eager", "eager_shapes", "compiled_shapes"):
