@@ -222,6 +222,12 @@ def _window_stats(records: list[dict], warm: int) -> dict[str, Any]:
             "loss_first_last": [timed[0]["loss"], timed[-1]["loss"]], "epochs": timed[-1]["epoch"] + 1}
 
 
+def read_log(out: Path) -> list[dict[str, Any]]:
+    """A trainer run's log.jsonl records (none when it stopped before its first log line)."""
+    log = out / "log.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
 def repeated(a: argparse.Namespace, folder: Path, copies: int) -> list[str]:
     """--shards and --weights that read `folder` `copies` times an epoch: the folder and a link to it as two
     corpora (a corpus is listed once per name), each weighted copies / 2."""
@@ -257,9 +263,7 @@ def part_trainer(a: argparse.Namespace) -> dict[str, Any]:
             mod.main(argv)
         finally:
             wall = time.perf_counter() - t0
-            log = out / "log.jsonl"
-            records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-            run = {"argv": argv, "wall_s": round(wall, 1), **_window_stats(records, warm)}
+            run = {"argv": argv, "wall_s": round(wall, 1), **_window_stats(read_log(out), warm)}
             if cuda:
                 run["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 run["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
@@ -518,18 +522,24 @@ class _Endless:
 
 
 def part_features(a: argparse.Namespace) -> dict[str, Any]:
+    return features(a, 2.0 if a.quick else 240.0, None, "1,4" if a.quick else "1,16,64", [])
+
+
+def features(a: argparse.Namespace, seconds: float, piece_s: float | None, sizes: str, flags: list[str]
+             ) -> dict[str, Any]:
+    """bench_gpu_features on `seconds` of clips made from the bundle's speech (cut into pieces of piece_s), batch
+    sizes `sizes`, its own `flags`; the figures per feature and method."""
     import torch
 
     import bench_gpu_features as bgf
 
     clips = a.work / "gpu_clips"
     shutil.rmtree(clips, ignore_errors=True)
-    info = bgf.make_clips(a.bundle / "wavs", clips, 2.0 if a.quick else 240.0)
+    info = bgf.make_clips(a.bundle / "wavs", clips, seconds, piece_s=piece_s)
     out = a.work / "gpu_features.json"
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
-    sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch",
-                "1,4" if a.quick else "1,16,64", "--rounds", "1" if a.quick else "3", "--json", str(out),
-                "--machine", name]
+    sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch", sizes,
+                "--rounds", "1" if a.quick else "3", "--json", str(out), "--machine", name, *flags]
     rc = bgf.main()
     ensure(rc == 0 and out.exists(), f"bench_gpu_features exited {rc}")
     doc = json.loads(out.read_text())
@@ -538,7 +548,7 @@ def part_features(a: argparse.Namespace) -> dict[str, Any]:
         for row in res["rows"]:
             summary[f"{row['feature']} {row['method']}"] = {
                 "x_rt": round(row["x_rt"]["median"]), "vs_one_at_a_time": round(row["vs_one_at_a_time"]["median"], 2),
-                "parity": row["parity"]}
+                "padding_efficiency": round(row["padding_efficiency"], 3), "parity": row["parity"]}
     return {"clips": info, "summary": summary, "bench": doc}
 
 

@@ -304,29 +304,9 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_features(a: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    import bench_gpu_features as bgf
-
-    clips = a.work / "gpu_clips"
-    shutil.rmtree(clips, ignore_errors=True)
     # The bundle's re-sliced speech whole (LibriTTS-like lengths); on a CPU, three half-second pieces.
-    info = bgf.make_clips(a.bundle / "wavs", clips, 1.5 if a.quick else 480.0, piece_s=0.5 if a.quick else None)
-    out = a.work / "gpu_features2.json"
-    name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
-    sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch",
-                "1,2" if a.quick else "1,16,64", "--equal", "--rounds", "1" if a.quick else "3", "--json", str(out),
-                "--machine", name]
-    rc = bgf.main()
-    g1.ensure(rc == 0 and out.exists(), f"bench_gpu_features exited {rc}")
-    doc = json.loads(out.read_text())
-    summary_ = {}
-    for res in doc["results"]:
-        for row in res["rows"]:
-            summary_[f"{row['feature']} {row['method']}"] = {
-                "x_rt": round(row["x_rt"]["median"]), "vs_one_at_a_time": round(row["vs_one_at_a_time"]["median"], 2),
-                "padding_efficiency": round(row["padding_efficiency"], 3), "parity": row["parity"]}
-    return {"clips": info, "summary": summary_, "bench": doc}
+    return g1.features(a, 1.5 if a.quick else 480.0, 0.5 if a.quick else None, "1,2" if a.quick else "1,16,64",
+                       ["--equal"])
 
 
 # ----------------------------------------------------------------------------- part: calibrate
@@ -368,10 +348,8 @@ def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
                 *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
         t0 = time.perf_counter()
         importlib.import_module(f"train_{name}").main(argv)
-        log = out / "log.jsonl"
-        records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
         res.setdefault(name, {})[path] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
-                                          **g1._window_stats(records, warm)}
+                                          **g1._window_stats(g1.read_log(out), warm)}
         shutil.rmtree(out, ignore_errors=True)
         g1.save_partial(a, res)
         got = res[name][path].get("timed_steps")
@@ -443,10 +421,8 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
                 *(["--batch-frames", "1500"] if a.quick else [])]
         t0 = time.perf_counter()
         importlib.import_module("train_gpt_sovits").main(argv)
-        log = out / "log.jsonl"
-        records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
         res["gpt_sovits"][key] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
-                                  **g1._window_stats(records, warm)}
+                                  **g1._window_stats(g1.read_log(out), warm)}
         shutil.rmtree(out, ignore_errors=True)
         g1.save_partial(a, res)
     gs = res["gpt_sovits"]
