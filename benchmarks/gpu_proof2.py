@@ -57,7 +57,7 @@ PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
 # 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
 # shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
 # (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
-CAPS = {"full_batches": 115, "cores": 115, "features": 30, "calibrate": 85, "speakers": 50, "shapes": 290}
+CAPS = {"full_batches": 115, "cores": 110, "features": 40, "calibrate": 80, "speakers": 50, "shapes": 290}
 FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20, "shapes": 200}
 QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 150, "calibrate": 200, "speakers": 150, "shapes": 250}
 QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8, "shapes": 8}
@@ -121,7 +121,7 @@ def copies_for(a: argparse.Namespace, batches: int) -> int:
     lengths = ShardDataset(str(a.bundle / "shards" / "f5tts"), ["mel"]).lengths("mel").astype(np.int64)
     budget = 2000 if a.quick else f5.RUN_DEFAULTS["batch_frames"]
     per_copy = max(lengths.sum() / budget, len(lengths) / f5.RUN_DEFAULTS["max_items"])
-    return max(2, int(np.ceil(1.15 * batches / per_copy)))  # 15 % for packing's part-full batches
+    return max(2, int(np.ceil(1.02 * batches / per_copy)))  # packing's part-full batches: part_full_batches adds
 
 
 def per_step(clock) -> list[tuple[float, float]]:
@@ -305,7 +305,7 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
 
 def part_features(a: argparse.Namespace) -> dict[str, Any]:
     # The bundle's re-sliced speech whole (LibriTTS-like lengths); on a CPU, three half-second pieces.
-    return g1.features(a, 1.5 if a.quick else 480.0, 0.5 if a.quick else None, "1,2" if a.quick else "1,16,64",
+    return g1.features(a, 1.5 if a.quick else 240.0, 0.5 if a.quick else None, "1,2" if a.quick else "1,16,64",
                        ["--equal"])
 
 
