@@ -86,9 +86,12 @@ def english_prompts() -> list[tuple[Path, str]]:
         raise SystemExit(f"gpu_bundle: {e} (make sysdeps installs it)") from None
 
 
-def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int = 0) -> tuple[int, float]:
+def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int = 0, median_s: float = 5.5
+            ) -> tuple[int, float]:
     """Join the prompts end to end (a seeded order) and cut the stream into items of LibriTTS-like length
-    (log-normal, median 5.5 s, within 1-20 s), each cut at a prompt's end: dest/speaker/slice_NNNNN.wav + .txt.
+    (log-normal, median `median_s`, within 1-20 s), each cut at a prompt's end: dest/speaker/slice_NNNNN.wav + .txt.
+    (--quick takes a median of 2.5 s, so that its few seconds still make several items of the lengths the CUDA
+    tests take: 0.6-6 s.)
 
     Why: F5-TTS's budget is 38,400 mel frames and 64 items a batch, so items of ~3 s (the prompts) fill a batch
     to about 18,000 frames; LibriTTS's lengths fill it. Every sample is real speech of the prompts, written once
@@ -110,7 +113,7 @@ def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int =
         total += sum(len(f) for f in frames) / (params.sampwidth * params.nchannels) / params.framerate
         count, frames, texts = count + 1, [], []
 
-    target = float(np.clip(rng.lognormal(np.log(5.5), 0.6), 1.0, 20.0))
+    target = float(np.clip(rng.lognormal(np.log(median_s), 0.6), 1.0, 20.0))
     have = 0.0
     for wav, text in order:
         with wave.open(str(wav), "rb") as r:
@@ -124,7 +127,7 @@ def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int =
         have += p.nframes / p.framerate
         if have >= target:
             flush()
-            target, have = float(np.clip(rng.lognormal(np.log(5.5), 0.6), 1.0, 20.0)), 0.0
+            target, have = float(np.clip(rng.lognormal(np.log(median_s), 0.6), 1.0, 20.0)), 0.0
     if frames:
         flush()
     return count, total
@@ -227,12 +230,12 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
         # F5-TTS: the files travel (F5's own loading rule decodes them) with the shards made of exactly them.
         # Re-sliced to LibriTTS-like lengths, so that F5's 38,400-frame budget is filled (gpu_proof2.py).
         en = pick(prompts, size["f5"], seed=0)
-        n, secs = reslice(out / "wavs" / "en", "allison", en, seed=0)
+        n, secs = reslice(out / "wavs" / "en", "allison", en, seed=0, median_s=2.5 if quick else 5.5)
         shard(out / "wavs" / "en", out / "shards" / "f5tts", "--preset", "f5tts", workers=workers)
         doc["parts"]["f5tts"] = {"files": n, "prompts": len(en), "audio_s": round(secs, 1), "shards": "shards/f5tts",
                                  "corpus": "wavs/en", "preset": "f5tts",
                                  "resliced": "prompts joined in a seeded order, cut at prompt ends into 1-20 s "
-                                             "items (log-normal, median 5.5 s)"}
+                                             f"items (log-normal, median {2.5 if quick else 5.5} s)"}
         # NaturalSpeech 2: codes of random-init EnCodec weights (no download), F0, energy, phones.
         ns2 = pick(prompts, size["ns2"], seed=1)
         secs = write_corpus(scratch / "ns2", "allison", ns2, copy=False)
