@@ -238,7 +238,7 @@ def _done(out: Path) -> int:
 
 def shard_cmd(corpus: Path, out: Path, address: str) -> list[str]:
     return [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
-            "--features", "vocos_mel,f0", "--shard-size", f"{SHARD_KB}kB", "--no-progress", "--ray-address",
+            "--features", "mel,f0", "--shard-size", f"{SHARD_KB}kB", "--no-progress", "--ray-address",
             address]
 
 
@@ -312,7 +312,7 @@ def reference(corpus: Path, out: Path) -> dict[str, str]:
     """The uninterrupted run's bytes, built in this process's engine-free path (`--workers 0`): the bytes never
     depend on the engine."""
     r = subprocess.run([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out),
-                        "--features", "vocos_mel,f0", "--shard-size", f"{SHARD_KB}kB", "--no-progress",
+                        "--features", "mel,f0", "--shard-size", f"{SHARD_KB}kB", "--no-progress",
                         "--workers", "0"], capture_output=True, text=True, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
     if r.returncode != 0:

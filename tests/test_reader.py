@@ -222,7 +222,7 @@ def test_opening_touches_no_shard_whatever_the_corpus_size(tmp_path):
 
 def test_config_hash_mismatch_is_refused_naming_both(shards):
     have = SPECS["mel"].config_hash
-    with pytest.raises(ConfigMismatch, match=rf"mel.*made with config {have}.*expects deadbeef"):
+    with pytest.raises(ConfigMismatch, match=rf"mel.*made with config {have}.*asks for deadbeef"):
         ShardDataset(shards.root, ["mel"], expect={"mel": "deadbeef"})
     with pytest.raises(ConfigMismatch, match="deadbeef"):
         make_loader(shards.root, ["mel"], max_frames=2000, expect={"mel": "deadbeef"})

@@ -194,8 +194,8 @@ def _cli(*args, **kw):
     (["--features", "mel,zzz"], "unknown feature"),
     (["--out", "/proc/audiopipe-cannot-write"], "cannot write to output folder"),
     (["--preset", "ns2"], "needs codec weights"),
-    (["--workers", "-1"], "--workers must be at least 0"),
-    (["--nice", "25"], "--nice must be between -20 and 19"),
+    (["--workers", "-1"], "--workers -1: must be at least 0"),
+    (["--nice", "25"], "--nice 25: must be between -20 and 19"),
 ])
 def test_bad_command_lines_get_one_clear_line(args, message, synthetic_corpus, tmp_path, capsys):
     from audiopipe.cli import main

@@ -102,7 +102,7 @@ def _worker_processes(pid: int) -> list[int]:
 
 
 def test_a_local_worker_process_that_dies_is_replaced_and_the_job_ends_identical(asterisk_corpus, tmp_path):
-    args = ["shard", "--corpus", str(asterisk_corpus.root), "--features", "vocos_mel", "--shard-size", "100kB",
+    args = ["shard", "--corpus", str(asterisk_corpus.root), "--features", "mel", "--shard-size", "100kB",
             "--no-progress", "--engine", "local", "--workers", "2"]
     assert main([*args, "--out", str(tmp_path / "clean"), "--workers", "0"]) == 0
     n = len(json.loads((tmp_path / "clean" / "manifest.json").read_text())["shards"])
@@ -138,7 +138,7 @@ def test_a_killed_driver_leaves_no_worker_behind(asterisk_corpus, tmp_path):
     """SIGKILL to the driver of a local-engine job: its worker processes, blocked on their task pipe (their
     siblings hold its other end, so no end of file comes), used to live on for good. The parent-death signal
     ends them within 5 s."""
-    args = ["shard", "--corpus", str(asterisk_corpus.root), "--features", "vocos_mel", "--shard-size", "100kB",
+    args = ["shard", "--corpus", str(asterisk_corpus.root), "--features", "mel", "--shard-size", "100kB",
             "--no-progress", "--engine", "local", "--workers", "2", "--out", str(tmp_path / "out")]
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -27,7 +27,7 @@ from bench_chaos import Cluster, job_env  # noqa: E402  (the 2-node Ray cluster 
 
 pytest_plugins = ["s3server"]
 
-FEATURES = "vocos_mel"
+FEATURES = "mel"
 ARGS = ["--features", FEATURES, "--shard-size", "200kB", "--workers", "1", "--no-progress"]
 
 

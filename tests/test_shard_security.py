@@ -106,7 +106,7 @@ def test_a_shard_job_on_ray_listens_on_loopback_only_and_refuses_a_client_withou
     home.mkdir()
     env = _new_user_env(home)
     proc = subprocess.Popen([sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(asterisk_corpus.root),
-                             "--out", str(tmp_path / "out"), "--features", "vocos_mel", "--engine", "ray",
+                             "--out", str(tmp_path / "out"), "--features", "mel", "--engine", "ray",
                              "--workers", "1", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT, start_new_session=True)
     deadline = time.monotonic() + 240
@@ -178,7 +178,7 @@ def test_no_credential_reaches_a_manifest_a_plan_a_log_or_an_error(s3, asterisk_
     timings = tmp_path / "timings.json"
     staging = tmp_path / "staging"
     base = [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(asterisk_corpus.root), "--features",
-            "vocos_mel", "--engine", "ray", "--workers", "1", "--no-progress", "--staging", str(staging)]
+            "mel", "--engine", "ray", "--workers", "1", "--no-progress", "--staging", str(staging)]
     try:
         ok = subprocess.run([*base, "--out", out, "--timings", str(timings)], capture_output=True, text=True,
                             env=env, cwd=ROOT, timeout=400)

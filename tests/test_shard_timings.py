@@ -11,7 +11,7 @@ from audiopipe.shard.manifest import read_manifest
 
 def test_timings_name_every_shard_task_inside_the_extraction_phase(asterisk_corpus, tmp_path, capsys):
     out, timings = tmp_path / "out", tmp_path / "timings.json"
-    args = ["shard", "--corpus", str(asterisk_corpus.root), "--out", str(out), "--features", "vocos_mel",
+    args = ["shard", "--corpus", str(asterisk_corpus.root), "--out", str(out), "--features", "mel",
             "--workers", "2", "--shard-size", "200KB", "--no-tar", "--no-progress", "--timings", str(timings)]
     assert main(args) == 0
     t = json.loads(timings.read_text())

@@ -191,7 +191,7 @@ def test_water_fill_cuts_the_largest_first():
 
 
 def test_config_hash_mismatch_is_refused(shards):
-    with pytest.raises(ConfigMismatch, match="expects deadbeef"):
+    with pytest.raises(ConfigMismatch, match="asks for deadbeef"):
         make_wds_loader(shards.root, ["mel"], max_frames=1500, expect={"mel": "deadbeef"})
 
 

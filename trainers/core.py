@@ -524,7 +524,7 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     fill_key = f"{lf if lf in loader.collate.features else f0}_mask"  # crops collate under another name
     budget_frames = float(loader.sampler.budget.max_frames)
     clock, window = _Clock(d.device), _Window()
-    guard = _NonFiniteGuard(cfg.skip_nonfinite, d, log_name)
+    guard = _NonFiniteGuard(cfg.skip_nonfinite, d, log_name, scaler_skips=scaler.is_enabled())
     last: dict[str, Any] = {}
 
     while step < cfg.max_steps:
@@ -686,7 +686,11 @@ class _NonFiniteGuard:
     --skip-nonfinite the flag is read back every step. With several ranks the flags are all-reduced, so that
     every rank skips or stops together, and the ids named are those of every rank whose batch was bad."""
 
-    def __init__(self, limit: int, d: Dist, name: str) -> None:
+    def __init__(self, limit: int, d: Dist, name: str, scaler_skips: bool = False) -> None:
+        # fp16: GradScaler already skips a step whose gradients overflow and backs its scale off (an inf loss is
+        # how an overflow shows); stopping there would end every fp16 run at its first overflow. The weights stay
+        # finite either way, and a non-finite checkpoint is still refused.
+        self.scaler_skips = scaler_skips
         self.limit, self.d, self.name = limit, d, name
         self.skipped = 0
         self.ids: list[str] = []
@@ -711,6 +715,8 @@ class _NonFiniteGuard:
         --skip-nonfinite allows it (its gradients are dropped). Without --skip-nonfinite the flag is kept for
         `check` and the step goes on."""
         ids, self.ids = self.ids, []
+        if self.scaler_skips:
+            return False
         flag = (~torch.isfinite(torch.as_tensor(loss).detach().float())).reshape(1)
         if self.limit == 0:
             self.pending.append((step + 1, flag, ids))

@@ -132,7 +132,7 @@ class AddTextIds:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         # With --shapes the mel has a shape's rows: its empty rows (length 0) get empty transcripts.
-        empty = batch["mel"].shape[0] - len(batch["text"])
+        empty = batch["mel"].shape[0] - len(batch["text"]) if "mel" in batch else 0
         batch["text_ids"] = self.tokenizer.batch(list(batch["text"]) + [""] * empty)
         return batch
 

@@ -35,15 +35,17 @@ from audiopipe.features.pcm import check_waveform
 Backend = Literal["yin", "dio", "harvest", "praat"]
 BACKENDS: tuple[str, ...] = ("yin", "dio", "harvest", "praat")
 
-# Tuning of the "yin" backend. The voicing constants of F0_VERSION 4 (YIN_UNVOICED_COST, YIN_SWITCH_COST,
+# Tuning of the "yin" backend. The voicing constants (YIN_UNVOICED_COST, YIN_SWITCH_COST,
 # YIN_VOICING_WEIGHT) were chosen on the dev sources of the real read speech set and the held-in split of the first
 # set, never on their test / held-out parts (docs/features.md); the candidate search on tones, chirps and harvest.
 # Changing any of these changes the output: bump F0_VERSION.
-F0_VERSION = 4
+F0_VERSION = 5
 YIN_RATE = 8000  # analysis rate (Hz)
 YIN_WINDOW_S = 0.040  # integration window of the difference function
 YIN_CANDIDATES = 6  # CMNDF dips kept per frame
-YIN_LAG_BIAS = 0.08  # cost per octave below a frame's shortest candidate, so the shortest of equally good periods wins
+YIN_LAG_BIAS = 0.08  # cost per octave below a frame's shortest candidate, so the shortest of equally good periods wins,
+YIN_LAG_BIAS_OCTAVES = 1.0  # ... counted up to this many octaves (a low voice's true period lies 2-3 octaves below
+# its first formant's ringing, which a creaky or telephone-band male voice shows as a short-lag dip: see _candidate_costs)
 YIN_UNVOICED_COST = 0.5  # local cost of "unvoiced" (a voiced candidate's cost is its CMNDF value) ...
 YIN_QUIET_DB = -20.0  # ... in frames within this of the clip's loudest frame (window level, dB); below it ...
 YIN_QUIET_SLOPE = 1.0  # ... "unvoiced" gets this much cheaper per 10 dB
@@ -412,14 +414,21 @@ def _candidate_costs(lags: np.ndarray, costs: np.ndarray, rate: int, tau_min: in
     one, and so unvoiced. Speaking voices rarely go above ~400 Hz, while a whistle, a fricative's resonance or a
     codec artefact easily shows a short-lag dip: those pay per octave above it, scaled down for dips close to 0 (a
     pure 1 kHz tone, whose sub-harmonics are as deep, keeps its own period).
+
+    The bias stops growing after YIN_LAG_BIAS_OCTAVES: one octave is all a sub-harmonic needs to lose, while a low male
+    voice (80-100 Hz; creaky, or with little energy at F0 in a telephone band) often shows its first formant's ringing
+    (500-700 Hz, within each glottal pulse) as a dip about as deep as the true period's, three octaves shorter: a bias
+    growing by octave would hand that frame, and through the octave cost the whole voiced run, to the ringing.
     """
     ok = np.isfinite(costs) & (lags > 0.0)
     costs = np.where(ok, costs, np.inf)
     shortest = np.min(np.where(ok, lags, np.inf), axis=1)
     shortest = np.where(np.isfinite(shortest), shortest, tau_min)
     f0 = rate / np.where(ok, lags, 1.0)
-    dip = np.clip((costs - YIN_LAG_BIAS * np.log2(np.where(ok, lags, tau_min) / tau_min)) / YIN_HIGH_CLEAN, 0.0, 1.0)
-    costs = costs - (YIN_LAG_BIAS * np.log2(shortest / tau_min))[:, None]
+    raw = costs - YIN_LAG_BIAS * np.log2(np.where(ok, lags, tau_min) / tau_min)
+    dip = np.clip(raw / YIN_HIGH_CLEAN, 0.0, 1.0)
+    octaves = np.log2(np.where(ok, lags, tau_min) / shortest[:, None])
+    costs = raw + YIN_LAG_BIAS * np.minimum(octaves, YIN_LAG_BIAS_OCTAVES)
     return costs + dip * YIN_HIGH_COST * np.maximum(0.0, np.log2(f0 / YIN_HIGH_HZ))
 
 

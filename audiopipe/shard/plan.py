@@ -62,7 +62,7 @@ def write_plan(path: str | os.PathLike[str], plan: dict[str, Any], units: list[W
     UTF-8 bytes (~600 bytes an utterance) on top of the plan itself. Each unit is its own compact line."""
     head = json.dumps(plan, sort_keys=True, indent=1, ensure_ascii=False)
     if "units" in plan or not head.endswith("\n}"):
-        raise ValueError("write_plan: the units go in their own argument")
+        raise InvalidValue("write_plan: the units go in their own argument")
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(head[:-2] + ',\n "units": [')

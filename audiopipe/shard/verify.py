@@ -298,7 +298,8 @@ def _check_index_rows(rel: str, index: dict[str, np.ndarray], first: int, k: int
         bad = np.flatnonzero(have != want)
         if bad.size:
             i = int(bad[0])
-            report.fail(f"{rel}: entry {first + i} says {col} {want[i]!r}, {sh['name']} row {i} holds {have[i]!r} "
+            report.fail(f"{rel}: entry {first + i} says {col} {want[i].item()!r}, {sh['name']} row {i} holds "
+                        f"{have[i].item()!r} "
                         f"({bad.size} entries of this shard disagree): the index does not describe the shards; "
                         f"rebuild the shard set")
 
