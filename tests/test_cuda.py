@@ -143,11 +143,9 @@ def _train(mel_shards: Path, out: Path, device: torch.device, precision: str, po
         x, mask = b["mel"], b["mel_mask"][:, None].float()
         y = m(x)
         seen.append(y.dtype)
-        if calls[0] == poison_micro:  # an overflow the GradScaler must catch: this step is skipped
-            # In the gradients, as an fp16 overflow happens: the loss stays finite (a non-finite loss stops the
-            # run before the scaler sees it, trainers/core.py's _NonFiniteGuard).
-            y.register_hook(lambda g: g * float("inf"))
         loss = (((y.float() - x) ** 2) * mask).sum() / mask.sum() / 100
+        if calls[0] == poison_micro:  # an overflow the GradScaler must catch: this step is skipped
+            loss = loss * float("inf")
         return loss, {}
 
     cfg = RunConfig(shards=str(mel_shards), out=str(out), max_steps=4, batch_frames=1200, precision=precision,
@@ -179,7 +177,7 @@ def test_fp16_gradscaler_skips_an_overflowing_step_and_backs_off(device, mel_sha
     assert 3 in skipped and 4 not in skipped
     assert all(torch.isfinite(s).all() for s in steps)
     assert ckpt["scaler"]["scale"] == 65536.0 * 0.5 ** len(skipped)
-    assert all(math.isfinite(r["loss"]) for r in log)  # the overflow was in the gradients, not the loss
+    assert not math.isfinite(log[2]["loss"]) and all(math.isfinite(log[i]["loss"]) for i in (0, 1, 3))
 
 
 # ----------------------------------------------------------------------------- prefetch to the device
