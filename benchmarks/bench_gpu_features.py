@@ -22,6 +22,10 @@ x real time is what an extraction job would get from that device. A warm-up pass
 allocator) comes first and is not timed. After the timed rounds every batched result is compared with the
 one-at-a-time one (max |difference| over each utterance's frames; for codes, the share of equal codes) and,
 where torchaudio imports, mel and fbank are compared with torchaudio's (the F5-TTS and 3D-Speaker references).
+
+--equal adds batches of equal length (length bucketing at its tightest): each group of B length-sorted clips is
+cut to its shortest clip, timed in those batches and one at a time on the same cut clips, side by side; the rows
+record the share of the audio the cut keeps. Padding efficiency is then 1, and the codec's codes need no mask.
 """
 
 from __future__ import annotations
@@ -52,9 +56,10 @@ STRONG_ABOVE_FLOOR = math.log(1e3)
 
 # ------------------------------------------------------------------ clips
 
-def make_clips(corpus: Path, dest: Path, seconds: float) -> dict:
+def make_clips(corpus: Path, dest: Path, seconds: float, piece_s: float | None = None) -> dict:
     """Decode real utterances from `corpus` (sorted paths) until `seconds` of audio, written as mono int16 WAV
-    at each feature's rate: dest/24000/NNNNN.wav and dest/16000/NNNNN.wav."""
+    at each feature's rate: dest/24000/NNNNN.wav and dest/16000/NNNNN.wav. piece_s: cut each utterance into
+    consecutive pieces of at most that long (a CPU rehearsal's few short clips)."""
     import soundfile as sf
 
     from audiopipe.decode.audio import load_audio, resample
@@ -66,13 +71,17 @@ def make_clips(corpus: Path, dest: Path, seconds: float) -> dict:
         raise SystemExit(f"--make-clips: no audio files under {corpus}")
     total, n = 0.0, 0
     for p in files:
-        wav, sr = load_audio(p)
-        for rate in sorted(set(RATES.values())):
-            out = dest / str(rate) / f"{n:05d}.wav"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            sf.write(out, np.clip(resample(wav, sr, rate), -1.0, 1.0), rate, subtype="PCM_16")
-        total += len(wav) / sr
-        n += 1
+        whole, sr = load_audio(p)
+        step = int(piece_s * sr) if piece_s else len(whole)
+        for wav in (whole[i:i + step] for i in range(0, len(whole), step)):
+            for rate in sorted(set(RATES.values())):
+                out = dest / str(rate) / f"{n:05d}.wav"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                sf.write(out, np.clip(resample(wav, sr, rate), -1.0, 1.0), rate, subtype="PCM_16")
+            total += len(wav) / sr
+            n += 1
+            if total >= seconds:
+                break
         if total >= seconds:
             break
     return {"clips": n, "audio_s": total, "from": str(corpus)}
@@ -155,6 +164,21 @@ def batches(clips: list[np.ndarray], size: int) -> list[list[int]]:
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
+def equal_lengths(clips: list[np.ndarray], size: int) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Batches of `size` clips of one exact length: the clips sorted by length, each group cut to its shortest
+    clip (from the start). The codec needs exact lengths (its codes of a padded clip are defined by the padding
+    mask, but a shard job's clips are not cut); mel and fbank then pad nothing. Returns the cut clips (in the
+    input order) and the batches of their indices."""
+    order = sorted(range(len(clips)), key=lambda i: -len(clips[i]))
+    plan = [order[i:i + size] for i in range(0, len(order), size)]
+    cut: list[np.ndarray] = list(clips)
+    for b in plan:
+        n = min(len(clips[i]) for i in b)
+        for i in b:
+            cut[i] = clips[i][:n]
+    return cut, plan
+
+
 def padding_efficiency(clips: list[np.ndarray], plan: list[list[int]]) -> float:
     real = sum(len(clips[i]) for b in plan for i in b)
     padded = sum(len(b) * max(len(clips[i]) for i in b) for b in plan)
@@ -218,7 +242,38 @@ def stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(feature: str, clips: list[np.ndarray], device: torch.device, sizes: list[int], rounds: int) -> dict:
+def measure_equal(feature: str, clips: list[np.ndarray], device: torch.device, sizes: list[int], rounds: int
+                  ) -> list[dict]:
+    """Per batch size B > 1: the clips cut to equal lengths in groups of B (equal_lengths), timed one at a time
+    and in those batches side by side on the same cut clips; what the cut keeps of the audio is recorded."""
+    run = RUNNERS[feature](device)
+    rate = RATES[feature]
+    rows = []
+    for b in (b for b in sizes if b > 1):
+        cut, plan = equal_lengths(clips, b)
+        singles = [[i] for i in range(len(cut))]
+        audio_s = sum(len(c) for c in cut) / rate
+        for p in (singles, plan):
+            run_pass(run, cut, p, device)  # warm-up
+        walls: dict[str, list[float]] = {"one": [], "batch": []}
+        outs: dict[str, list] = {}
+        for _ in range(rounds):
+            for key, p in (("one", singles), ("batch", plan)):
+                wall, outs[key] = run_pass(run, cut, p, device)
+                walls[key].append(wall)
+        kept = audio_s / (sum(len(c) for c in clips) / rate)
+        for key, p, name in (("one", singles, f"one at a time, cut for batch {b}"), ("batch", plan, f"equal batch {b}")):
+            rows.append({"feature": feature, "method": name, "batch": 1 if key == "one" else b, "equal": True,
+                         "audio_s": audio_s, "audio_kept": kept, "wall_s": stats(walls[key]),
+                         "x_rt": stats([audio_s / w for w in walls[key]]),
+                         "vs_one_at_a_time": stats([w1 / w for w1, w in zip(walls["one"], walls[key])]),
+                         "padding_efficiency": padding_efficiency(cut, p),
+                         "parity": compare(feature, outs["one"], outs[key])})
+    return rows
+
+
+def measure(feature: str, clips: list[np.ndarray], device: torch.device, sizes: list[int], rounds: int,
+            equal: bool = False) -> dict:
     run = RUNNERS[feature](device)
     rate = RATES[feature]
     audio_s = sum(len(c) for c in clips) / rate
@@ -239,6 +294,8 @@ def measure(feature: str, clips: list[np.ndarray], device: torch.device, sizes: 
                      "vs_one_at_a_time": stats([w1 / w for w1, w in zip(walls[1], walls[b])]),
                      "padding_efficiency": padding_efficiency(clips, plan),
                      "parity": compare(feature, outputs[1], outputs[b])})
+    if equal:
+        rows += measure_equal(feature, clips, device, sizes, rounds)
     ref = torchaudio_reference(feature, clips, device)
     reference = ({"torchaudio": compare(feature, ref, outputs[max(plans)])} if ref is not None
                  else {"torchaudio": "not importable here"})
@@ -276,6 +333,8 @@ def main() -> int:
     ap.add_argument("--batch", default="1,16,64", help="batch sizes; 1 is always measured (default 1,16,64)")
     ap.add_argument("--features", default=",".join(FEATURES), help=f"of {','.join(FEATURES)}")
     ap.add_argument("--rounds", type=int, default=3, help="timed passes per method, side by side (default 3)")
+    ap.add_argument("--equal", action="store_true", help="also batches of equal length: each group of B "
+                    "length-sorted clips cut to its shortest, against the same cut clips one at a time")
     ap.add_argument("--machine", default="", help="a label for the machine, stored with the figures")
     ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args()
@@ -300,10 +359,10 @@ def main() -> int:
     results = []
     for f in features:
         t0 = time.perf_counter()
-        results.append(measure(f, clips[RATES[f]], device, sizes, a.rounds))
+        results.append(measure(f, clips[RATES[f]], device, sizes, a.rounds, a.equal))
         print(f"{f}: {time.perf_counter() - t0:.1f} s", flush=True)
     doc = {"machine": a.machine, "device": str(device), "device_name": name, "torch": torch.__version__,
-           "platform": platform.platform(), "command": " ".join(sys.argv), "rounds": a.rounds,
+           "platform": platform.platform(), "command": " ".join(sys.argv), "rounds": a.rounds, "equal": a.equal,
            "clips": {rate: {"count": len(c), "audio_s": sum(len(x) for x in c) / rate} for rate, c in clips.items()},
            "results": results}
     print(table(results))

@@ -320,11 +320,65 @@ def compare(target: Target, lengths: np.ndarray, budget: BucketBudget, probe: An
     return out
 
 
+def hold(target: Target, budget: BucketBudget, probe: Any, rounds: int, deadline: float) -> dict[str, Any]:
+    """Whether the budget holds over time: every bucket's largest shapes (its bottom length with its item cap, its
+    top length with the items its frames allow) trained in turn, `rounds` times, as an epoch that meets every
+    bucket would, with the allocator's fragmentation carried from step to step (nothing is freed between them).
+    Records each shape's steps, any out-of-memory error, and the peak allocated and reserved memory against the
+    device's total (on a CPU, the probe's estimate against its capacity)."""
+    cuda = target.device.type == "cuda"
+    shapes, bottom = [], int(budget.source.get("measured", [[1]])[0][0])  # the shortest length calibrated
+    for b in budget.buckets:
+        for length in (bottom, b.max_len):
+            items = max(1, min(b.max_items, b.max_frames // length))
+            shapes.append((b.max_len, int(length), int(items)))
+        bottom = b.max_len + 1
+    if cuda:  # what the search's probes left cached is released: the peak reserved is this loop's own
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    done: dict[str, int] = {}
+    oom, peak_cpu, t0 = None, 0, time.time()
+    for r in range(rounds):
+        for bucket, length, items in shapes:
+            if time.time() > deadline:
+                break
+            lens = np.full(items, length, dtype=np.int64)
+            if cuda:
+                try:
+                    target.step(target.batch(lens))
+                except torch.cuda.OutOfMemoryError:
+                    oom = {"round": r, "length": length, "items": items}
+            else:
+                got = probe(lambda: target.step(target.batch(lens)))
+                peak_cpu = max(peak_cpu, got or probe.capacity + 1)
+                if got is None:
+                    oom = {"round": r, "length": length, "items": items}
+            if oom:
+                break
+            key = f"{length}x{items}"
+            done[key] = done.get(key, 0) + 1
+        if oom or time.time() > deadline:
+            break
+    total = probe.total
+    peak = int(torch.cuda.max_memory_allocated()) if cuda else peak_cpu
+    reserved = int(torch.cuda.max_memory_reserved()) if cuda else peak_cpu
+    return {"shapes": [{"bucket": b, "length": n, "items": i} for b, n, i in shapes], "rounds": rounds,
+            "steps": done, "complete": not oom and all(done.get(f"{n}x{i}", 0) == rounds for _, n, i in shapes),
+            "out_of_memory": oom, "peak_allocated_share": round(peak / total, 4),
+            "peak_reserved_share": round(reserved / total, 4), "seconds": round(time.time() - t0, 1)}
+
+
 def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, out: str | Path | None = None,
               deadline: float | None = None, compare: bool = False, margin: float = 0.1,
-              cpu_capacity_mib: float = 96.0, samples: int | None = None) -> dict[str, Any]:
+              cpu_capacity_mib: float = 96.0, samples: int | None = None, hold_rounds: int = 0,
+              hold_s: float = 0.0) -> dict[str, Any]:
+    """hold_rounds: then check that the budget holds (hold()) for that many rounds, in the last hold_s seconds
+    before the deadline (the search and the comparison stop that much earlier)."""
     t0 = time.time()
     deadline = deadline or (t0 + 90)
+    end, deadline = deadline, deadline - (hold_s if hold_rounds else 0.0)
     dev = torch.device(device)
     config = "tiny" if quick else "default"
     target, lengths, buckets = make_target(model, dev, config)
@@ -375,6 +429,8 @@ def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, o
     if compare:
         result["compare"] = globals()["compare"](target, lengths, budget, probe, samples or (1 if quick else 6),
                                                  deadline)
+    if hold_rounds:
+        result["hold"] = hold(target, budget, probe, hold_rounds, end)
     result["seconds"] = round(time.time() - t0, 1)
     return result
 

@@ -4,8 +4,10 @@
     python benchmarks/gpu_bundle.py --out .gpu-bundle --quick --no-wheels     # tiny, for the tests
 
 What it writes (docs/gpu-proof.md):
-  wavs/en/allison/*.wav,.txt  real English speech (Asterisk prompts, 8 kHz, with transcripts): F5's own loading rule
-                              decodes these, bench_gpu_features makes its clips from them, the CUDA tests read them
+  wavs/en/allison/*.wav,.txt  real English speech re-sliced to LibriTTS-like lengths (Asterisk prompts, 8 kHz, joined
+                              end to end in a seeded order and cut into items of 1-20 s, median ~5.5 s, with their
+                              transcripts joined): F5's own loading rule decodes these, bench_gpu_features makes its
+                              clips from them, the CUDA tests read them
   shards/f5tts                the f5tts preset (mel) of exactly those files, no tars
   shards/ns2                  the ns2 preset (EnCodec codes from random-init weights, F0, energy, phones)
   tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
@@ -82,6 +84,53 @@ def english_prompts() -> list[tuple[Path, str]]:
         return [(ASTERISK_SOUNDS / f"{name}.wav", text) for name, text in usable_asterisk_prompts()]
     except MissingSource as e:
         raise SystemExit(f"gpu_bundle: {e} (make sysdeps installs it)") from None
+
+
+def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int = 0, median_s: float = 5.5
+            ) -> tuple[int, float]:
+    """Join the prompts end to end (a seeded order) and cut the stream into items of LibriTTS-like length
+    (log-normal, median `median_s`, within 1-20 s), each cut at a prompt's end: dest/speaker/slice_NNNNN.wav + .txt.
+    (--quick takes a median of 2.5 s, so that its few seconds still make several items of the lengths the CUDA
+    tests take: 0.6-6 s.)
+
+    Why: F5-TTS's budget is 38,400 mel frames and 64 items a batch, so items of ~3 s (the prompts) fill a batch
+    to about 18,000 frames; LibriTTS's lengths fill it. Every sample is real speech of the prompts, written once
+    (no audio repeats); the joins are the only thing not in the source. Returns (items, seconds)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    d = dest / speaker
+    d.mkdir(parents=True, exist_ok=True)
+    order = [items[i] for i in rng.permutation(len(items)).tolist()]
+    count, total, frames, texts, params = 0, 0.0, [], [], None
+
+    def flush() -> None:
+        nonlocal count, total, frames, texts
+        with wave.open(str(d / f"slice_{count:05d}.wav"), "wb") as w:
+            w.setparams(params)
+            w.writeframes(b"".join(frames))
+        (d / f"slice_{count:05d}.txt").write_text(" ".join(texts) + "\n", encoding="utf-8")
+        total += sum(len(f) for f in frames) / (params.sampwidth * params.nchannels) / params.framerate
+        count, frames, texts = count + 1, [], []
+
+    target = float(np.clip(rng.lognormal(np.log(median_s), 0.6), 1.0, 20.0))
+    have = 0.0
+    for wav, text in order:
+        with wave.open(str(wav), "rb") as r:
+            p = r.getparams()
+            if params is None:
+                params = p
+            if (p.nchannels, p.sampwidth, p.framerate) != (params.nchannels, params.sampwidth, params.framerate):
+                raise SystemExit(f"gpu_bundle: {wav} is not {params.framerate} Hz mono like the others")
+            frames.append(r.readframes(r.getnframes()))
+        texts.append(text)
+        have += p.nframes / p.framerate
+        if have >= target:
+            flush()
+            target, have = float(np.clip(rng.lognormal(np.log(median_s), 0.6), 1.0, 20.0)), 0.0
+    if frames:
+        flush()
+    return count, total
 
 
 def write_corpus(dest: Path, speaker: str, items: list[tuple[Path, str]], copy: bool) -> float:
@@ -179,11 +228,14 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
     t0 = time.monotonic()
     try:
         # F5-TTS: the files travel (F5's own loading rule decodes them) with the shards made of exactly them.
+        # Re-sliced to LibriTTS-like lengths, so that F5's 38,400-frame budget is filled (gpu_proof2.py).
         en = pick(prompts, size["f5"], seed=0)
-        secs = write_corpus(out / "wavs" / "en", "allison", en, copy=True)
+        n, secs = reslice(out / "wavs" / "en", "allison", en, seed=0, median_s=2.5 if quick else 5.5)
         shard(out / "wavs" / "en", out / "shards" / "f5tts", "--preset", "f5tts", workers=workers)
-        doc["parts"]["f5tts"] = {"files": len(en), "audio_s": round(secs, 1), "shards": "shards/f5tts",
-                                 "corpus": "wavs/en", "preset": "f5tts"}
+        doc["parts"]["f5tts"] = {"files": n, "prompts": len(en), "audio_s": round(secs, 1), "shards": "shards/f5tts",
+                                 "corpus": "wavs/en", "preset": "f5tts",
+                                 "resliced": "prompts joined in a seeded order, cut at prompt ends into 1-20 s "
+                                             f"items (log-normal, median {2.5 if quick else 5.5} s)"}
         # NaturalSpeech 2: codes of random-init EnCodec weights (no download), F0, energy, phones.
         ns2 = pick(prompts, size["ns2"], seed=1)
         secs = write_corpus(scratch / "ns2", "allison", ns2, copy=False)

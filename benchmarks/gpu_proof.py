@@ -222,6 +222,12 @@ def _window_stats(records: list[dict], warm: int) -> dict[str, Any]:
             "loss_first_last": [timed[0]["loss"], timed[-1]["loss"]], "epochs": timed[-1]["epoch"] + 1}
 
 
+def read_log(out: Path) -> list[dict[str, Any]]:
+    """A trainer run's log.jsonl records (none when it stopped before its first log line)."""
+    log = out / "log.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
 def repeated(a: argparse.Namespace, folder: Path, copies: int) -> list[str]:
     """--shards and --weights that read `folder` `copies` times an epoch: the folder and a link to it as two
     corpora (a corpus is listed once per name), each weighted copies / 2."""
@@ -257,9 +263,7 @@ def part_trainer(a: argparse.Namespace) -> dict[str, Any]:
             mod.main(argv)
         finally:
             wall = time.perf_counter() - t0
-            log = out / "log.jsonl"
-            records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-            run = {"argv": argv, "wall_s": round(wall, 1), **_window_stats(records, warm)}
+            run = {"argv": argv, "wall_s": round(wall, 1), **_window_stats(read_log(out), warm)}
             if cuda:
                 run["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 run["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
@@ -518,18 +522,24 @@ class _Endless:
 
 
 def part_features(a: argparse.Namespace) -> dict[str, Any]:
+    return features(a, 2.0 if a.quick else 240.0, None, "1,4" if a.quick else "1,16,64", [])
+
+
+def features(a: argparse.Namespace, seconds: float, piece_s: float | None, sizes: str, flags: list[str]
+             ) -> dict[str, Any]:
+    """bench_gpu_features on `seconds` of clips made from the bundle's speech (cut into pieces of piece_s), batch
+    sizes `sizes`, its own `flags`; the figures per feature and method."""
     import torch
 
     import bench_gpu_features as bgf
 
     clips = a.work / "gpu_clips"
     shutil.rmtree(clips, ignore_errors=True)
-    info = bgf.make_clips(a.bundle / "wavs", clips, 2.0 if a.quick else 240.0)
+    info = bgf.make_clips(a.bundle / "wavs", clips, seconds, piece_s=piece_s)
     out = a.work / "gpu_features.json"
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu"
-    sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch",
-                "1,4" if a.quick else "1,16,64", "--rounds", "1" if a.quick else "3", "--json", str(out),
-                "--machine", name]
+    sys.argv = ["bench_gpu_features.py", "--clips", str(clips), "--device", a.device, "--batch", sizes,
+                "--rounds", "1" if a.quick else "3", "--json", str(out), "--machine", name, *flags]
     rc = bgf.main()
     ensure(rc == 0 and out.exists(), f"bench_gpu_features exited {rc}")
     doc = json.loads(out.read_text())
@@ -538,7 +548,7 @@ def part_features(a: argparse.Namespace) -> dict[str, Any]:
         for row in res["rows"]:
             summary[f"{row['feature']} {row['method']}"] = {
                 "x_rt": round(row["x_rt"]["median"]), "vs_one_at_a_time": round(row["vs_one_at_a_time"]["median"], 2),
-                "parity": row["parity"]}
+                "padding_efficiency": round(row["padding_efficiency"], 3), "parity": row["parity"]}
     return {"clips": info, "summary": summary, "bench": doc}
 
 
@@ -573,14 +583,17 @@ CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 # ----------------------------------------------------------------------------- running parts as processes
 
 
-def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | None = None) -> dict[str, Any]:
-    """Run one part in a child process under a time cap; its result, status and output tail."""
+def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | None = None,
+              script: Path | None = None, flags: list[str] | None = None) -> dict[str, Any]:
+    """Run one part in a child process under a time cap; its result, status and output tail. `script`: the
+    script whose `--child` runs it (this one by default; gpu_proof2.py runs its own parts), with its own
+    `flags`."""
     name = part + (f"-{extra[1]}" if extra else "")
     result_path = a.work / f"{name}.json"
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--bundle", str(a.bundle), "--out",
+    cmd = [sys.executable, str(script or Path(__file__).resolve()), "--child", part, "--bundle", str(a.bundle), "--out",
            str(a.out), "--work", str(a.work), "--device", a.device, "--without", a.without, "--trainers", a.trainers,
-           "--deadline", str(time.time() + cap - 3), "--cap", str(cap), *(extra or [])]
+           "--deadline", str(time.time() + cap - 3), "--cap", str(cap), *(extra or []), *(flags or [])]
     if a.quick:
         cmd.append("--quick")
     t0 = time.perf_counter()
@@ -646,7 +659,9 @@ def child_main(a: argparse.Namespace) -> int:
         body = CHILDREN[a.child](a)
         ok = body.get("ok", True)
     except BaseException as e:  # noqa: BLE001 - written down for the parent, then the exit code says it
-        body = {"error": f"{type(e).__name__}: {e}", "traceback": tail(traceback.format_exc(), 20)}
+        # What the part measured before it failed (save_partial) stays, beside the error.
+        body = json.loads(path.read_text()) if path.exists() else {}
+        body.update(error=f"{type(e).__name__}: {e}", traceback=tail(traceback.format_exc(), 20))
         ok = False
         traceback.print_exc()
     path.write_text(json.dumps(body, indent=1, default=str))
@@ -789,24 +804,13 @@ class Report:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle", help="what `make gpu-bundle` made")
-    ap.add_argument("--out", type=Path, help="results: gpu_proof.json, gpu_proof.log, budgets (required to run)")
-    ap.add_argument("--work", type=Path, default=None, help="scratch (default: a folder in the system temp dir)")
-    ap.add_argument("--device", default=None, help="cuda (default where torch sees one) or cpu")
-    ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of all parts together (default 420; 600 with --quick)")
+    common_args(ap, PARTS, "gpu_proof.json, gpu_proof.log, budgets", "420; 600")
     ap.add_argument("--trainers", default=",".join(TRAINERS),
                     help=f"comma-separated trainers the trainers part runs, of {','.join(TRAINERS)}")
-    ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part "
-                                                  "(rehearses the GPU image on a machine that has them)")
     ap.add_argument("--tables", type=Path, metavar="GPU_PROOF_JSON",
                     help="print the markdown tables of a finished run for the docs (docs/gpu-proof.md) and stop")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--trainer", choices=sorted(TRAINERS), help=argparse.SUPPRESS)  # the one a child runs
-    ap.add_argument("--deadline", default="0", help=argparse.SUPPRESS)
-    ap.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.tables is not None:
         print(tables(json.loads(a.tables.read_text())))
@@ -843,18 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     budget = a.budget_s if a.budget_s is not None else (600.0 if a.quick else 420.0)
     caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
-    wheels = install_wheels(a.bundle, a.work / "site")
-    paths = [wheels["site"]] if wheels.get("site") else []
-    a.env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT), str(ROOT / "trainers"),
-                                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-             "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    # Read in a child: this process never creates a CUDA context, which would hold GPU memory all run long.
-    # A failure here is written down, not fatal: each part then records its own failure.
-    info = run_child(a, "info", 120)
-    if info["status"] == "ok":
-        info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit")}
-    else:
-        info = {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
+    wheels, info = start(a)
     doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/1", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
                            "without": a.without, "budget_s": budget, "command": " ".join(sys.argv), "parts": {}}
@@ -865,8 +858,57 @@ def main(argv: list[str] | None = None) -> int:
                f"commit {dv.get('commit')}" + (f"; device not read: {dv['error']}" if dv.get("error") else ""))
     if wheels.get("installed") or wheels.get("error"):
         report.say(f"wheels: {', '.join(wheels.get('installed', [])) or 'FAILED ' + wheels.get('error', '')[:300]}")
-    for i, part in enumerate(p for p in PARTS if p in parts):
-        later = [q for q in PARTS[PARTS.index(part) + 1:] if q in parts]
+    statuses = run_parts(a, report, [p for p in PARTS if p in parts], caps, floors, budget, started, headline,
+                         run_child, "gpu_proof")
+    files = [p for p in a.out.iterdir() if p.is_file()]
+    if len(files) > MAX_OUT_FILES:
+        report.say(f"warning: {len(files)} files in {a.out}; a device call brings back only {MAX_OUT_FILES}")
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def common_args(ap: argparse.ArgumentParser, parts: tuple[str, ...], results: str, budgets: str) -> None:
+    """The flags every round of the proof takes (and the hidden ones a child gets)."""
+    ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle", help="what `make gpu-bundle` made")
+    ap.add_argument("--out", type=Path, help=f"results: {results} (required to run)")
+    ap.add_argument("--work", type=Path, default=None, help="scratch (default: a folder in the system temp dir)")
+    ap.add_argument("--device", default=None, help="cuda (default where torch sees one) or cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
+    ap.add_argument("--parts", default=",".join(parts), help=f"comma-separated, of {','.join(parts)}")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"wall-clock budget of all parts together (default {budgets} with --quick)")
+    ap.add_argument("--without", default="", help="comma-separated modules to make unimportable in every part "
+                                                  "(rehearses the GPU image on a machine that has them)")
+    ap.add_argument("--deadline", default="0", help=argparse.SUPPRESS)
+    ap.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
+
+
+def start(a: argparse.Namespace, script: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The bundle's wheels where missing, the children's environment (a.env), and the device as a child reads it:
+    (wheels, device info)."""
+    wheels = install_wheels(a.bundle, a.work / "site")
+    paths = [wheels["site"]] if wheels.get("site") else []
+    a.env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT), str(ROOT / "trainers"),
+                                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+             "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    # Read in a child: this process never creates a CUDA context, which would hold GPU memory all run long.
+    # A failure here is written down, not fatal: each part then records its own failure.
+    info = run_child(a, "info", 120, script=script)
+    if info["status"] == "ok":
+        info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit")}
+    else:
+        info = {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
+    return wheels, info
+
+
+def run_parts(a: argparse.Namespace, report: Report, order: list[str], caps: dict[str, float],
+              floors: dict[str, float], budget: float, started: float, headline_of: Callable[..., list[str]],
+              run: Callable[..., dict[str, Any]], name: str) -> dict[str, str]:
+    """Each part in `order` as a child under its cap (what the budget leaves after the floors of the parts still
+    to come; skipped below its own floor), its result and headline in the report; then every process group
+    ended. Returns each part's status."""
+    doc = report.doc
+    for i, part in enumerate(order):
+        later = order[i + 1:]
         left = budget - (time.time() - started)
         cap = min(caps[part], left - sum(floors[q] for q in later))
         if cap < floors[part]:
@@ -874,22 +916,19 @@ def main(argv: list[str] | None = None) -> int:
             report.say(f"part {part}: skipped, {left:.0f} s of the budget left")
             continue
         report.say(f"part {part}: started (cap {cap:.0f} s)")
-        res = run_child(a, part, cap)
+        res = run(a, part, cap)
         doc["parts"][part] = res
         report.say(f"part {part}: {res['status']} in {res['seconds']:.1f} s")
-        for line in headline(part, res):
+        for line in headline_of(part, res):
             report.say(line)
         if res["status"] != "ok":
             report.say("  " + (res.get("error") or tail(res.get("output_tail", ""), 3)).replace("\n", "\n  ")[:1500])
     kill_groups(a.work)  # nothing a part started outlives the run
     doc["total_s"] = round(time.time() - started, 1)
     statuses = {p: r["status"] for p, r in doc["parts"].items()}
-    report.say(f"gpu_proof: {sum(s == 'ok' for s in statuses.values())}/{len(statuses)} parts ok in "
+    report.say(f"{name}: {sum(s == 'ok' for s in statuses.values())}/{len(statuses)} parts ok in "
                f"{doc['total_s']:.0f} s: {statuses}")
-    files = [p for p in a.out.iterdir() if p.is_file()]
-    if len(files) > MAX_OUT_FILES:
-        report.say(f"warning: {len(files)} files in {a.out}; a device call brings back only {MAX_OUT_FILES}")
-    return 0 if all(s == "ok" for s in statuses.values()) else 1
+    return statuses
 
 
 if __name__ == "__main__":

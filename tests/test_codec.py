@@ -184,3 +184,21 @@ def test_constructor_and_input_errors(tok):
         tok(np.full(400, np.nan, dtype=np.float32))
     with pytest.raises(ValueError, match="float"):
         tok(np.zeros(400, dtype=np.int16))
+
+
+def test_the_shard_jobs_codec_chunks_are_cut_in_length_order_and_give_each_clips_own_codes(tok, wavs, batch_codes):
+    """The Ray codec stage sends a shard's clips in chunks; in_length_order cuts them from the clips sorted
+    longest first (near-equal lengths per chunk) and puts every clip's codes back in its place."""
+    from audiopipe.shard.codec_stage import in_length_order
+
+    sent: list[list[int]] = []
+
+    def submit(chunk):
+        sent.append([len(w) for w in chunk])
+        return tok.encode_batch(chunk)
+
+    codes = in_length_order(wavs, 3, submit, list)
+    assert [n for chunk in sent for n in chunk] == sorted((len(w) for w in wavs), reverse=True)
+    assert all(len(c) <= 3 for c in sent)
+    for got, want in zip(codes, batch_codes):
+        np.testing.assert_array_equal(got, want)

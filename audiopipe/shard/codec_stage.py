@@ -5,7 +5,7 @@ Shard tasks stay CPU-only and cheap to retry; the model is loaded once per actor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -18,6 +18,24 @@ def codec_spec_estimate() -> FeatureSpec:
 
     return FeatureSpec("codes", "encodec_24khz", SAMPLE_RATE, "int16", 16, HOP_LENGTH,
                        {"codebook_size": CODEBOOK_SIZE})
+
+
+def in_length_order(wavs: list[np.ndarray], size: int, submit: Callable[[list[np.ndarray]], Any],
+                    gather: Callable[[list[Any]], list[list[np.ndarray]]]) -> list[np.ndarray]:
+    """Codes of `wavs`, in their order, encoded in chunks of `size` cut from the wavs sorted longest first.
+
+    A shard's utterances come in plan order, which is random in length; chunks cut in that order would each be
+    padded to their longest clip. Sorted first, each chunk holds near-equal lengths (the codes are the same either
+    way: encode_batch masks the padding). submit sends one chunk (returns its result or a future), gather
+    resolves the submitted ones in order."""
+    order = sorted(range(len(wavs)), key=lambda i: -len(wavs[i]))
+    chunks = [order[i:i + size] for i in range(0, len(order), size)]
+    done = gather([submit([wavs[i] for i in c]) for c in chunks])
+    out: list[Any] = [None] * len(wavs)
+    for c, codes in zip(chunks, done):
+        for i, x in zip(c, codes):
+            out[i] = x
+    return out
 
 
 class CodecWorker:

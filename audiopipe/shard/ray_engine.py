@@ -183,8 +183,9 @@ def _remote_defs():
             bs = codec_batch
 
             def by_actor(wavs):
-                refs = [actor.encode.remote(wavs[i:i + bs]) for i in range(0, len(wavs), bs)]
-                return [c for part in ray.get(refs) for c in part]
+                from audiopipe.shard.codec_stage import in_length_order
+
+                return in_length_order(wavs, bs, actor.encode.remote, ray.get)
 
             encode = by_actor
 
