@@ -390,6 +390,20 @@ def test_shapes_pad_time_to_the_edge_and_items_to_its_size(lengths, channels, dt
     assert torch.equal(shaped[0]["feat"], shaped[1]["feat"])
 
 
+def test_shapes_give_every_feature_the_first_features_rows():
+    """Two features of different lengths (GPT-SoVITS's tokens and phones): the first feature picks the shape, and
+    the second gets the same rows (padding rows of length 0) with its own T_max, so every tensor has B rows."""
+    from audiopipe.sampler.shapes import BatchShapes
+
+    shapes = BatchShapes((12, 30), (6, 4))
+    items = [{"tok": np.arange(n, dtype=np.int16), "ph": np.arange(m, dtype=np.int16), "id": f"u{i}"}
+             for i, (n, m) in enumerate([(10, 40), (7, 3), (11, 5)])]
+    out = PadCollator(["tok", "ph"], shapes=shapes, ring_size=1)(items)
+    assert out["tok"].shape == (6, 12) and out["ph"].shape == (6, 40)
+    assert out["ph_lengths"].tolist() == [40, 3, 5, 0, 0, 0] and not out["ph_mask"][3:].any()
+    assert torch.equal(out["ph"][1, :3], torch.arange(3, dtype=torch.int16))
+
+
 def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_path):
     """make_loader(passes=None) plans a corpus of 2 budgets as several passes (fuller batches than one pass), and
     shapes=2 hands over batches of the sampler's two shapes only, the items first and exact."""

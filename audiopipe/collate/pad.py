@@ -102,7 +102,8 @@ class PadCollator:
     (id, speaker, text, scalars). T_max is the longest item, rounded up to a multiple of pad_to_multiple.
     With `shapes` (sampler/shapes.py's BatchShapes, the sampler's `shapes`), every batch is padded to one of its
     shapes: T_max to the first edge at or above the longest item, and B to that edge's size with empty rows
-    (length 0, mask all False) after the items; the other keys' lists hold the items only.
+    (length 0, mask all False) after the items; the other keys' lists hold the items only. The first feature
+    (the one the sampler planned with) picks the shape; other features get the same rows and their own T_max.
     Items are dicts of numpy arrays (read-only mmap views are fine: they are only read, once).
     """
 
@@ -251,7 +252,14 @@ class PadCollator:
         m = self.pad_to_multiple
         n, t_max = lengths.size, int(lengths.max())
         if self.shapes is not None:  # the shape this batch is padded to: more rows, a longer T_max
-            n, t_max = self.shapes.shape(n, t_max)
+            if f == self.features[0]:
+                # The first feature is the one the sampler planned with: its longest item picks the shape.
+                n, t_max = self.shapes.shape(n, t_max)
+                self._shape_rows = n
+            else:
+                # Other features (GPT-SoVITS's phones beside its tokens) get the same rows, so every tensor of
+                # the batch has B rows, and keep their own T_max: the shape's edges are frames of the first.
+                n = max(n, getattr(self, "_shape_rows", n))
         t_max = -(-t_max // m) * m
         shape = (n, t_max, *lead) if self.layout == "BTC" else (n, *lead, t_max)
         numel = int(np.prod(shape))
