@@ -298,8 +298,8 @@ def _check_index_rows(rel: str, index: dict[str, np.ndarray], first: int, k: int
         bad = np.flatnonzero(have != want)
         if bad.size:
             i = int(bad[0])
-            report.fail(f"{rel}: entry {first + i} says {col} {want[i].item()!r}, {sh['name']} row {i} holds "
-                        f"{have[i].item()!r} "
+            said, holds = (v.item() if isinstance(v, np.generic) else v for v in (want[i], have[i]))
+            report.fail(f"{rel}: entry {first + i} says {col} {said!r}, {sh['name']} row {i} holds {holds!r} "
                         f"({bad.size} entries of this shard disagree): the index does not describe the shards; "
                         f"rebuild the shard set")
 
