@@ -136,6 +136,41 @@ def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, 
         o.close()
 
 
+def _owner_of(folder: Path) -> str:
+    """Who made a scratch folder, for a failure message: its owner's pid and that process's command line."""
+    files = sorted(p.name for p in folder.rglob("*"))
+    try:
+        pid = int((folder / ".owner").read_text())
+    except (OSError, ValueError):
+        return f"owner unknown; holds {files}"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        cmd = "gone"
+    return f"pid {pid} ({cmd}); holds {files}"
+
+
+def _scratch_owned(parent: Path) -> list[str]:
+    """The scratch folders under `parent` whose owner process still holds their lock."""
+    import fcntl
+
+    from audiopipe.storage.scratch import OWNER, PREFIX
+
+    held = []
+    for p in parent.glob(f"{PREFIX}*"):
+        try:
+            fd = os.open(p / OWNER, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held.append(p.name)
+        finally:
+            os.close(fd)  # closing drops the lock we may have taken
+    return held
+
+
 def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_corpus, reference, tmp_path):
     _, root = s3
     staging = tmp_path / "staging"
@@ -170,6 +205,12 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
             break
         at_kill = now
     assert 2 <= sum(k.startswith("done/") for k in at_kill) < n_shards, "the kill must land mid-job"
+    # A worker that outlives the kill holds its scratch folder's lock until it exits, and a rerun's sweep leaves
+    # a live owner's folder alone: wait for every owner to be gone, so the rerun below starts after the dead run.
+    deadline = time.monotonic() + 120
+    while (alive := _scratch_owned(staging)):
+        assert time.monotonic() < deadline, f"the killed run's processes still hold {alive}"
+        time.sleep(0.2)
     assert "manifest.json" not in at_kill
     # Nothing partial: every object that exists is exactly the uninterrupted run's (the lock aside).
     partial = {k for k, h in at_kill.items() if k != ".audiopipe.lock" and want.get(k) != h}
@@ -189,8 +230,10 @@ def test_kill_9_mid_job_then_rerun_resumes_with_no_partial_objects(s3, espeak_co
     r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, "--staging", str(staging), *ARGS)
     assert r.returncode == 0, r.stderr
     assert f"({n_shards - len(finished) + 1} built now)" in r.stdout, r.stdout
+    print(f"killed driver pid {proc.pid}")
     # The rerun removed what the dead run left in the staging folder, and its own folders once done.
-    assert sorted(staging.iterdir()) == []
+    left = {p.name: _owner_of(p) for p in staging.iterdir()}
+    assert left == {}, left
     assert _objects(out) == want
     from audiopipe.storage.upload import incomplete_uploads
 
@@ -297,16 +340,49 @@ def test_a_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(s3):
     from audiopipe.storage.object_lock import PrefixLock
 
     _, root = s3
+    from audiopipe.storage.upload import client
+
     lock = PrefixLock(parse_s3(root), "t", settle=0.1, heartbeat=0.3)
+    url = parse_s3(root).child(".audiopipe.lock")
+
+    def modified():
+        return client().head_object(Bucket=url.bucket, Key=url.key)["LastModified"]
+
     try:
-        time.sleep(2.5)
-        holder, age = lock.read()
-        assert holder["token"] == lock.info["token"] and age <= 1.0  # refreshed, not 2.5 s old
+        first, deadline = modified(), time.monotonic() + 60
+        while modified() == first:  # the server's clock has 1 s resolution: a beat a second later shows
+            assert time.monotonic() < deadline, "the heartbeat never rewrote the lock"
+            time.sleep(0.1)
+        holder, _ = lock.read()
+        assert holder["token"] == lock.info["token"]  # rewritten by its own heartbeat, still ours
         lock.check()
         _write_lock(root, pid=1, host="other-node")
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while lock.lost is None:  # the next beat reads the other job's token (or fails its If-Match write)
+            assert time.monotonic() < deadline, "the heartbeat never noticed the takeover"
+            time.sleep(0.05)
         with pytest.raises(LockHeld, match="taken over by audiopipe shard \\(pid 1 on other-node"):
             lock.check()
+    finally:
+        lock.release()
+    assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"  # not ours: left alone
+
+
+def test_a_beat_never_overwrites_a_takeover_between_its_read_and_its_write(s3):
+    """The heartbeat reads the lock, then rewrites it. Another job's takeover landing between the two used to be
+    overwritten (both jobs then believed they held the prefix); the rewrite is conditional on the ETag it read."""
+    from audiopipe.storage.object_lock import PrefixLock
+
+    _, root = s3
+    lock = PrefixLock(parse_s3(root), "t", settle=0.1, heartbeat=3600)  # no beat of its own during the test
+    try:
+        holder, _, etag = lock._read()
+        assert holder["token"] == lock.info["token"] and etag
+        assert lock._rewrite(etag)  # nothing in between: the beat rewrites its own lock
+        _, _, etag = lock._read()
+        _write_lock(root, pid=1, host="other-node")  # the takeover, after the beat's read
+        assert not lock._rewrite(etag)
+        assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"
     finally:
         lock.release()
     assert json.loads(_get(root, ".audiopipe.lock"))["host"] == "other-node"  # not ours: left alone

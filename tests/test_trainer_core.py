@@ -361,10 +361,12 @@ def test_data_wait_without_prefetch_is_the_injected_build_time(mel_shards, tmp_p
 def test_data_wait_with_prefetch_hides_a_build_shorter_than_the_step(mel_shards, tmp_path, one_torch_thread):
     """The same 0.05 s build delay under --prefetch 2 and a 0.2 s step: the thread builds the next batch while
     the step sleeps, so from the second step on the loop no longer waits for the delay. The pass's first batch
-    was never built ahead and is waited for in full."""
+    was never built ahead of the loop and is waited for (all but the moment before the loop's clock starts)."""
     delay, step = 0.05, 0.2
     log = _delayed_run(mel_shards, tmp_path, 2, delay, step)
-    assert log[0]["data_wait"] >= delay  # the clock does see a wait where there is one
+    # The clock does see a wait where there is one. Not the whole delay: the look-ahead thread starts building
+    # the first batch when the loader is made, a moment before the loop starts its clock.
+    assert log[0]["data_wait"] >= delay / 2
     later = log[1:]
     mean_wait = sum(r["data_wait"] for r in later) / len(later)
     assert mean_wait < delay / 4, later  # far below what building on the training thread costs (>= delay)

@@ -36,7 +36,7 @@ from audiopipe.shard.plan import WorkUnit
 from audiopipe.storage.atomic import fsync_dir, is_temporary
 from audiopipe.storage.lock import FolderLock, LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
-from audiopipe.storage.scratch import make_scratch, remove_scratch
+from audiopipe.storage.scratch import make_scratch, remove_scratch, sweep_abandoned
 
 if TYPE_CHECKING:
     from audiopipe.shard.build import PendingShard
@@ -335,6 +335,8 @@ class S3Output:
 
     def close(self) -> None:
         remove_scratch(self.work)
+        # A process of an earlier, killed run may have died only after this job's first sweep: take its folders now.
+        sweep_abandoned(self.work.parent)
 
 
 def open_output(out: str, staging: str | None = None) -> LocalOutput | S3Output:

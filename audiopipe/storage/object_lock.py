@@ -14,6 +14,10 @@ That closes the race unless a client stalls longer than `settle` between its rea
 costs little: the shard bytes depend only on the corpus and the settings (plan.json refuses other settings),
 so two jobs on one prefix write the same objects; the heartbeat notices a lock taken over, and the job then
 stops before writing its manifest.
+
+Each heartbeat rewrites the lock only if it is still the object the beat just read (PutObject with If-Match on its
+ETag, which S3, MinIO and moto honour): a takeover landing between the beat's read and its write makes the write
+fail instead of overwriting the new holder's lock. A server that rejects the header gets plain writes from then on.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 from audiopipe.storage.lock import LOCK_NAME, LockHeld, _describe
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, S3URL
-from audiopipe.storage.upload import client, delete, put_bytes
+from audiopipe.storage.upload import _fail, client, delete, put_bytes
 
 STALE_AFTER = 120.0  # seconds without a heartbeat before a lock from another host is taken over
 HEARTBEAT = 20.0
@@ -70,6 +74,7 @@ class PrefixLock:
             raise LockHeld(f"{prefix} was locked at the same moment by {_describe(again or {})}; wait for it to "
                            f"finish or use another prefix")
         self.lost: dict[str, Any] | None = None
+        self._conditional = True
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat,), name="s3-lock-heartbeat",
                                       daemon=True)
@@ -77,12 +82,17 @@ class PrefixLock:
 
     def read(self) -> tuple[dict[str, Any] | None, float]:
         """(holder, age of its last heartbeat in seconds on the server's clock), or (None, 0) when unlocked."""
+        holder, age, _ = self._read()
+        return holder, age
+
+    def _read(self) -> tuple[dict[str, Any] | None, float, str | None]:
+        """read(), plus the lock object's ETag (None when unlocked)."""
         s3 = client(self._settings)
         try:
             r = s3.get_object(Bucket=self.url.bucket, Key=self.url.key)
             body = r["Body"].read()
         except s3.exceptions.NoSuchKey:
-            return None, 0.0
+            return None, 0.0, None
         except Exception as e:
             raise ObjectStoreError(f"cannot read the lock {self.url}: {type(e).__name__}: {e}") from e
         try:
@@ -93,7 +103,7 @@ class PrefixLock:
             holder = {}
         now = r.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
         age = (parsedate_to_datetime(now) - r["LastModified"]).total_seconds() if now else 0.0
-        return holder, max(age, 0.0)
+        return holder, max(age, 0.0), r.get("ETag")
 
     def _dead(self, holder: dict[str, Any], age: float) -> bool:
         if age > self.stale_after:
@@ -102,16 +112,41 @@ class PrefixLock:
         return holder.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid)
 
     def _write(self) -> None:
-        put_bytes(self.url, (json.dumps(self.info, sort_keys=True) + "\n").encode(), self._settings)
+        put_bytes(self.url, self._body(), self._settings)
+
+    def _body(self) -> bytes:
+        return (json.dumps(self.info, sort_keys=True) + "\n").encode()
+
+    def _rewrite(self, etag: str | None) -> bool:
+        """Write the lock again if it is still the object with `etag`; False if another job's write came first."""
+        if etag is None or not self._conditional:
+            self._write()
+            return True
+        s3 = client(self._settings)
+        try:
+            s3.put_object(Bucket=self.url.bucket, Key=self.url.key, Body=self._body(), IfMatch=etag)
+            return True
+        except Exception as e:
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            if code in ("NotImplemented", "501", "InvalidArgument"):
+                self._conditional = False  # this server has no conditional writes: plain writes from now on
+                self._write()
+                return True
+            raise _fail("upload", self.url, e) from e
 
     def _heartbeat(self, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                holder, _ = self.read()
+                holder, _, etag = self._read()
                 if holder is not None and holder.get("token") != self.info["token"]:
                     self.lost = holder
                     return
-                self._write()
+                if not self._rewrite(etag):
+                    self.lost, _ = self.read()
+                    self.lost = self.lost or {}
+                    return
             except ObjectStoreError:
                 pass  # a server blip: the next beat tries again, and the lock only goes stale after stale_after
 
