@@ -66,3 +66,50 @@ def test_a_new_folder_is_locked_before_it_has_a_name_a_sweep_looks_at(tmp_path):
     assert r.stdout.strip() == "0" and d.is_dir()  # held by this process: another process leaves it
     remove_scratch(d)
     assert not d.exists()
+
+
+# Makes a scratch folder holding many files, says where, waits for a line on stdin, then removes the folder.
+REMOVER_PROC = r"""
+import sys
+from audiopipe.storage.scratch import make_scratch, remove_scratch
+d = make_scratch("shard-000009", sys.argv[1])
+for i in range(int(sys.argv[2])):
+    (d / f"part-{i:05d}").write_bytes(b"")
+print(d, flush=True)
+sys.stdin.readline()
+remove_scratch(d)
+"""
+
+
+def test_a_folder_being_removed_keeps_its_lock_file_while_anything_else_is_left(tmp_path):
+    """The lock file goes last: a removal cut short (kill -9 at any moment of it) leaves files beside a lock file,
+    which the next sweep finishes, never files without one, which no sweep would touch (that would be another
+    program's folder). Watched from outside while a real process removes 3,000 files; then a removal stopped
+    half-way and killed is swept."""
+    n = 3_000
+    for kill in (False, True):
+        p = subprocess.Popen([sys.executable, "-c", REMOVER_PROC, str(tmp_path), str(n)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            d = Path(p.stdout.readline().strip())
+            assert sum(1 for _ in os.scandir(d)) == n + 1
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            seen = []
+            while True:
+                try:
+                    names = os.listdir(d)
+                except FileNotFoundError:
+                    break
+                seen.append(len(names))
+                assert not names or OWNER in names, f"{len(names)} files left without their lock file"
+                if kill and len(names) < n // 2:
+                    os.kill(p.pid, signal.SIGKILL)
+                    break
+            assert len(set(seen)) > 2  # the removal was watched while it ran, not only before or after
+        finally:
+            p.kill()
+            p.wait()
+        if kill:
+            assert d.exists() and sweep_abandoned(tmp_path) == [d]
+        assert not d.exists()

@@ -10,7 +10,12 @@ take. Only folders with such a lock file are ever removed, and never one whose o
 without one (another program's, or an older audiopipe's) is left alone.
 
 A folder is made under a hidden name and renamed to its `audiopipe-*` name only once its lock is held, so a
-sweep in another process can never catch a new folder before its owner locks it.
+sweep in another process can never catch a new folder before its owner locks it. A process killed before the
+rename leaves a hidden `.audiopipe-new-*` folder, which is unmistakably ours: the sweep takes it too.
+
+A folder is removed with its `.owner` last, so a process killed half-way through the removal leaves a folder
+that still has its lock file, and the next sweep finishes the job (removed first, the lock file would leave a
+half-removed folder that no sweep would ever touch).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def make_scratch(kind: str, parent: str | os.PathLike[str] | None = None) -> Pat
 def remove_scratch(folder: str | os.PathLike[str]) -> None:
     """Remove a folder made by `make_scratch`, then release its lock (no sweep can take it while it goes)."""
     folder = Path(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    _remove_owner_last(folder)
     with _lock:
         fd = _held.pop(folder, None)
     if fd is not None:
@@ -87,8 +92,27 @@ def sweep_abandoned(parent: str | os.PathLike[str]) -> list[Path]:
             os.close(fd)
             continue
         try:
-            shutil.rmtree(e.path, ignore_errors=True)
+            _remove_owner_last(Path(e.path))
             removed.append(Path(e.path))
         finally:
             os.close(fd)
     return removed
+
+
+def _remove_owner_last(folder: Path) -> None:
+    """Remove `folder`, its lock file last (see the module docstring)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for e in entries:
+        if e.name == OWNER:
+            continue
+        if e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(e.path)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
