@@ -34,7 +34,6 @@ import importlib
 import importlib.abc
 import importlib.util
 import json
-import math
 import os
 import platform
 import shutil
