@@ -45,12 +45,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import gpu_proof as g1  # noqa: E402 - after the path set-up: the machinery of the first round
+import gpu_proof as g1  # the machinery of the first round (benchmarks/, this script's folder); it puts the
+# repository and trainers/ on sys.path
 
 PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
 # Seconds per part, as in gpu_proof.CAPS: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the
