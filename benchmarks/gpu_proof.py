@@ -344,13 +344,27 @@ def _epochs(loader):
         e += 1
 
 
+def f5_step(model, opt, autocast, batch: dict[str, Any]):  # noqa: ANN001, ANN201 - torch objects
+    """One F5-TTS training step as its trainer takes it (gradients clipped at 1.0); returns the loss."""
+    import torch
+
+    import train_f5tts as f5
+
+    with autocast:
+        loss, _ = f5.loss_fn(model, batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def _timed_feed(s: dict[str, Any], name: str, feed) -> dict[str, Any]:
     """`warm` then `timed` F5 training steps fed by `feed`: the GPU's step time and data wait (core's clock), and
     the training thread's own CPU time per step (time.thread_time: what it spent running, not waiting)."""
     import torch
 
     import core
-    import train_f5tts as f5
 
     dev, model, opt, autocast, warm, timed = s["dev"], s["model"], s["opt"], s["autocast"], s["warm"], s["timed"]
     cuda = dev.type == "cuda"
@@ -369,12 +383,7 @@ def _timed_feed(s: dict[str, Any], name: str, feed) -> dict[str, Any]:
         clock.wait_begin()
         batch = core.default_to_device(next(it), dev)
         clock.wait_end()
-        with autocast:
-            loss, _ = f5.loss_fn(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = f5_step(model, opt, autocast, batch)
         if i >= warm:
             total += batch["mel_lengths"].sum()
             pads.append(float(batch["padding_ratio"]["mel"]))

@@ -131,7 +131,6 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
     import torch
 
     import core
-    import train_f5tts as f5
 
     dev, model, opt = s["dev"], s["model"], s["opt"]
     clock = core._Clock(dev)
@@ -144,12 +143,7 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
         batch, where = (item if isinstance(item, tuple) else (item, None))
         batch = core.default_to_device(batch, dev)
         clock.wait_end()
-        with s["autocast"]:
-            loss, _ = f5.loss_fn(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = g1.f5_step(model, opt, s["autocast"], batch)
         clock.step_end()
         info.append({"where": where, "shape": tuple(batch["mel"].shape), "items": int(batch["mel"].shape[0]), "frames": int(batch["mel_lengths"].sum()),
                      "padded": int(batch["mel"].shape[0] * batch["mel"].shape[-1])})
