@@ -8,11 +8,9 @@ Strategies (all under the same budget, 38,400 frames by default), each on the SA
   f5_sort    F5-TTS DynamicBatchSampler: sort by length once, pack greedily while the SUM of frames fits, keep
              these batches and only shuffle their order each epoch (padding is not counted when packing)
   lhotse     lhotse DynamicBucketingSampler (30 buckets, max_duration = budget / frame rate; counts padding)
-  random     (--random) items shuffled every epoch, greedily packed to the same PADDED budget
 
 Corpora (audiopipe/bench/synthetic_lengths.py, seeded): short_clip (median 3 s, 0.5-15 s) and libritts_like
-(median 5.5 s, 1-20 s), --sizes items each, at 93.75 frames/s (hop 256 at 24 kHz). --lengths file.npy or
---index shards/ --feature mel benchmark one real corpus instead.
+(median 5.5 s, 1-20 s), --sizes items each, at 93.75 frames/s (hop 256 at 24 kHz).
 
 Epoch 0 is measured; "pairs together again" is the share of epoch 1's item pairs that shared a batch in
 epoch 0. --resume and --collate add the resume-cost and collate-throughput measurements on the largest corpus.
@@ -31,8 +29,6 @@ budgets, sampler/repeat.py); on larger corpora it plans the same batches as one 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -44,8 +40,7 @@ from audiopipe.bench.loaders import f5_sort_plan as f5_sort_batches  # F5-TTS Dy
 from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, synthetic_lengths
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
-from audiopipe.sampler.plan import BatchBudget, pack_greedy
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 Batches = list[np.ndarray]
 
@@ -68,17 +63,6 @@ def audiopipe_batches(
         return out
 
     plan.samplers = samplers  # type: ignore[attr-defined]
-    return plan
-
-
-def random_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[[int], Batches]:
-    budget = BatchBudget(max_frames)
-    keep = np.flatnonzero(budget.fits_alone(lengths) & (lengths > 0))
-
-    def plan(epoch: int) -> Batches:
-        order = keep[np.random.default_rng([seed, epoch]).permutation(keep.size)]
-        return pack_greedy(order, lengths, budget)
-
     return plan
 
 
@@ -269,10 +253,7 @@ def tradeoff(corpora: list[tuple[str, np.ndarray]], max_frames: int, seed: int, 
 
 
 def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cases = sorted({(r["corpus"], r["items"]) for r in rows}, key=lambda c: (c[0], c[1]))
     cols = min(3, len(cases))
@@ -300,8 +281,7 @@ def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.suptitle(f"bench_batching --tradeoff (point labels: pools; 38,400-frame budget)\n{machine}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def markdown_sweep(rows: list[dict]) -> str:
@@ -336,10 +316,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     corpora = sorted({r["corpus"] for r in rows})
     fig, axes = plt.subplots(2, len(corpora), figsize=(5.5 * len(corpora), 7.5), squeeze=False)
@@ -364,8 +341,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         axes[1][c].set_yscale("log")
         axes[0][c].legend(fontsize=8)
     fig.suptitle(f"bench_batching, budget 38,400 padded frames; {machine}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> None:
@@ -376,12 +352,8 @@ def main() -> None:
     p.add_argument("--frame-rate", type=float, default=24_000 / 256)
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lengths", type=Path, help="a .npy of frame counts instead of the synthetic corpora")
-    p.add_argument("--index", type=Path, help="a shard folder: read <feature>_frames from its index.arrow")
-    p.add_argument("--feature", default="mel")
     p.add_argument("--no-lhotse", action="store_true")
     p.add_argument("--lhotse-max-items", type=int, default=1_000_000, help="skip lhotse above this corpus size")
-    p.add_argument("--random", action="store_true", help="also the random-packing baseline")
     p.add_argument("--resume", action="store_true", help="also time load_state_dict + first batch")
     p.add_argument("--collate", action="store_true", help="also the collate throughput against memcpy")
     p.add_argument("--sweep", action="store_true", help="also sweep pools on the corpora of 3,000 and 100,000 items")
@@ -390,25 +362,15 @@ def main() -> None:
                         "min_efficiency) on --sizes, next to lhotse and F5; --json/--plot get its results")
     p.add_argument("--shapes", default="", help="comma-separated K: also audiopipe with at most K batch shapes")
     p.add_argument("--passes", action="store_true", help="also audiopipe with passes=None (by corpus size)")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)",
-                   help="label for the JSON and the plot")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     args = p.parse_args()
 
-    if args.index is not None:
-        from audiopipe.index.lengths import LengthIndex
-
-        corpora = [(str(args.index), LengthIndex.open(args.index).frames(args.feature).astype(np.int64))]
-    elif args.lengths is not None:
-        corpora = [(str(args.lengths), np.load(args.lengths).astype(np.int64))]
-    else:
-        corpora = [(kind, synthetic_lengths(kind, int(n), args.seed, args.frame_rate))
-                   for kind in args.distributions.split(",") for n in args.sizes.split(",")]
+    corpora = [(kind, synthetic_lengths(kind, int(n), args.seed, args.frame_rate))
+               for kind in args.distributions.split(",") for n in args.sizes.split(",")]
     if args.tradeoff:
         rows = tradeoff(corpora, args.max_frames, args.seed, args.world_size, args.frame_rate)
         result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
-                  "machine": {"label": args.machine, "python": platform.python_version()},
+                  "machine": host(args.machine),
                   "budget_frames": args.max_frames, "world_size": args.world_size, "rows": rows}
         print(markdown_tradeoff(rows))
         write_results(result, args.json, lambda path: plot_tradeoff(rows, path, args.machine), args.plot)
@@ -428,8 +390,6 @@ def main() -> None:
         if args.passes:
             strategies.append((f"audiopipe passes=auto (W={args.world_size})",
                                audiopipe_batches(lengths, args.max_frames, args.seed, args.world_size, passes=None)))
-        if args.random:
-            strategies.append(("random", random_batches(lengths, args.max_frames, args.seed)))
         if not args.no_lhotse and lengths.size <= args.lhotse_max_items:
             strategies.append(("lhotse_dynamic_bucketing (30 buckets)",
                                lhotse_batches(lengths, args.max_frames, args.seed, args.frame_rate)))
@@ -451,9 +411,7 @@ def main() -> None:
             print(markdown_sweep(sweeps[f"{name} {lengths.size}"]), flush=True)
     result = {
         "command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
-        "machine": {"label": args.machine, "python": platform.python_version(),
-                    "cpu": platform.processor() or platform.machine()},
-        "load_average": os.getloadavg(),
+        "machine": host(args.machine),
         "budget_frames": args.max_frames,
         "world_size": args.world_size,
         "corpora": {k: {"median_s": v[0], "sigma": v[1], "min_s": v[2], "max_s": v[3]} for k, v in DISTRIBUTIONS.items()},

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from audiopipe.reader.loader import make_loader
 from audiopipe.reader.prefetch import PrefetchIterator
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 LOADERS = ("runs_on", "per_pass", "prefetch0")
 
@@ -92,10 +91,7 @@ def markdown(rows: list[dict], step_ms: float) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     y = np.arange(len(rows))
@@ -109,10 +105,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_xlabel("median wait for the batch, ms (symlog)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main() -> None:
@@ -124,9 +117,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="every loader this many times, interleaved")
     p.add_argument("--loaders", default=",".join(LOADERS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     a = p.parse_args()
     names = [n for n in a.loaders.split(",") if n]
     subset = five_batch_subset(a.shards, a.budget, a.seed)
@@ -143,8 +134,8 @@ def main() -> None:
     result = {"command": "python benchmarks/bench_boundary.py " + " ".join(
                   f"--{k} {v}" for k, v in (("budget", a.budget), ("step-ms", a.step_ms), ("epochs", a.epochs),
                                             ("rounds", a.rounds))),
-              "machine": a.machine, "python": platform.python_version(), "cpus": os.cpu_count(),
-              "load_avg_start": list(load_start), "load_avg_end": list(os.getloadavg()),
+              "machine": {**host(a.machine), "load_average": list(load_start)},
+              "load_average_end": list(os.getloadavg()),
               "utterances_per_epoch": int(subset.size), "batches_per_epoch": 5, "step_ms": a.step_ms,
               "loaders": rows}
     title = (f"wait for the batch, 20 epochs of 5 batches, {a.step_ms:g} ms step\n{a.machine}, "

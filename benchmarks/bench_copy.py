@@ -27,7 +27,6 @@ the read-ahead hook make_loader gives it, set_epoch and each epoch's plan includ
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.loader import make_loader
 from audiopipe.sampler.bucket import BucketBatchSampler
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 VARIANTS = ("slice_copy", "bct", "btc", "tc_stored")
 
@@ -243,10 +242,7 @@ def markdown(rows: dict[str, dict]) -> str:
 
 
 def plot(rows: dict[str, dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(rows)
@@ -262,8 +258,7 @@ def plot(rows: dict[str, dict], path: Path, machine: str) -> None:
     ax.set_title("copy kernels on real shards, 38,400-frame batches", fontsize=10)
     ax.legend(fontsize=8)
     fig.suptitle(machine, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> None:
@@ -275,9 +270,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds, corpora interleaved (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2 rounds of at most 20 batches per corpus")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     args = p.parse_args()
     for s in args.shards:
         if not (s / "manifest.json").is_file():
@@ -296,8 +289,7 @@ def main() -> None:
     rows = {Path(k).name: summarize(v) for k, v in runs.items()}
     print(markdown(rows))
     result = {"command": " ".join(["python", "benchmarks/bench_copy.py", *sys.argv[1:]]),
-              "machine": {"label": args.machine, "python": platform.python_version(), "numba": numba.__version__,
-                          "cpu": platform.processor() or platform.machine()},
+              "machine": host(args.machine, numba=numba.__version__),
               "budget_frames": args.budget, "corpora": rows, "rounds": {k: v for k, v in runs.items()}}
     write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch
 
 import audiopipe.reader.loader as loader_module
 from audiopipe.reader.loader import make_loader
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 LOADERS = {"prefetch0": {"prefetch": 0, "num_workers": 0},
            "prefetch2": {"prefetch": 2, "num_workers": 0},
@@ -177,10 +176,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     kinds = sorted({r["step_kind"] for r in rows})
     fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
@@ -198,8 +194,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         ax.set_title(f"{kind} step: data-wait share of the loop")
         ax.legend(fontsize=8)
     fig.suptitle(f"bench_datawait (mmap loader, f5tts mels, 38,400-frame batches); {machine}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> None:
@@ -217,9 +212,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="about a minute: sleep steps of 20 ms only, 1 pass, 1 round (overrides those options)")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     args = p.parse_args()
     if args.quick:
         args.steps_ms, args.kinds, args.passes, args.rounds = "20", "sleep", 1, 1
@@ -256,8 +249,7 @@ def main() -> None:
     table = markdown(rows)
     print(table)
     result = {"command": " ".join(["python", "benchmarks/bench_datawait.py", *sys.argv[1:]]),
-              "machine": {"label": args.machine, "python": platform.python_version(), "torch": torch.__version__,
-                          "cpu": platform.processor() or platform.machine()},
+              "machine": host(args.machine, torch=torch.__version__),
               "shards": str(args.shards), "budget_frames": args.budget, "rows": rows}
     write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 

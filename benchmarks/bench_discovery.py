@@ -33,6 +33,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
+from results_io import pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 PROMPTS = Path("/usr/share/asterisk/sounds/en")  # Debian asterisk-core-sounds-en-wav (Makefile DEBS)
 SPEAKERS = 1000
@@ -258,10 +259,7 @@ def table(summary: dict) -> str:
 
 
 def plot(summary: dict, path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     keys = list(summary)
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -277,9 +275,7 @@ def plot(summary: dict, path: Path, machine: str) -> None:
     ax.set_ylabel("time ratio (median, bars: range over rounds)\nbelow 1: discovery is faster")
     ax.set_title(f"discover() vs a bare parallel header read\n{machine}", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> int:

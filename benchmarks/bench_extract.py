@@ -3,9 +3,6 @@
     python benchmarks/bench_extract.py --wav-corpus /tmp/extractbench/wav --ogg-corpus /tmp/extractbench/ogg \
         --files 400 --workers 1,2 --rounds 2 --json benchmarks/results/extract.json --plot docs/img/extract.png
 
-`--discovery-files N` runs benchmarks/bench_discovery.py on a corpus of N tiny files instead (discovery against
-a bare 16-thread header read; see that script for 10k / 100k / 1M files, page cache warm and cold).
-
 (`python benchmarks/make_loader_corpus.py /tmp/extractbench/wav --speakers 12 --per-speaker 48` builds the WAV
 corpus from Debian packages; `--make-ogg DIR` converts it to OGG Vorbis with soundfile.)
 
@@ -47,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
+from results_io import pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -306,10 +304,7 @@ def whole_table(summary: dict, workers: list[int], engines: list[str]) -> str:
 def plot_whole(summary: dict, workers: list[int], engines: list[str], path: Path, machine: str) -> None:
     """Bars: the whole run's ratio hand-written / audiopipe (median, whiskers min-max over rounds), one bar per
     worker count, engine and tars on/off; the dashed line is 1 (as fast as the hand-written loop)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(summary), figsize=(7 * len(summary), 4.4), squeeze=False)
     for ax, (c, d) in zip(axes[0], summary.items()):
@@ -326,9 +321,7 @@ def plot_whole(summary: dict, workers: list[int], engines: list[str], path: Path
         ax.set_ylabel("hand-written wall / audiopipe wall (higher: audiopipe faster)")
         ax.set_title(f"{c}: whole run, launch to exit (load {d['load_1m']['median']:.1f})", fontsize=10)
     fig.suptitle(machine, fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 # ------------------------------------------------------------------ where a worker's time goes
@@ -633,10 +626,7 @@ def breakdown_table(summary: dict, workers: list[int]) -> str:
 
 
 def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4.8), squeeze=False)
     for ax, (c, d) in zip(axes[0], summary.items()):
@@ -665,9 +655,7 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
         ax.set_title(f"{c} corpus, f5tts mel", fontsize=9)
     fig.suptitle(f"audiopipe shard vs a hand-written Pool loop vs the decode+resample+mel floor\n{machine}",
                  fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> int:
@@ -680,9 +668,6 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="benchmarks/results/extract.json")
     p.add_argument("--plot", default="docs/img/extract.png")
-    p.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
-    p.add_argument("--discovery-files", type=int, default=0,
-                   help="run benchmarks/bench_discovery.py on this many tiny files instead")
     p.add_argument("--profile", action="store_true",
                    help="only time the parts of one worker's build_shard (decode, resample, STFT, mel, Arrow, tar, "
                         "glue) on --files files of each corpus, tars on and off")
@@ -708,26 +693,21 @@ def main() -> int:
     if a.quick:
         a.files, a.rounds = 40, 1
     workers = [int(w) for w in a.workers.split(",")]
-    if a.replot:
-        saved = json.loads(Path(a.json).read_text())
-        if "engines" in saved:  # a --whole-run result
-            plot_whole(saved["summary"], workers, saved["engines"], Path(a.plot), saved["machine"])
-            return 0
-        plot(saved["summary"], workers, Path(a.plot), saved["machine"])
-        return 0
-    if a.discovery_files:  # moved to its own benchmark (issue 12 at 1M files)
-        return subprocess.call([sys.executable, str(Path(__file__).with_name("bench_discovery.py")),
-                                "--files", str(a.discovery_files), "--rounds", str(a.rounds), "--json", a.json])
+    machine = f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})"
+    chosen = [c.strip().upper() for c in a.corpora.split(",") if c.strip()]
+    chosen = {n: r for n, r in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)) if n in chosen}
+
+    def dump(doc: dict) -> None:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"machine": machine, "command": " ".join(sys.argv),
+                                            "load_average": os.getloadavg(), **doc}, indent=1))
     if a.make_ogg:
         make_ogg(a.wav_corpus, a.ogg_corpus)
     if a.profile:
         tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-profile-"))
         try:
             profiles = {}
-            chosen = [c.strip().upper() for c in a.corpora.split(",") if c.strip()]
-            for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
-                if name not in chosen:
-                    continue
+            for name, root in chosen.items():
                 sub = subset(root, a.files, tmp / f"corpus-{name}")
                 for tar in (True, False):
                     label = f"{name}, tars {'on' if tar else 'off'}"
@@ -738,17 +718,11 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         print(together_table(profiles, a.together) if a.together else profile_table(profiles))
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})",
-                                            "command": " ".join(sys.argv), "together": a.together,
-                                            "profiles": profiles}, indent=1))
+        dump({"together": a.together, "profiles": profiles})
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     corpora = {}
-    chosen = [c.strip().upper() for c in a.corpora.split(",") if c.strip()]
-    for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
-        if name not in chosen:
-            continue
+    for name, root in chosen.items():
         if not root.is_dir():
             raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
         corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
@@ -762,14 +736,11 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         summary = summarise_whole(rounds_w, workers, engines)
-        out = {"machine": f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})", "command": " ".join(sys.argv),
-               "files_per_corpus": a.files, "repeat": a.repeat, "engines": engines,
-               "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds_w}
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1))
+        dump({"files_per_corpus": a.files, "repeat": a.repeat, "engines": engines,
+              "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds_w})
         print(whole_table(summary, workers, engines))
         if a.plot != p.get_default("plot"):
-            plot_whole(summary, workers, engines, Path(a.plot), out["machine"])
+            plot_whole(summary, workers, engines, Path(a.plot), machine)
         return 0
     rounds: list[dict] = []
     try:
@@ -804,12 +775,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds, list(corpora), workers)
-    machine = f"{a.machine} ({os.cpu_count()} CPUs, {platform.platform()})"
-    out = {"machine": machine, "command": " ".join(sys.argv), "files_per_corpus": a.files, "repeat": a.repeat,
-           "before": str(a.before) if a.before else None,
-           "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(out, indent=1))
+    dump({"files_per_corpus": a.files, "repeat": a.repeat, "before": str(a.before) if a.before else None,
+          "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds})
     print(table(summary, workers))
     print(breakdown_table(summary, workers))
     for c, d in summary.items():

@@ -30,7 +30,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMB
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -46,6 +45,7 @@ sys.path.insert(0, str(HERE))
 import build_f0_reference as ref_builder  # noqa: E402
 import f0_speech  # noqa: E402
 from audiopipe.features.f0 import F0, interpolate_unvoiced  # noqa: E402
+from results_io import cpu_name, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 SR, HOP = ref_builder.SR, ref_builder.HOP
@@ -196,15 +196,7 @@ def goal(res: dict, material: str, split: str) -> dict:
 def machine() -> str:
     import numba
 
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu or platform.processor()}, 1 thread, {os.cpu_count()} cores; numba {numba.__version__}"
+    return f"{cpu_name()}, 1 thread, {os.cpu_count()} cores; numba {numba.__version__}"
 
 
 def load_material(material: str, reference: Path, source_arg: Path) -> dict:
@@ -366,10 +358,7 @@ def report(results: dict, names: list[str], info: dict) -> None:
 
 
 def plot(results: dict, names: list[str], info: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(results), 2, figsize=(10, 4 * len(results)), squeeze=False)
     for row, (m, res) in zip(axes, results.items()):
@@ -389,9 +378,7 @@ def plot(results: dict, names: list[str], info: dict, path: Path) -> None:
             ax.axvline(500, color="grey", lw=0.5, ls="--")
             ax.grid(alpha=0.3)
     fig.suptitle(f"F0 error against speed\n{info['machine']}; {info['note']}", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from audiopipe.features.energy import Energy  # noqa: E402
 from audiopipe.features.f0 import F0  # noqa: E402
 from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch  # noqa: E402
 from audiopipe.features.mel import SlaneyMel, VocosMel, mel_spectrogram, vocos_mel_kwargs  # noqa: E402
+from results_io import cpu_name  # noqa: E402  (benchmarks/ is the script's folder)
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 
@@ -57,14 +58,6 @@ def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import kaldi_native_fbank
     import librosa
     import numba
@@ -77,7 +70,7 @@ def machine_info() -> dict:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             versions[mod] = None
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "platform": platform.platform(),
+    return {"cpu": cpu_name(), "logical_cores": os.cpu_count(), "platform": platform.platform(),
             "threads_used": 1, "versions": versions,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 

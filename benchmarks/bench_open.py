@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results_io import MACHINE, host, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 ROWS_PER_SHARD = 10_000
 FEATURE = "voiced"
@@ -254,10 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(baseline, ignore_errors=True)
     if args.json:
         report = {"command": "python benchmarks/bench_open.py " + " ".join(argv or sys.argv[1:]),
-                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                              "python": platform.python_version(),
-                              "label": "2-core shared CPU VM, no GPU (other jobs running)",
-                              "load_average": os.getloadavg()},
+                  "machine": host(MACHINE),
                   "baseline": args.baseline, "results": results, "index_only": index_results}
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.plot and results:
@@ -265,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def plot(results: list[dict], baseline: str | None, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = [r["utterances"] for r in results]
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -287,8 +281,7 @@ def plot(results: list[dict], baseline: str | None, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("bench_open: 2-core shared CPU VM, no GPU, other jobs running", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     print(f"wrote {path}")
 
 

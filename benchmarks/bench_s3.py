@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 MODES = ("local", "s3_rows", "s3_blocks")
@@ -223,10 +223,7 @@ def measure(mode: str, src: str, a: argparse.Namespace) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rounds = result["rounds"]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -249,9 +246,7 @@ def plot(result: dict, path: Path) -> None:
     c = result["config"]
     fig.suptitle(f"{c['shards']} shards of ~{c['shard_mb']:g} MB, {c['rtt_ms']:g} ms added round trip, "
                  f"{result['server']}, load avg {result['loadavg'][0]:.1f} on {os.cpu_count()} cores", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,9 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ahead", type=int, default=1, help="block mode: windows fetched ahead (default 1)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="1,000 shards of 1 MB, 100 batches, 1 round")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers' jobs run at the same time")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    output_args(p, "2-core shared CPU VM, no GPU; other engineers' jobs run at the same time")
     a = p.parse_args(argv)
     if a.quick:
         a.shard_mb, a.batches, a.rounds = 1.0, 100, 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import speaker  # noqa: E402
 import speaker_data  # noqa: E402
 import train_campplus  # noqa: E402
 from audiopipe.reader.loader import make_loader  # noqa: E402
-from results_io import write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from results_io import host, pyplot, save, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 PATHS = ("cpu", "device")
 
@@ -149,10 +148,7 @@ def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
 
 
 def plot(result: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 3.2))
     rows = [("speed", result["batch"]), ("speed + noise/reverb", result["batch_aug"])]
@@ -169,8 +165,7 @@ def plot(result: dict, png: Path) -> None:
     ax.set_xlabel("CPU ms to build one CAM++ default batch (64 crops of 3 s), median of rounds")
     ax.set_xlim(0, 1.2 * max(r["cpu_ms_per_batch"]["cpu"]["median"] for _, r in rows))
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save(fig, png, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -194,8 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("data wait, CAM++ tiny, --prefetch 0", flush=True)
     datawait = measure_datawait(a.shards, a.runs, a.steps)
     result = {"batch": batch, "batch_aug": batch_aug, "datawait": datawait,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": 1,
-                          "loadavg_start": load_start, "loadavg_end": os.getloadavg()}}
+              "machine": {**host("2-core shared CPU VM, no GPU", torch_threads="1"), "load_average": load_start}}
     write_results(result, a.json, lambda png: plot(result, png), a.plot)
     return result
 

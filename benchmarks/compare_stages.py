@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 STAGES = ("loader", "sampler", "rows", "collate", "other", "bct")
 NAMES = {"bct": "copy kernel alone"}
@@ -59,10 +59,7 @@ def markdown(data: dict) -> str:
 
 
 def plot(data: dict, path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     stages = ("sampler", "rows", "collate", "other")
     fig, axes = plt.subplots(1, len(data), figsize=(5 * len(data), 3.6), squeeze=False)
@@ -77,17 +74,14 @@ def plot(data: dict, path: Path, machine: str) -> None:
         ax.invert_yaxis()
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(machine, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", action="append", required=True, metavar="LABEL=JSON[,JSON...]",
                    help="a label and the bench_copy.py JSON files of that code version")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other jobs running)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     args = p.parse_args()
     runs: dict[str, list[Path]] = {}
     for spec in args.run:

@@ -34,7 +34,6 @@ import importlib
 import importlib.abc
 import importlib.util
 import json
-import math
 import os
 import platform
 import shutil
@@ -51,12 +50,11 @@ for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 PARTS = ("cuda_tests", "trainers", "f5_feeds", "prefetch_probe", "features", "calibrate")
-# Seconds each part may take on one H100, and the least it needs to be worth starting.
-CAPS = {"cuda_tests": 60, "trainers": 300, "f5_feeds": 60, "prefetch_probe": 70, "features": 35, "calibrate": 90}
-FLOORS = {"cuda_tests": 25, "trainers": 60, "f5_feeds": 25, "prefetch_probe": 50, "features": 15, "calibrate": 30}
-# --quick on a CPU: the caps are only a safety net (a loaded 2-core machine runs it 3x slower than an idle one).
-QUICK_CAPS = {"cuda_tests": 180, "trainers": 300, "f5_feeds": 120, "prefetch_probe": 120, "features": 120, "calibrate": 150}
-QUICK_FLOORS = {"cuda_tests": 10, "trainers": 20, "f5_feeds": 8, "prefetch_probe": 8, "features": 8, "calibrate": 10}
+# Seconds per part: (cap, floor) on one H100 - what it may take, and the least it needs to be worth starting -
+# then (cap, floor) with --quick on a CPU, where the caps are only a safety net (a loaded 2-core machine runs it
+# 3x slower than an idle one).
+CAPS = {"cuda_tests": (60, 25, 180, 10), "trainers": (300, 60, 300, 20), "f5_feeds": (60, 25, 120, 8),
+        "prefetch_probe": (70, 50, 120, 8), "features": (35, 15, 120, 8), "calibrate": (90, 30, 150, 10)}
 
 # Each trainer: its script, the bundle folder it reads, its share of the trainers part (s), and --quick flags
 # that fit the tiny bundle. Steps: `warm` untimed, then `timed`; the log window is `warm` steps long.
@@ -346,13 +344,27 @@ def _epochs(loader):
         e += 1
 
 
+def f5_step(model, opt, autocast, batch: dict[str, Any]):  # noqa: ANN001, ANN201 - torch objects
+    """One F5-TTS training step as its trainer takes it (gradients clipped at 1.0); returns the loss."""
+    import torch
+
+    import train_f5tts as f5
+
+    with autocast:
+        loss, _ = f5.loss_fn(model, batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def _timed_feed(s: dict[str, Any], name: str, feed) -> dict[str, Any]:
     """`warm` then `timed` F5 training steps fed by `feed`: the GPU's step time and data wait (core's clock), and
     the training thread's own CPU time per step (time.thread_time: what it spent running, not waiting)."""
     import torch
 
     import core
-    import train_f5tts as f5
 
     dev, model, opt, autocast, warm, timed = s["dev"], s["model"], s["opt"], s["autocast"], s["warm"], s["timed"]
     cuda = dev.type == "cuda"
@@ -371,12 +383,7 @@ def _timed_feed(s: dict[str, Any], name: str, feed) -> dict[str, Any]:
         clock.wait_begin()
         batch = core.default_to_device(next(it), dev)
         clock.wait_end()
-        with autocast:
-            loss, _ = f5.loss_fn(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = f5_step(model, opt, autocast, batch)
         if i >= warm:
             total += batch["mel_lengths"].sum()
             pads.append(float(batch["padding_ratio"]["mel"]))
@@ -817,36 +824,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required: the folder for gpu_proof.json, gpu_proof.log and the budgets")
-    a.bundle, a.out = a.bundle.resolve(), a.out.resolve()
-    if a.work is None:
-        import tempfile
-
-        a.work = Path(tempfile.gettempdir()) / "gpu_proof_work"
-    a.work = a.work.resolve()
+    bad = sorted(set(a.trainers.split(",")) - set(TRAINERS))
+    if bad and not a.child:
+        ap.error(f"unknown trainer(s) {', '.join(bad)}: choose from {', '.join(TRAINERS)}")
+    order = prepare(ap, a, PARTS, "gpu_proof_work")
     if a.child:
         return child_main(a)
-
-    import torch
-
-    if a.device is None:
-        a.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device here")
-    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        ap.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    bad = sorted(set(a.trainers.split(",")) - set(TRAINERS))
-    if bad:
-        ap.error(f"unknown trainer(s) {', '.join(bad)}: choose from {', '.join(TRAINERS)}")
-    if not (a.bundle / "bundle.json").is_file():
-        ap.error(f"--bundle {a.bundle} has no bundle.json: make it with `make gpu-bundle`")
-    a.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(a.work, ignore_errors=True)
-    a.work.mkdir(parents=True)
     started = time.time()
     budget = a.budget_s if a.budget_s is not None else (600.0 if a.quick else 420.0)
-    caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
     wheels, info = start(a)
     doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/1", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
@@ -858,8 +843,7 @@ def main(argv: list[str] | None = None) -> int:
                f"commit {dv.get('commit')}" + (f"; device not read: {dv['error']}" if dv.get("error") else ""))
     if wheels.get("installed") or wheels.get("error"):
         report.say(f"wheels: {', '.join(wheels.get('installed', [])) or 'FAILED ' + wheels.get('error', '')[:300]}")
-    statuses = run_parts(a, report, [p for p in PARTS if p in parts], caps, floors, budget, started, headline,
-                         run_child, "gpu_proof")
+    statuses = run_parts(a, report, order, CAPS, budget, started, headline, run_child, "gpu_proof")
     files = [p for p in a.out.iterdir() if p.is_file()]
     if len(files) > MAX_OUT_FILES:
         report.say(f"warning: {len(files)} files in {a.out}; a device call brings back only {MAX_OUT_FILES}")
@@ -882,6 +866,32 @@ def common_args(ap: argparse.ArgumentParser, parts: tuple[str, ...], results: st
     ap.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
+def prepare(ap: argparse.ArgumentParser, a: argparse.Namespace, known: tuple[str, ...], work: str) -> list[str]:
+    """What every round does before its parts: resolve the folders, pick the device, refuse unknown parts and a
+    missing bundle (one line each), make --out and a fresh --work. Returns the parts to run, in the order of
+    value. A child only resolves the folders (its parent checked the rest)."""
+    a.bundle, a.out = a.bundle.resolve(), a.out.resolve()
+    a.work = (a.work or Path(__import__("tempfile").gettempdir()) / work).resolve()
+    if a.child:
+        return []
+    import torch
+
+    if a.device is None:
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device here")
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(known))
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(known)}")
+    if not (a.bundle / "bundle.json").is_file():
+        ap.error(f"--bundle {a.bundle} has no bundle.json: make it with `make gpu-bundle`")
+    a.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(a.work, ignore_errors=True)
+    a.work.mkdir(parents=True)
+    return [p for p in known if p in parts]
+
+
 def start(a: argparse.Namespace, script: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The bundle's wheels where missing, the children's environment (a.env), and the device as a child reads it:
     (wheels, device info)."""
@@ -900,13 +910,15 @@ def start(a: argparse.Namespace, script: Path | None = None) -> tuple[dict[str, 
     return wheels, info
 
 
-def run_parts(a: argparse.Namespace, report: Report, order: list[str], caps: dict[str, float],
-              floors: dict[str, float], budget: float, started: float, headline_of: Callable[..., list[str]],
+def run_parts(a: argparse.Namespace, report: Report, order: list[str], table: dict[str, tuple[float, ...]],
+              budget: float, started: float, headline_of: Callable[..., list[str]],
               run: Callable[..., dict[str, Any]], name: str) -> dict[str, str]:
     """Each part in `order` as a child under its cap (what the budget leaves after the floors of the parts still
     to come; skipped below its own floor), its result and headline in the report; then every process group
-    ended. Returns each part's status."""
+    ended. `table`: each part's (cap, floor, quick cap, quick floor). Returns each part's status."""
     doc = report.doc
+    caps = {p: v[2 if a.quick else 0] for p, v in table.items()}
+    floors = {p: v[3 if a.quick else 1] for p, v in table.items()}
     for i, part in enumerate(order):
         later = order[i + 1:]
         left = budget - (time.time() - started)

@@ -45,22 +45,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import gpu_proof as g1  # noqa: E402 - after the path set-up: the machinery of the first round
+import gpu_proof as g1  # the machinery of the first round (benchmarks/, this script's folder); it puts the
+# repository and trainers/ on sys.path
 
 PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
-# Seconds each part may take on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the calibrate part of round
-# 1), and the least it needs to be worth starting. Together with start-up: under 8 minutes of device time.
+# Seconds per part, as in gpu_proof.CAPS: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the
+# calibrate part of round 1), then (cap, floor) with --quick. Together with start-up: under 8 minutes of device time.
 # shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
 # (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
-CAPS = {"full_batches": 115, "cores": 110, "features": 40, "calibrate": 80, "speakers": 50, "shapes": 290}
-FLOORS = {"full_batches": 60, "cores": 60, "features": 15, "calibrate": 30, "speakers": 20, "shapes": 200}
-QUICK_CAPS = {"full_batches": 150, "cores": 200, "features": 150, "calibrate": 200, "speakers": 150, "shapes": 250}
-QUICK_FLOORS = {"full_batches": 10, "cores": 10, "features": 8, "calibrate": 8, "speakers": 8, "shapes": 8}
+CAPS = {"full_batches": (115, 60, 150, 10), "cores": (110, 60, 200, 10), "features": (40, 15, 150, 8),
+        "calibrate": (80, 30, 200, 8), "speakers": (50, 20, 150, 8), "shapes": (290, 200, 250, 8)}
 SHAPES = 8  # shapes: --shapes K, the batch shapes a run meets at most
 SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first ones meet each shape first)
 GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
@@ -137,7 +131,6 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
     import torch
 
     import core
-    import train_f5tts as f5
 
     dev, model, opt = s["dev"], s["model"], s["opt"]
     clock = core._Clock(dev)
@@ -150,12 +143,7 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
         batch, where = (item if isinstance(item, tuple) else (item, None))
         batch = core.default_to_device(batch, dev)
         clock.wait_end()
-        with s["autocast"]:
-            loss, _ = f5.loss_fn(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = g1.f5_step(model, opt, s["autocast"], batch)
         clock.step_end()
         info.append({"where": where, "shape": tuple(batch["mel"].shape), "items": int(batch["mel"].shape[0]), "frames": int(batch["mel_lengths"].sum()),
                      "padded": int(batch["mel"].shape[0] * batch["mel"].shape[-1])})
@@ -502,30 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.out is None:
         ap.error("--out is required: the folder for gpu_proof2.json and gpu_proof2.log")
-    a.bundle, a.out = a.bundle.resolve(), a.out.resolve()
-    a.work = (a.work or Path(__import__("tempfile").gettempdir()) / "gpu_proof2_work").resolve()
+    order = g1.prepare(ap, a, PARTS, "gpu_proof2_work")
     if a.child:
         g1.CHILDREN.update(CHILDREN)  # gpu_proof's child runner, with this round's parts
         return g1.child_main(a)
-
-    import torch
-
-    if a.device is None:
-        a.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device here")
-    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        ap.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    if not (a.bundle / "bundle.json").is_file():
-        ap.error(f"--bundle {a.bundle} has no bundle.json: make it with `make gpu-bundle`")
-    a.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(a.work, ignore_errors=True)
-    a.work.mkdir(parents=True)
     started = time.time()
     budget = a.budget_s if a.budget_s is not None else (900.0 if a.quick else 395.0)
-    caps, floors = (QUICK_CAPS, QUICK_FLOORS) if a.quick else (CAPS, FLOORS)
 
     def run_child(a: argparse.Namespace, part: str, cap: float) -> dict[str, Any]:
         return g1.run_child(a, part, cap, script=Path(__file__).resolve(),
@@ -540,8 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     dv = doc["device"]
     report.say(f"gpu_proof2: {dv.get('name')} ({a.device}), torch {dv.get('torch')}, CUDA {dv.get('cuda')}, "
                f"commit {dv.get('commit')}" + (f"; device not read: {dv['error']}" if dv.get("error") else ""))
-    statuses = g1.run_parts(a, report, [p for p in PARTS if p in parts], caps, floors, budget, started, headline,
-                            run_child, "gpu_proof2")
+    statuses = g1.run_parts(a, report, order, CAPS, budget, started, headline, run_child, "gpu_proof2")
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 
 

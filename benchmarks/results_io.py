@@ -1,15 +1,63 @@
-"""Where a benchmark's result goes: its JSON (benchmarks/results/) and its PNG (docs/img/), each when asked for."""
+"""What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, its
+JSON (benchmarks/results/) and its PNG (docs/img/), each when asked for."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import platform
 from pathlib import Path
 from typing import Any, Callable
+
+MACHINE = "2-core shared CPU VM, no GPU (other jobs running)"
+
+
+def output_args(p: argparse.ArgumentParser, machine: str = MACHINE) -> None:
+    p.add_argument("--machine", default=machine, help="label for the JSON and the plot")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--plot", type=Path, help="draw the PNG here")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what platform knows."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host(label: str, **versions: str) -> dict[str, Any]:
+    """The machine a run measured: its label, Python, cores and the load average when this is called (the
+    machine is shared: a figure is read with its load)."""
+    return {"label": label, "cpu": cpu_name(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "platform": platform.platform(), "load_average": list(os.getloadavg()), **versions}
+
+
+def pyplot():  # noqa: ANN201 - matplotlib.pyplot, imported on demand (only plots need it)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path, dpi: int = 110) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
 
 
 def write_results(result: dict[str, Any], json_path: Path | None, plot: Callable[[Path], None],
                   plot_path: Path | None) -> None:
+    """The JSON (with the load average at the end of the run beside whatever the script recorded) and the plot."""
     if json_path:
+        result.setdefault("load_average_end", list(os.getloadavg()))
         json_path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {json_path}")
     if plot_path:

@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ from audiopipe.checkpoints.ns2 import (
 )
 from audiopipe.text.en_phones import PHONES
 from train_ns2 import AMPHION_FORWARD, INIT_HINTS, NS2Config, NaturalSpeech2, PhoneRemap, make_init_reader
-from upstream_oracle import run_upstream
+from upstream_oracle import run_upstream, upstream_source
 
 FIXTURE = Path(__file__).parent / "data" / "ns2_amphion"
 META = json.loads((FIXTURE / "meta.json").read_text())
@@ -253,21 +252,10 @@ def test_phone_table_is_amphions_and_remaps_shard_ids():
 
 
 def amphion_source(tmp_path_factory) -> Path:
-    """An Amphion checkout (AUDIOPIPE_AMPHION_SRC: a work tree, or a git dir whose HEAD is exported)."""
-    given = os.environ.get("AUDIOPIPE_AMPHION_SRC")
-    if not given:
-        pytest.skip("Amphion is not on the package registry: set AUDIOPIPE_AMPHION_SRC to a checkout of "
-                    "github.com/open-mmlab/Amphion to run its code against our export")
-    src = Path(given)
-    if (src / "models" / "tts" / "naturalspeech2").is_dir():
-        return src
-    out = tmp_path_factory.mktemp("amphion")
-    paths = ["models/tts/naturalspeech2", "modules/naturalpseech2", "text/cmudict.py"]
-    tar = subprocess.run(["git", "--git-dir", str(src), "archive", "HEAD", *paths], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(out)], input=tar.stdout, check=True)
-    rev = subprocess.run(["git", "--git-dir", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
-    (out / ".revision").write_text(rev.stdout)
-    return out
+    return upstream_source("AUDIOPIPE_AMPHION_SRC", "Amphion is not on the package registry: set AUDIOPIPE_AMPHION_SRC "
+                           "to a checkout of github.com/open-mmlab/Amphion to run its code against our export",
+                           "models/tts/naturalspeech2", ["models/tts/naturalspeech2", "modules/naturalpseech2",
+                                                         "text/cmudict.py"], tmp_path_factory)
 
 
 def test_amphion_loads_our_cli_export_strictly_with_equal_outputs(tmp_path, tmp_path_factory):

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import subprocess
 from pathlib import Path
 
-import pytest
 
 from audiopipe.text.frontend import gpt_sovits_phones
-from upstream_oracle import run_upstream
+from upstream_oracle import run_upstream, upstream_source
 
 HERE = Path(__file__).resolve().parent
 SENTENCES = [line.strip() for line in (HERE / "data" / "zh_sentences.txt").read_text(encoding="utf-8").splitlines()
@@ -45,24 +42,11 @@ KNOWN = {
 
 
 def gpt_sovits_text_dir(tmp_path_factory) -> Path:
-    given = os.environ.get("AUDIOPIPE_GPT_SOVITS_SRC")
-    if not given:
-        pytest.skip("GPT-SoVITS's v2 front end is not on the package registry: set AUDIOPIPE_GPT_SOVITS_SRC to a "
-                    "checkout of github.com/RVC-Boss/GPT-SoVITS to compare our Mandarin phones with its own")
-    src = Path(given)
-    for candidate in (src / "GPT_SoVITS", src):
-        if (candidate / "text" / "chinese2.py").is_file():
-            return candidate
-    out = tmp_path_factory.mktemp("gpt_sovits")
-    listing = subprocess.run(["git", "--git-dir", str(src), "ls-tree", "-r", "--name-only", "HEAD", "GPT_SoVITS/text"],
-                             capture_output=True, text=True, check=True).stdout.split()
-    for name in listing:  # text files only: its Japanese dictionary and G2PW model are large and not needed here
-        if name.endswith((".py", ".txt", ".rep")):
-            blob = subprocess.run(["git", "--git-dir", str(src), "show", f"HEAD:{name}"], capture_output=True,
-                                  check=True).stdout
-            (out / name).parent.mkdir(parents=True, exist_ok=True)
-            (out / name).write_bytes(blob)
-    return out / "GPT_SoVITS"
+    # text files only: its Japanese dictionary and G2PW model are large and not needed here
+    return upstream_source("AUDIOPIPE_GPT_SOVITS_SRC", "GPT-SoVITS's v2 front end is not on the package registry: set "
+                           "AUDIOPIPE_GPT_SOVITS_SRC to a checkout of github.com/RVC-Boss/GPT-SoVITS to compare our "
+                           "Mandarin phones with its own", "GPT_SoVITS/text/chinese2.py", ["GPT_SoVITS/text"],
+                           tmp_path_factory, keep=(".py", ".txt", ".rep")) / "GPT_SoVITS"
 
 
 def test_mandarin_phones_equal_gpt_sovits_v2(tmp_path, tmp_path_factory):

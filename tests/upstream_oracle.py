@@ -33,6 +33,28 @@ def upstream_python() -> Path:
     pytest.skip("the upstream projects' code is not installed: `make upstream` builds it (then rerun)")
 
 
+def upstream_source(var: str, why: str, marker: str, paths: list[str], tmp_path_factory,
+                    keep: tuple[str, ...] = ("",)) -> Path:
+    """An upstream project's source for an opt-in oracle, named by the environment variable `var` (unset: the
+    test skips, saying `why`): a work tree holding `marker` as it is, or a git dir whose HEAD's files under
+    `paths` ending in one of `keep` are exported to a temporary folder (`.revision` names the commit)."""
+    given = os.environ.get(var)
+    if not given:
+        pytest.skip(why)
+    src = Path(given)
+    if (src / marker).exists():
+        return src
+    git = ["git", "--git-dir", str(src)]
+    names = subprocess.run([*git, "ls-tree", "-r", "--name-only", "HEAD", *paths], capture_output=True, text=True,
+                           check=True).stdout.split()
+    out = tmp_path_factory.mktemp(var.lower())
+    tar = subprocess.run([*git, "archive", "HEAD", "--", *[n for n in names if n.endswith(keep)]],
+                         capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(out)], input=tar.stdout, check=True)
+    (out / ".revision").write_text(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout)
+    return out
+
+
 def run_upstream(script: str, *args: str | os.PathLike[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run tests/upstream/<script> in the side venv; a failure shows its output."""
     py = upstream_python()
