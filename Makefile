@@ -66,10 +66,11 @@ demo: sysdeps venv
 
 # Here nothing the suite reads may be missing: the checkpoint tests fail rather than skip without the upstream venv,
 # the speech tests without a package of sysdeps.txt (AUDIOPIPE_SYSDEPS), and the run fails on any skip but the
-# allowed ones (tests/skips.py: CUDA tests, the opt-in oracles). It ends with the skip count and reasons.
+# allowed ones (tests/skips.py: CUDA tests, the opt-in oracles). It ends with the skip count and reasons, and the
+# 30 slowest test phases (--durations), so that every CI run says where the suite's time goes.
 test: sysdeps venv upstream
 	AUDIOPIPE_UPSTREAM_PYTHON=$(abspath $(UPSTREAM))/bin/python AUDIOPIPE_SYSDEPS=installed \
-	  $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python benchmarks/bench_features.py --json benchmarks/results/features.json
