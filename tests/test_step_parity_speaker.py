@@ -101,3 +101,29 @@ def test_three_steps_equal_speakerlabs(name, tmp_path):
     assert gap < 1e-5, (where, gap)
     moved = max((got[k] - init[k]).abs().max().item() for k in got if got[k].is_floating_point())
     assert moved > 100 * 1e-5  # the steps moved the weights far beyond the tolerance
+
+
+def test_campplus_recompute_changes_only_the_batchnorm_statistics():
+    """memory_efficient (speakerlab's default) recomputes each dense layer's first BN-ReLU-conv in the backward pass:
+    the same loss and gradients as keeping it, but that BatchNorm's running statistics move twice per step
+    (1 - 0.9^2 = 0.19 of the way to the batch's, not 0.1); every other statistic moves once."""
+    cfg = train_campplus.CONFIGS["tiny"]
+    feats = speaker_data.fbank_batch(batches()[0]["wav"])
+    runs = {}
+    for me in (True, False):
+        torch.manual_seed(0)
+        model = train_campplus.CAMPPlus(replace(cfg, memory_efficient=me)).train()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        model(feats).square().sum().backward()
+        runs[me] = (before, model.state_dict(), {k: p.grad for k, p in model.named_parameters()})
+    (b1, s1, g1), (b0, s0, g0) = runs[True], runs[False]
+    assert all(torch.equal(b1[k], b0[k]) for k in b1)
+    for k in g1:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-6, msg=k)
+    twice = [k for k in s1 if k.endswith("bottleneck.0.0.running_mean")]
+    assert len(twice) == sum(cfg.block_layers)
+    for k in s1:
+        if k.endswith("running_mean") or k.endswith("running_var"):
+            moved1, moved0 = s1[k] - b1[k], s0[k] - b0[k]
+            ratio = 1.9 if k.rsplit(".", 1)[0] + ".running_mean" in twice else 1.0
+            torch.testing.assert_close(moved1, ratio * moved0, rtol=1e-4, atol=1e-6, msg=k)
