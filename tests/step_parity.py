@@ -20,18 +20,30 @@ import torch
 def replay(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, dict[str, Any]], tuple[torch.Tensor, Any]],
            batches: Sequence[dict[str, Any]], opt: torch.optim.Optimizer, lr_of: Callable[[int], float],
            clip: float, hooks: Sequence[Any] = (),
-           set_rng: Callable[[int], None] | None = None) -> list[float]:
-    """Take one optimizer step per batch; returns each step's loss (as logged, before the step)."""
+           set_rng: Callable[[int], None] | None = None, grad_accum: int = 1,
+           groups: Sequence[int] | None = None) -> list[float]:
+    """Take the optimizer steps of these batches; returns each batch's loss as core.train adds it to its log (divided
+    by grad_accum; before the step).
+
+    With grad_accum > 1 a step sums the gradients of several batches, each loss divided by grad_accum before its
+    backward, as core.train does; `groups` says how many batches each step takes (default: grad_accum each), for
+    an upstream trainer whose steps are not all the same size."""
+    groups = list(groups) if groups is not None else [grad_accum] * (len(batches) // grad_accum)
+    assert sum(groups) == len(batches), (groups, len(batches))
     losses = []
     model.train()
     for h in hooks:
         h.on_start(model, False)
     opt.zero_grad(set_to_none=True)
-    for step, batch in enumerate(batches):
+    it = iter(batches)
+    for step, n in enumerate(groups):
         if set_rng is not None:
             set_rng(step)
-        loss, _ = loss_fn(model, batch)
-        loss.backward()
+        for _ in range(n):
+            loss, _ = loss_fn(model, next(it))
+            share = loss / grad_accum
+            share.backward()
+            losses.append(float(share.detach()))
         lr = lr_of(step)
         for g in opt.param_groups:
             g["lr"] = lr * g.get("lr_scale", 1.0)
@@ -41,7 +53,6 @@ def replay(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, dict[str,
         opt.zero_grad(set_to_none=True)
         for h in hooks:
             h.after_step(step + 1, model)
-        losses.append(float(loss.detach()))
     return losses
 
 

@@ -28,7 +28,7 @@ def aam_logits(cosine: torch.Tensor, labels: torch.Tensor, margin: float, scale:
     margin), which meets cos(theta + m) = -1 there, so the logit stays continuous and monotonic.
     """
     c = cosine.clamp(-1 + 1e-7, 1 - 1e-7)  # sqrt(1 - c^2) has an infinite slope at |c| = 1
-    sine = torch.sqrt(1.0 - c * c)
+    sine = torch.sqrt(1.0 - torch.pow(c, 2))  # pow, as speakerlab's: its backward rounds unlike c * c's
     phi = c * math.cos(margin) - sine * math.sin(margin)
     phi = torch.where(c > math.cos(math.pi - margin), phi, c - (1.0 + math.cos(math.pi - margin)))
     target = F.one_hot(labels, cosine.shape[1]).bool()

@@ -3,10 +3,11 @@
     python speaker_steps.py JOB.json
 
 speakerlab's bin/train.py needs CUDA and NCCL, so its components are driven here exactly as its train() drives
-them, one process, fp32, the CPU: `nn.Sequential(embedding model, CosineClassifier)`, ArcMarginLoss, SGD (the
-recipes' momentum 0.9, Nesterov, weight decay 1e-4), WarmupCosineScheduler and MarginScheduler ("exp"), and for
-each batch: lr_scheduler.step(iter_num), margin_scheduler.step(iter_num), forward, criterion, zero_grad,
-backward, optimizer.step().
+them, one process, fp32, the CPU: `nn.Sequential(embedding model, CosineClassifier)` (the model with its
+constructor's defaults beyond JOB's args, as the recipes build it: CAM++ with memory_efficient=True),
+ArcMarginLoss, SGD (the recipes' momentum 0.9, Nesterov, weight decay 1e-4), WarmupCosineScheduler and
+MarginScheduler ("exp"), and for each batch: lr_scheduler.step(iter_num), margin_scheduler.step(iter_num),
+forward, criterion, zero_grad, backward, optimizer.step().
 
 JOB: {"model": "eres2net"|"campplus", "args": {...}, "classes": N, "recipe": {lr, min_lr, epochs, ...},
       "steps_per_epoch": S, "batches": IN.safetensors (feats.<k> [B, T, 80], labels.<k> [B]), "out": DIR}
