@@ -2,8 +2,9 @@
 
     audiopipe bench-loader --shards ./shards [--full] [--batch-frames 38400] [--workers N] [--json out.json] [--plot out.png]
 
-Each loader (see audiopipe/bench/loaders.py) runs in a fresh subprocess, so its peak memory is its own, after
-its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
+Each loader (see audiopipe/bench/loaders.py) runs in a process of its own, forked from this one once its
+modules are imported (a fresh interpreter's imports took ~25 s per loader on a loaded 2-core machine), so its
+peak memory is its own, after its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
 construction to its first batch (`first_batch_s`: opening, worker start-up, first read), then for --seconds
 more (and at least --min-batches batches), epoch after epoch: batches/s, utterances/s, audio seconds/s and
 MB/s of real (unpadded) feature bytes delivered, padding efficiency and batches over the padded budget.
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,12 +34,11 @@ from audiopipe.bench.loaders import DESCRIPTIONS, LOADERS, LoaderSpec, build, ev
 from audiopipe.errors import Failed, InvalidValue, NotFound
 from audiopipe.features.names import column_name
 
-RESULT_TAG = "BENCH_LOADER_RESULT "
 # The default run: audiopipe's loader against one .npy per utterance, the usual layout, 3 s each, in about a
 # minute (the estimate is printed first). --full: every loader, 10 s each, 3 rounds.
 SHORT_LOADERS = ("mmap", "npy_per_utt")
 FULL = {"loaders": ",".join(LOADERS), "seconds": 10.0, "rounds": 3}
-SPAWN_S = 4.0  # a child's start (interpreter, torch import) when this process cannot tell its own
+SPAWN_S = 4.0  # this process' start (interpreter, torch import) on a quiet 2-core VM, when /proc cannot tell
 MEMCPY_S = 0.5  # each of the two memcpy references timed in a loader's process
 MEMCPY_BYTES = 64 << 20  # their two buffers: 4x a 32 MB L3, so DRAM's rate, and quick to prefault when loaded
 # What each loader imports beyond torch and audiopipe's reader: loaded before its clock starts.
@@ -292,29 +291,55 @@ def time_memcpy(nbytes: int, seconds: float) -> dict[str, Any]:
             "loadavg": os.getloadavg()[0]}
 
 
-def child_main(argv: list[str]) -> int:
-    job = json.loads(argv[0])
-    result = time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
-                         max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0),
-                         step_ms=job.get("step_ms", 0.0), step_batches=job.get("step_batches", 0))
-    print(RESULT_TAG + json.dumps(result), flush=True)
-    return 0
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    return time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
+                       max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0),
+                       step_ms=job.get("step_ms", 0.0), step_batches=job.get("step_batches", 0))
+
+
+def _forked(job: dict[str, Any], conn: Any) -> None:
+    """A forked child's body: the result, or the error's last lines, sent back through `conn`."""
+    try:
+        conn.send(("ok", run_job(job)))
+    except BaseException:  # noqa: BLE001 - reported by the parent as a failed loader
+        import traceback
+
+        conn.send(("error", "\n".join(traceback.format_exc().strip().splitlines()[-8:])))
+    finally:
+        conn.close()
 
 
 # ---- the parent: prepare, spawn, report ------------------------------------------------------------------------
 
 
 def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "audiopipe.bench.loader_bench", json.dumps(job)]
+    """Run one job in a child forked from this process (its imports already done; DataLoader workers fork the
+    same way), and return its result; a child that fails or runs past `timeout` is a Failed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    mine, theirs = ctx.Pipe(duplex=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = ctx.Process(target=_forked, args=(job, theirs), daemon=True)
+    proc.start()
+    theirs.close()
+    name = job.get("spec", {}).get("name", "loader")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failed(f"{job.get('spec', job).get('name', 'memcpy')}: no result within {timeout:.0f} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise Failed(f"benchmark child failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+        if not mine.poll(timeout):
+            raise Failed(f"{name}: no result within {timeout:.0f} s")
+        status, value = mine.recv()
+    except EOFError:
+        status, value = "error", "the child ended without a result"
+    finally:
+        proc.join(10.0)  # a child that sent its result exits on its own
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+        mine.close()
+    if status != "ok":
+        raise Failed(f"benchmark child failed (exit {proc.exitcode}):\n{value}")
+    return value
 
 
 def machine_info() -> dict[str, Any]:
@@ -374,8 +399,8 @@ def _defaults(args: argparse.Namespace) -> None:
 
 
 def own_start_s() -> float:
-    """Seconds since this process started (interpreter, imports of torch, numpy, pyarrow, numba): what starting
-    each loader's child costs on this machine at its present load; SPAWN_S where /proc cannot tell."""
+    """Seconds since this process started (interpreter, imports of torch, numpy, pyarrow, numba): a measure of
+    what CPU-bound work costs on this machine at its present load; SPAWN_S where /proc cannot tell."""
     try:
         ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
         uptime = float(open("/proc/uptime").read().split()[0])
@@ -386,12 +411,11 @@ def own_start_s() -> float:
 
 def estimate_s(args: argparse.Namespace, loaders: int, payload_mb: float, cache_ready: bool,
                spawn_s: float = SPAWN_S) -> float:
-    """Seconds the run should take here: each loader's child, whose start (imports) costs what this process' own
-    start did (spawn_s) and whose untimed work (memcpy buffers, the loader's set-up and the kernel's load, the
-    epochs' starts) about as much again on this machine at its load (measured at load averages 1-28), then its
-    two memcpy references, timed seconds and data-wait loop; and (first run only) the baselines' copies of the
-    corpus at ~100 MB/s."""
-    per_loader = (2 * spawn_s + 2 * MEMCPY_S + args.seconds
+    """Seconds the run should take here: each loader's child (forked: no imports of its own), whose untimed work
+    (memcpy buffers, the loader's set-up and the copy kernel's load, the epochs' starts) costs about what this
+    process' own start did (spawn_s; measured at load averages 1-28), then its two memcpy references, timed
+    seconds and data-wait loop; and (first run only) the baselines' copies of the corpus at ~100 MB/s."""
+    per_loader = (spawn_s + 2 * MEMCPY_S + args.seconds
                   + (args.step_batches * args.step_ms / 1000 if args.step_ms else 0))
     return args.rounds * loaders * per_loader + (0.0 if cache_ready else payload_mb / 100.0)
 
@@ -477,10 +501,13 @@ def run(args: argparse.Namespace) -> int:
               "loaders": results, "skipped": skipped, "memcpy": memcpy,
               "ratios": ratios({n: rs for n, rs in rounds.items() if rs and n not in skipped})}
     report["machine"]["loadavg_end"] = os.getloadavg()[0]
+    # The whole run, from this process' start (imports included) to its report, beside what it estimated.
+    report["run_s"] = {"estimate": round(est, 1), "measured": round(own_start_s(), 1)}
     print()
     print(markdown_table(report))
     for line in ratio_lines(report["ratios"]):
         print(line)
+    print(f"took {report['run_s']['measured']:.0f} s (estimated {est:.0f} s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
@@ -645,7 +672,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if len(argv) == 1 and argv[0].startswith("{"):  # a child started by run()
-        sys.exit(child_main(argv))
-    sys.exit(main(argv))
+    sys.exit(main(sys.argv[1:]))
