@@ -222,3 +222,18 @@ def test_data_wait_measures_a_known_delay_apart_from_the_step():
     assert w["data_wait_share"] > 0.5  # 30 ms of waiting per 10 ms step
     fast = loader_bench.data_wait(_SlowLoader(0.0, per_epoch=4), 0, step_ms=10, batches=6)
     assert fast["data_wait_share"] < w["data_wait_share"]
+
+
+def test_a_loader_with_workers_runs_in_its_forked_child(corpus, tmp_path):
+    """Each loader runs in a child forked from the command's process: one with DataLoader workers forks them from
+    there (a daemonic child could not)."""
+    w, root = corpus
+    p = argparse.ArgumentParser()
+    loader_bench.add_arguments(p)
+    out = tmp_path / "w1.json"
+    args = p.parse_args(["--shards", str(w.root), "--batch-frames", str(BUDGET), "--workers", "1", "--seconds", "0.1",
+                         "--min-batches", "1", "--loaders", "mmap", "--cache", str(root / "cache"), "--step-ms", "0",
+                         "--json", str(out)])
+    assert loader_bench.run(args) == 0
+    (r,) = json.loads(out.read_text())["loaders"]
+    assert r["workers"] == 1 and r["timed_batches"] >= 1 and r["mb_per_s"] > 0

@@ -321,7 +321,8 @@ def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
     mine, theirs = ctx.Pipe(duplex=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = ctx.Process(target=_forked, args=(job, theirs), daemon=True)
+    # Not a daemon: a daemonic process may not start DataLoader workers (--workers N).
+    proc = ctx.Process(target=_forked, args=(job, theirs))
     proc.start()
     theirs.close()
     name = job.get("spec", {}).get("name", "loader")
