@@ -19,6 +19,7 @@ from audiopipe.sampler.plan import BatchBudget
 from reader_helpers import write_shards
 
 BUDGET = 1500
+IMPORTED = time.monotonic()
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,9 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     for r in report["loaders"]:
         assert r["batches_per_s"] > 0 and r["mb_per_s"] > 0 and r["padding_efficiency"] >= 0.9  # same plan, both
         assert len(r["rounds"]) == 1
-    assert report["memcpy"]["mb_per_s"] > 0
+    # The memcpy row is the references timed in the loaders' own processes (no memcpy process of its own).
+    assert report["memcpy"]["rounds"] == [r["memcpy_local_mb_per_s"] for r in report["loaders"]]
+    assert report["memcpy"]["bytes"] == min(int(report["corpus"]["payload_mb"] * 1e6), 64 << 20) // 4 * 4
     t = report["ratios"]
     assert set(t) == {"mmap_vs_npy_per_utt", "mmap_vs_memcpy"}
     mmap, npy = report["loaders"]
@@ -145,6 +148,9 @@ def test_the_default_run_is_the_short_one_and_its_estimate_fits_90_s():
     assert (short.loaders, short.seconds, short.rounds) == ("mmap,npy_per_utt", 3.0, 1)
     # A 500 MB corpus whose baseline copy is still to be written: the estimate is what the docs promise.
     assert loader_bench.estimate_s(short, 2, 500.0, cache_ready=False) <= 90
+    # The children's start is this process' own (imports included), which /proc tells: at least as long ago as
+    # this module's import.
+    assert loader_bench.own_start_s() >= time.monotonic() - IMPORTED
     full = p.parse_args(["--shards", "x", "--full", "--seconds", "5"])
     loader_bench._defaults(full)
     assert full.loaders.split(",") == list(loader_bench.LOADERS) and (full.seconds, full.rounds) == (5.0, 3)
@@ -216,3 +222,18 @@ def test_data_wait_measures_a_known_delay_apart_from_the_step():
     assert w["data_wait_share"] > 0.5  # 30 ms of waiting per 10 ms step
     fast = loader_bench.data_wait(_SlowLoader(0.0, per_epoch=4), 0, step_ms=10, batches=6)
     assert fast["data_wait_share"] < w["data_wait_share"]
+
+
+def test_a_loader_with_workers_runs_in_its_forked_child(corpus, tmp_path):
+    """Each loader runs in a child forked from the command's process: one with DataLoader workers forks them from
+    there (a daemonic child could not)."""
+    w, root = corpus
+    p = argparse.ArgumentParser()
+    loader_bench.add_arguments(p)
+    out = tmp_path / "w1.json"
+    args = p.parse_args(["--shards", str(w.root), "--batch-frames", str(BUDGET), "--workers", "1", "--seconds", "0.1",
+                         "--min-batches", "1", "--loaders", "mmap", "--cache", str(root / "cache"), "--step-ms", "0",
+                         "--json", str(out)])
+    assert loader_bench.run(args) == 0
+    (r,) = json.loads(out.read_text())["loaders"]
+    assert r["workers"] == 1 and r["timed_batches"] >= 1 and r["mb_per_s"] > 0

@@ -2,12 +2,13 @@
 
     audiopipe bench-loader --shards ./shards [--full] [--batch-frames 38400] [--workers N] [--json out.json] [--plot out.png]
 
-Each loader (see audiopipe/bench/loaders.py) runs in a fresh subprocess, so its peak memory is its own, after
-its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
+Each loader (see audiopipe/bench/loaders.py) runs in a process of its own, forked from this one once its
+modules are imported (a fresh interpreter's imports took ~25 s per loader on a loaded 2-core machine), so its
+peak memory is its own, after its files were read once by the parent (a warm page cache for all alike). A loader is timed from its
 construction to its first batch (`first_batch_s`: opening, worker start-up, first read), then for --seconds
 more (and at least --min-batches batches), epoch after epoch: batches/s, utterances/s, audio seconds/s and
 MB/s of real (unpadded) feature bytes delivered, padding efficiency and batches over the padded budget.
-A memcpy of the same bytes, in its own subprocess, is the physical ceiling.
+A memcpy, timed in each loader's own process just before and just after it, is the physical ceiling.
 
 --cold instead drops each loader's files from the page cache (posix_fadvise DONTNEED on those files only)
 before it runs and times a single pass, so reads come from the disk.
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,12 +34,15 @@ from audiopipe.bench.loaders import DESCRIPTIONS, LOADERS, LoaderSpec, build, ev
 from audiopipe.errors import Failed, InvalidValue, NotFound
 from audiopipe.features.names import column_name
 
-RESULT_TAG = "BENCH_LOADER_RESULT "
 # The default run: audiopipe's loader against one .npy per utterance, the usual layout, 3 s each, in about a
 # minute (the estimate is printed first). --full: every loader, 10 s each, 3 rounds.
 SHORT_LOADERS = ("mmap", "npy_per_utt")
 FULL = {"loaders": ",".join(LOADERS), "seconds": 10.0, "rounds": 3}
-SPAWN_S = 4.0  # a child's start: interpreter, torch import, the loader's construction (a 2-core VM)
+SPAWN_S = 4.0  # this process' start (interpreter, torch import) on a quiet 2-core VM, when /proc cannot tell
+MEMCPY_S = 0.5  # each of the two memcpy references timed in a loader's process
+MEMCPY_BYTES = 64 << 20  # their two buffers: 4x a 32 MB L3, so DRAM's rate, and quick to prefault when loaded
+# What each loader imports beyond torch and audiopipe's reader: loaded before its clock starts.
+PRELOAD = {"wds": ("webdataset",), "on_the_fly": ("soundfile", "soxr"), "lhotse_shar": ("lhotse",)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,18 +139,19 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def _preload_imports() -> None:
-    """Import what any loader may import, so that time to first batch is opening and reading, not imports."""
+def _preload_imports(name: str) -> None:
+    """Import what loader `name` imports, so that its time to the first batch is opening and reading, not imports
+    (only its own: lhotse alone takes seconds to import on a busy 2-core machine)."""
+    import importlib
+
     import pyarrow as pa
-    import soundfile  # noqa: F401
-    import soxr  # noqa: F401
-    import webdataset  # noqa: F401
 
     pa.table({"x": [0]}).column("x").to_numpy()  # pyarrow pulls in pandas lazily on first use
-    try:
-        import lhotse  # noqa: F401
-    except ImportError:
-        pass
+    for module in PRELOAD.get(name, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
 
 
 def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: int = 10_000,
@@ -159,14 +163,14 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
     step of step_ms that releases the GIL as a GPU step does (a sleep), timing how long each next() blocks."""
     import torch
 
-    _preload_imports()
+    _preload_imports(spec.name)
     # One compute thread per process, as in DataLoader workers: the on-the-fly mel would otherwise use every
     # core from the main process, and torch's thread pool degrades badly on a busy machine.
     torch.set_num_threads(1)
     # The memcpy reference is taken in this process, just before and just after the loader runs: on a shared
     # machine memory bandwidth drifts from minute to minute, and a ratio of two rates measured minutes apart
     # mostly measures the drift. (Its buffers are freed before the memory of the loader is sampled.)
-    copy_before = time_memcpy(memcpy_bytes, 1.0)["mb_per_s"] if memcpy_bytes else 0.0
+    copy_before = time_memcpy(memcpy_bytes, MEMCPY_S)["mb_per_s"] if memcpy_bytes else 0.0
     rss_start = sum(_status(pid).get("VmRSS", 0) for pid in _tree(os.getpid()))
     mem = TreeMemory()
     mem.start()
@@ -217,7 +221,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
     wait = data_wait(loader, epoch, step_ms, step_batches) if step_ms > 0 and step_batches > 0 else {}
     del loader
     mem.stop()
-    copy_after = time_memcpy(memcpy_bytes, 1.0)["mb_per_s"] if memcpy_bytes else 0.0
+    copy_after = time_memcpy(memcpy_bytes, MEMCPY_S)["mb_per_s"] if memcpy_bytes else 0.0
     rate = (lambda v: v / elapsed) if elapsed > 0 else (lambda v: 0.0)
     return {
         "name": spec.name, "description": DESCRIPTIONS[spec.name], "workers": spec.workers,
@@ -228,7 +232,7 @@ def time_loader(spec: LoaderSpec, seconds: float, min_batches: int, max_epochs: 
         "padding_efficiency": real / padded if padded else 1.0, "over_budget_batches": over,
         "worst_padded_vs_budget": worst,
         "loadavg": os.getloadavg()[0],
-        "memcpy_local_mb_per_s": (copy_before + copy_after) / 2,
+        "memcpy_local_mb_per_s": (copy_before + copy_after) / 2, "memcpy_local_bytes": _memcpy_size(memcpy_bytes),
         "vs_memcpy_local": rate(nbytes) / 1e6 / ((copy_before + copy_after) / 2) if copy_before else 0.0,
         **wait,
     }
@@ -265,9 +269,15 @@ def data_wait(loader: Any, epoch: int, step_ms: float, batches: int) -> dict[str
             "data_wait_share": waited / total if total else 0.0}
 
 
+def _memcpy_size(nbytes: int) -> int:
+    return int(min(nbytes, MEMCPY_BYTES)) // 4 * 4
+
+
 def time_memcpy(nbytes: int, seconds: float) -> dict[str, Any]:
-    """np.copyto between two prefaulted buffers of the corpus' payload size (clipped to 64 MB..1 GB)."""
-    size = int(min(max(nbytes, 64 << 20), 1 << 30)) // 4
+    """np.copyto between two prefaulted buffers of the corpus' payload size, at most 64 MB each: past the L3 cache
+    either way, so the rate is DRAM's; buffers of the payload's size (2 x 502 MB) took seconds to prefault on a
+    loaded 2-core machine, before and after every loader."""
+    size = _memcpy_size(nbytes) // 4
     src = np.ones(size, dtype=np.float32)
     dst = np.zeros(size, dtype=np.float32)
     np.copyto(dst, src)
@@ -281,32 +291,56 @@ def time_memcpy(nbytes: int, seconds: float) -> dict[str, Any]:
             "loadavg": os.getloadavg()[0]}
 
 
-def child_main(argv: list[str]) -> int:
-    job = json.loads(argv[0])
-    if job["kind"] == "memcpy":
-        result = time_memcpy(job["bytes"], job["seconds"])
-    else:
-        result = time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
-                             max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0),
-                             step_ms=job.get("step_ms", 0.0), step_batches=job.get("step_batches", 0))
-    print(RESULT_TAG + json.dumps(result), flush=True)
-    return 0
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    return time_loader(LoaderSpec(**job["spec"]), job["seconds"], job["min_batches"],
+                       max_epochs=1 if job.get("cold") else 10_000, memcpy_bytes=job.get("memcpy_bytes", 0),
+                       step_ms=job.get("step_ms", 0.0), step_batches=job.get("step_batches", 0))
+
+
+def _forked(job: dict[str, Any], conn: Any) -> None:
+    """A forked child's body: the result, or the error's last lines, sent back through `conn`."""
+    try:
+        conn.send(("ok", run_job(job)))
+    except BaseException:  # noqa: BLE001 - reported by the parent as a failed loader
+        import traceback
+
+        conn.send(("error", "\n".join(traceback.format_exc().strip().splitlines()[-8:])))
+    finally:
+        conn.close()
 
 
 # ---- the parent: prepare, spawn, report ------------------------------------------------------------------------
 
 
 def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "audiopipe.bench.loader_bench", json.dumps(job)]
+    """Run one job in a child forked from this process (its imports already done; DataLoader workers fork the
+    same way), and return its result; a child that fails or runs past `timeout` is a Failed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    mine, theirs = ctx.Pipe(duplex=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not a daemon: a daemonic process may not start DataLoader workers (--workers N).
+    proc = ctx.Process(target=_forked, args=(job, theirs))
+    proc.start()
+    theirs.close()
+    name = job.get("spec", {}).get("name", "loader")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failed(f"{job.get('spec', job).get('name', 'memcpy')}: no result within {timeout:.0f} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise Failed(f"benchmark child failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+        if not mine.poll(timeout):
+            raise Failed(f"{name}: no result within {timeout:.0f} s")
+        status, value = mine.recv()
+    except EOFError:
+        status, value = "error", "the child ended without a result"
+    finally:
+        proc.join(10.0)  # a child that sent its result exits on its own
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+        mine.close()
+    if status != "ok":
+        raise Failed(f"benchmark child failed (exit {proc.exitcode}):\n{value}")
+    return value
 
 
 def machine_info() -> dict[str, Any]:
@@ -365,12 +399,26 @@ def _defaults(args: argparse.Namespace) -> None:
             setattr(args, key, value)
 
 
-def estimate_s(args: argparse.Namespace, loaders: int, payload_mb: float, cache_ready: bool) -> float:
-    """Seconds the run should take here: each loader's start, timed seconds and data-wait loop, a memcpy per
-    round, and (first run only) the baselines' copies of the corpus at ~100 MB/s."""
-    per_loader = SPAWN_S + args.seconds + (args.step_batches * args.step_ms / 1000 if args.step_ms else 0) + 1.0
-    per_round = loaders * per_loader + SPAWN_S + min(args.seconds, 3.0)
-    return args.rounds * per_round + (0.0 if cache_ready else payload_mb / 100.0)
+def own_start_s() -> float:
+    """Seconds since this process started (interpreter, imports of torch, numpy, pyarrow, numba): a measure of
+    what CPU-bound work costs on this machine at its present load; SPAWN_S where /proc cannot tell."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return max(0.5, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return SPAWN_S
+
+
+def estimate_s(args: argparse.Namespace, loaders: int, payload_mb: float, cache_ready: bool,
+               spawn_s: float = SPAWN_S) -> float:
+    """Seconds the run should take here: each loader's child (forked: no imports of its own), whose untimed work
+    (memcpy buffers, the loader's set-up and the copy kernel's load, the epochs' starts) costs about what this
+    process' own start did (spawn_s; measured at load averages 1-28), then its two memcpy references, timed
+    seconds and data-wait loop; and (first run only) the baselines' copies of the corpus at ~100 MB/s."""
+    per_loader = (spawn_s + 2 * MEMCPY_S + args.seconds
+                  + (args.step_batches * args.step_ms / 1000 if args.step_ms else 0))
+    return args.rounds * loaders * per_loader + (0.0 if cache_ready else payload_mb / 100.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -401,7 +449,8 @@ def run(args: argparse.Namespace) -> int:
           f"{machine['usable_cpus']} CPUs, load {machine['loadavg_start']:.1f}", flush=True)
     cache_ready = cache.is_dir() and any(cache.iterdir())
     est = estimate_s(args, len(names), corpus["payload_mb"], cache_ready or not ({"npy_per_utt", "npy_amphion",
-                                                                                   "lhotse_shar"} & set(names)))
+                                                                                   "lhotse_shar"} & set(names)),
+                     spawn_s=own_start_s())
     print(f"{len(names)} loader(s) x {args.rounds} round(s), {args.seconds:g} s timed each: about {est:.0f} s"
           + ("" if getattr(args, "full", False) else " (the long run: --full)"), flush=True)
     specs: list[LoaderSpec] = []
@@ -417,7 +466,6 @@ def run(args: argparse.Namespace) -> int:
             prepare(spec)
             specs.append(spec)
     rounds: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
-    copies: list[dict[str, Any]] = []
     # Rounds interleave the loaders, so that a load spike on a shared machine hits one round of each, not
     # every round of one; the median round is reported.
     for k in range(args.rounds):
@@ -444,11 +492,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  [{k + 1}/{args.rounds}] {spec.name:<12} {r['batches_per_s']:9.2f} batches/s "
                   f"{r['audio_s_per_s']:10.0f} audio s/s {r['mb_per_s']:9.1f} MB/s  first {r['first_batch_s']:.2f} s  "
                   f"peak RSS {r['peak_rss_mb']:.0f} MB  load {r['loadavg']:.1f}{waits}", flush=True)
-        copies.append(_spawn({"kind": "memcpy", "bytes": int(corpus["payload_mb"] * 1e6),
-                              "seconds": min(args.seconds, 3.0)}, timeout=300))
-        print(f"  [{k + 1}/{args.rounds}] {'memcpy':<12} {copies[-1]['mb_per_s']:.0f} MB/s", flush=True)
     results = [_median_round(rs) for name, rs in rounds.items() if rs and name not in skipped]
-    memcpy = _median_round(copies, key="mb_per_s")
+    memcpy = memcpy_row([r for rs in rounds.values() for r in rs])
     report = {"command": "audiopipe bench-loader " + " ".join(_argv(args)), "machine": machine, "corpus": corpus,
               "config": {"batch_frames": args.batch_frames, "workers": args.workers, "seconds": args.seconds,
                          "min_batches": args.min_batches, "seed": args.seed, "feature": args.feature,
@@ -457,16 +502,28 @@ def run(args: argparse.Namespace) -> int:
               "loaders": results, "skipped": skipped, "memcpy": memcpy,
               "ratios": ratios({n: rs for n, rs in rounds.items() if rs and n not in skipped})}
     report["machine"]["loadavg_end"] = os.getloadavg()[0]
+    # The whole run, from this process' start (imports included) to its report, beside what it estimated.
+    report["run_s"] = {"estimate": round(est, 1), "measured": round(own_start_s(), 1)}
     print()
     print(markdown_table(report))
     for line in ratio_lines(report["ratios"]):
         print(line)
+    print(f"took {report['run_s']['measured']:.0f} s (estimated {est:.0f} s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+def memcpy_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The memcpy row: the median of the references every loader's process timed around itself (each the mean
+    of one before and one after), in run order in `rounds`."""
+    local = [r["memcpy_local_mb_per_s"] for r in runs if r.get("memcpy_local_mb_per_s")]
+    return {"name": "memcpy", "mb_per_s": float(np.median(local)) if local else 0.0, "rounds": local,
+            "bytes": runs[0].get("memcpy_local_bytes", 0) if runs else 0,
+            "seconds": 2 * MEMCPY_S, "loadavg": [r["loadavg"] for r in runs]}
 
 
 def _median_round(rounds: list[dict[str, Any]], key: str = "audio_s_per_s") -> dict[str, Any]:
@@ -616,7 +673,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if len(argv) == 1 and argv[0].startswith("{"):  # a child started by run()
-        sys.exit(child_main(argv))
-    sys.exit(main(argv))
+    sys.exit(main(sys.argv[1:]))
