@@ -514,12 +514,8 @@ class ResidualBlock(nn.Module):
     """WaveNet layer: (x + step) -> dilated conv + condition -> [FiLM from cross-attention to the query tokens]
     -> gated tanh -> residual and skip."""
 
-    def __init__(self, h: int, heads: int, dilation: int, cross_attn: bool, amphion: bool = False):
+    def __init__(self, h: int, heads: int, dilation: int, cross_attn: bool):
         super().__init__()
-        # Amphion's call returns the attention weights, which takes MultiheadAttention's unfused path: the same
-        # attention, but its dropout (0.1) draws its mask otherwise than the fused kernel. Amphion's forward takes
-        # that path too, so a training step draws Amphion's dropout (tests/test_step_parity_ns2.py).
-        self.amphion = amphion
         self.dilated = nn.Conv1d(h, 2 * h, 3, padding=dilation, dilation=dilation)
         self.step_proj = nn.Linear(h, h)
         self.cond_proj = nn.Conv1d(h, 2 * h, 1)
@@ -538,7 +534,7 @@ class ResidualBlock(nn.Module):
         y = (x + self.step_proj(step)[..., None]) * m
         z = self.dilated(y) + self.cond_proj(cond)
         if self.cross_attn:
-            a, _ = self.attn(self.ln(y.transpose(1, 2)), query, query, need_weights=self.amphion)
+            a, _ = self.attn(self.ln(y.transpose(1, 2)), query, query, need_weights=False)
             z = self.film(z.transpose(1, 2), a).transpose(1, 2)
         gate, filt = z.chunk(2, dim=1)
         res, skip = self.out_proj(torch.sigmoid(gate) * torch.tanh(filt)).chunk(2, dim=1)
@@ -556,8 +552,7 @@ class WaveNet(nn.Module):
         self.step_mlp = nn.Sequential(nn.Linear(h, 4 * h), nn.Mish(), nn.Linear(4 * h, h))
         self.cond_ln = nn.LayerNorm(h)
         self.layers = nn.ModuleList(
-            ResidualBlock(h, cfg.heads, 2 ** (i % cfg.wn_dilation_cycle), i % cfg.wn_cross_attn_every == 0,
-                          amphion=not cfg.mask_padding)  # --forward amphion
+            ResidualBlock(h, cfg.heads, 2 ** (i % cfg.wn_dilation_cycle), i % cfg.wn_cross_attn_every == 0)
             for i in range(cfg.wn_layers))
         self.skip_proj = nn.Conv1d(h, h, 1)
         self.out_proj = nn.Conv1d(h, cfg.latent_dim, 1)
