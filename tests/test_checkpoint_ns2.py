@@ -35,7 +35,15 @@ from audiopipe.checkpoints.ns2 import (
     upstream_config,
 )
 from audiopipe.text.en_phones import PHONES
-from train_ns2 import AMPHION_FORWARD, INIT_HINTS, NS2Config, NaturalSpeech2, PhoneRemap, make_init_reader
+from train_ns2 import (
+    AMPHION_FORWARD,
+    INIT_HINTS,
+    LEGACY_RULES,
+    NS2Config,
+    NaturalSpeech2,
+    PhoneRemap,
+    make_init_reader,
+)
 from upstream_oracle import run_upstream, upstream_source
 
 FIXTURE = Path(__file__).parent / "data" / "ns2_amphion"
@@ -163,9 +171,9 @@ def test_mismatches_end_in_one_line_that_names_the_flag(tmp_path):
 
 
 def test_export_refuses_rules_amphion_does_not_run_unless_allowed(tmp_path, capsys):
-    """A run whose prompt rule, phone table or forward is not Amphion's (the trainer's from-scratch defaults among
-    them), or whose ns2_config.json is gone, is refused in one line naming each; --allow-different writes it and
-    prints each difference; a run with Amphion's rules exports without a note."""
+    """A run whose prompt rule, phone table or forward is not Amphion's (audiopipe's rules, chosen by flag), or
+    whose ns2_config.json is gone, is refused in one line naming each; --allow-different writes it and prints each
+    difference; a run with Amphion's rules (the trainer's defaults) exports without a note."""
     from audiopipe.checkpoints.rules import ExportDiffers
     from audiopipe.cli import main as cli
 
@@ -182,8 +190,9 @@ def test_export_refuses_rules_amphion_does_not_run_unless_allowed(tmp_path, caps
             export_cli(run, tmp_path / "x")
         assert "\n" not in str(e.value) and named in str(e.value) and str(e.value).count("(upstream: ") == 1
     assert not (tmp_path / "x").exists()
-    # the defaults of a run from scratch: all four, through the command
-    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(fixture_config())))
+    # audiopipe's rules (--prompt-rule frames --phone-table audiopipe --forward audiopipe): all four, through the
+    # command
+    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(fixture_config(**LEGACY_RULES))))
     assert cli(["export-checkpoint", str(run), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert all(f in err for f in flags) and "--allow-different" in err and not (tmp_path / "x").exists()
@@ -193,6 +202,8 @@ def test_export_refuses_rules_amphion_does_not_run_unless_allowed(tmp_path, caps
     assert (tmp_path / "x" / "pytorch_model.bin").is_file()
     (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(amphion_rules(ce_labels="codes"))))
     assert export_cli(run, tmp_path / "y")["notes"] == []  # the loss's labels do not change the forward
+    (run / "ns2_config.json").write_text(json.dumps(dataclasses.asdict(fixture_config())))  # the defaults
+    assert export_cli(run, tmp_path / "w")["notes"] == []
     (run / "ns2_config.json").unlink()
     with pytest.raises(ExportDiffers, match="ns2_config.json missing"):
         export_cli(run, tmp_path / "z")

@@ -30,12 +30,15 @@ from shard_helpers import shard
 from train_ns2 import (
     AMPHION_FORWARD,
     CONFIGS,
+    LEGACY_RULES,
     LOSS_TERMS,
     MODEL_KEYS,
     NaturalSpeech2,
     PromptSplit,
     codec_quantizer,
+    amphion_lr,
     main,
+    resolve_modes,
     split_at,
     usable_subset,
 )
@@ -300,8 +303,8 @@ def F_pad(x: torch.Tensor, n: int, value: float = 0) -> torch.Tensor:
 
 
 def test_padding_does_not_change_real_outputs():
-    """audiopipe's forward masks padding everywhere; Amphion's does not (its forward mode is tested against
-    Amphion's code in test_checkpoint_ns2.py)."""
+    """audiopipe's forward (--forward audiopipe) masks padding everywhere; Amphion's, the default, does not (it is
+    tested against Amphion's code in test_checkpoint_ns2.py)."""
     pair = split_at(make_batch(lengths=(30, 44), n_phones=(7, 10), seed=4), torch.tensor([9, 15]))
     one = make_batch(lengths=(30,), n_phones=(7,), seed=4)
     for k in ("codes", "f0", "phones"):  # the same first utterance, without its neighbour's padding
@@ -310,8 +313,8 @@ def test_padding_does_not_change_real_outputs():
     t = torch.tensor([0.3, 0.7])
     noise = torch.randn(2, 128, pair["target_mask"].shape[1])
     gaps = {}
-    for name, cfg in (("audiopipe", CONFIGS["tiny"]),
-                      ("amphion", dataclasses.replace(CONFIGS["tiny"], mask_padding=False))):
+    legacy = dataclasses.replace(CONFIGS["tiny"], **LEGACY_RULES)
+    for name, cfg in (("audiopipe", legacy), ("amphion", dataclasses.replace(legacy, mask_padding=False))):
         model = tiny(cfg).eval()
         with torch.no_grad():
             model.wavenet.out_proj.weight.normal_(0, 0.1)  # zero at init, which would hide the denoiser
@@ -328,7 +331,7 @@ def test_padding_does_not_change_real_outputs():
 
 
 def test_mfa_durations_replace_mas_item_by_item():
-    model = tiny().eval()
+    model = tiny(dataclasses.replace(CONFIGS["tiny"], **LEGACY_RULES)).eval()
     batch = make_batch(lengths=(40, 29), n_phones=(9, 6))
     # Item 0 has MFA durations (a zero-frame phone is allowed there); item 1 has none, as collate pads it.
     batch["durations"] = torch.tensor([[4, 4, 0, 4, 8, 5, 5, 5, 5], [0] * 9], dtype=torch.int32)
@@ -349,7 +352,8 @@ def test_overfitting_one_batch_drives_the_loss_down(rule):
     """A learning test: 90 Adam steps on one batch (t and noise drawn anew each step, as in training). The mean
     of the last 8 losses falls below 70 % of the first 8's, and the diffusion term (x0) below 60 % (measured with
     one and two torch threads: 0.57 / 0.44-0.45 of the first with frames, 0.47-0.53 / 0.41-0.42 with phones; at 60
-    steps the phones run with one thread was still at 0.79, the float order of one thread against two)."""
+    steps the phones run with one thread was still at 0.79, the float order of one thread against two). Those
+    figures are audiopipe's forward's; the test runs the config's default, Amphion's forward, which passes too."""
     model = tiny(dataclasses.replace(CONFIGS["tiny"], prompt_rule=rule, enc_dropout=0.0, pred_dropout=0.0))
     batch = PromptSplit(seed=0, rule=rule)(make_batch(lengths=(24, 20), n_phones=(6, 5)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -441,11 +445,12 @@ def straight_run(ns2_shards, codec_folder, tmp_path_factory):
 
 
 def test_torchrun_two_ranks_logs_every_term(ns2_shards, straight_run):
+    """A run from scratch with no rule flags trains with Amphion's rules, so its export has nothing to refuse."""
     out, r = straight_run
     assert "monotonic alignment search" in r.stdout
-    assert "prompt rule frames, phone table audiopipe" in r.stdout
-    assert r.stdout.count("[ns2] not Amphion's rules (--phone-table audiopipe, --prompt-rule frames, --forward "
-                          "(positions) time, --forward (padding) True)") == 1  # said where the run starts
+    assert ("prompt rule phones, phone table amphion, forward: positions per batch item, padding read (Amphion), "
+            "code labels requantized, lr schedule amphion") in r.stdout
+    assert "not Amphion's rules" not in r.stdout
     assert len(usable_subset(ns2_shards)[0]) == 4
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs] == [1, 2, 3, 4]
@@ -453,13 +458,22 @@ def test_torchrun_two_ranks_logs_every_term(ns2_shards, straight_run):
         assert rec["world"] == 2
         for k in (*LOSS_TERMS, "loss", "code_acc"):
             assert np.isfinite(rec[k]), k
+    # Amphion's schedule (--lr 1e-3, --warmup-steps 1, 4 steps): LR 0 at the first step, then the cosine to 0
+    assert [x["lr"] for x in recs] == pytest.approx([amphion_lr(s, 1e-3, 1, 4) for s in range(4)], abs=1e-12)
+    assert recs[0]["lr"] == 0.0 and recs[1]["lr"] == pytest.approx(1e-3)
     assert sorted(p.name for p in out.glob("ckpt-*.pt")) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
-    assert json.loads((out / "ns2_config.json").read_text())["prompt_rule"] == "frames"
+    recorded = json.loads((out / "ns2_config.json").read_text())
+    assert {k: recorded[k] for k in LEGACY_RULES} == {k: v for k, v in dataclasses.asdict(CONFIGS["tiny"]).items()
+                                                       if k in LEGACY_RULES}
+    from audiopipe.checkpoints.ns2 import export_cli
+
+    assert export_cli(out, out.parent / "exported")["notes"] == []  # refused otherwise: nothing differs
 
 
 def test_resume_is_exact(ns2_shards, straight_run, tmp_path):
     out, _ = straight_run
     shutil.copy(out / "ckpt-00000002.pt", tmp_path / "ckpt-00000002.pt")
+    shutil.copy(out / "ns2_config.json", tmp_path / "ns2_config.json")
     r = torchrun(ns2_shards, tmp_path, None, "--resume")  # the codec's quantizer comes with the checkpoint
     assert "resumed from ckpt-00000002.pt at step 2" in r.stdout
     full = torch.load(out / "ckpt-00000004.pt", weights_only=True)["model"]
@@ -470,6 +484,54 @@ def test_resume_is_exact(ns2_shards, straight_run, tmp_path):
     straight = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()][2:]
     again = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [x["loss"] for x in again] == [x["loss"] for x in straight]
+
+
+def test_rule_flags_and_what_auto_takes():
+    """A flag given wins; auto takes a resumed run's record (a field it lacks: audiopipe's rules, the defaults
+    before it was recorded), Amphion's for an Amphion --init-from, else the config's."""
+    from argparse import Namespace
+
+    auto = Namespace(prompt_rule="auto", phone_table="auto", forward="auto", lr_schedule="auto")
+    rules = list(LEGACY_RULES)
+
+    def picked(cfg):
+        return {k: getattr(cfg, k) for k in rules}
+
+    tiny_cfg = CONFIGS["tiny"]
+    assert picked(resolve_modes(tiny_cfg, auto, False)) == picked(tiny_cfg)
+    legacy_cfg = dataclasses.replace(tiny_cfg, **LEGACY_RULES)  # a --config JSON that chose audiopipe's rules
+    assert picked(resolve_modes(legacy_cfg, auto, False)) == LEGACY_RULES
+    assert picked(resolve_modes(legacy_cfg, auto, True)) == picked(tiny_cfg)  # an Amphion --init-from
+    old = {k: v for k, v in dataclasses.asdict(legacy_cfg).items() if k != "lr_schedule"}  # an older record
+    assert picked(resolve_modes(tiny_cfg, auto, False, recorded=old)) == LEGACY_RULES
+    given = Namespace(prompt_rule="frames", phone_table="auto", forward="audiopipe", lr_schedule="cosine")
+    got = picked(resolve_modes(tiny_cfg, given, False))
+    assert got == {**picked(tiny_cfg), "prompt_rule": "frames", "positions": "time", "mask_padding": True,
+                   "ce_labels": "codes", "lr_schedule": "cosine"}
+
+
+def test_an_older_run_resumes_with_its_own_rules(ns2_shards, straight_run, tmp_path):
+    """A run started with audiopipe's rules, its ns2_config.json from before the LR schedule was recorded, resumes
+    with no rule flags under its own rules (and its record gains the schedule it used); a flag that contradicts
+    the record, or a record that is gone, is refused in one line."""
+    out, _ = straight_run
+    shutil.copy(out / "ckpt-00000002.pt", tmp_path / "ckpt-00000002.pt")
+    old = {k: v for k, v in {**json.loads((out / "ns2_config.json").read_text()), **LEGACY_RULES}.items()
+           if k != "lr_schedule"}
+    (tmp_path / "ns2_config.json").write_text(json.dumps(old))
+    base = ["--shards", str(ns2_shards), "--config", "tiny", "--out", str(tmp_path), "--resume"]
+    with pytest.raises(SystemExit, match=r"another model config \(\{'positions': \('time', 'batch'\)"):
+        main(base + ["--forward", "amphion"])
+    r = torchrun(ns2_shards, tmp_path, None, "--resume", steps=3)
+    assert ("prompt rule frames, phone table audiopipe, forward: positions per time step, padding masked, code "
+            "labels codes, lr schedule cosine") in r.stdout
+    assert "not Amphion's rules" in r.stdout and "resumed from ckpt-00000002.pt at step 2" in r.stdout
+    assert json.loads((tmp_path / "ns2_config.json").read_text()) == {**old, "lr_schedule": "cosine"}
+    rec = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()][-1]
+    assert rec["step"] == 3 and np.isfinite(rec["loss"])
+    (tmp_path / "ns2_config.json").unlink()
+    with pytest.raises(SystemExit, match="ns2_config.json is missing, so the rules this run was started with"):
+        main(base)
 
 
 def test_init_from_an_amphion_checkpoint_folder_trains_in_amphions_mode(ns2_shards, codec_folder, tmp_path):
@@ -503,6 +565,6 @@ def test_start_up_refusals_are_one_line(ns2_shards, codec_folder, tmp_path):
         main(base + ["--codec-checkpoint", str(other)])
     big = tmp_path / "big.json"
     big.write_text(json.dumps({**dataclasses.asdict(CONFIGS["tiny"]), "vocab_size": 50}))
-    with pytest.raises(SystemExit, match=r"phone table \(audiopipe\) has 99 entries.*vocab_size is 50"):
+    with pytest.raises(SystemExit, match=r"phone table \(amphion\) has 89 entries.*vocab_size is 50"):
         main(["--shards", str(ns2_shards), "--config", str(big), "--out", str(tmp_path / "r"),
               "--codec-checkpoint", str(codec_folder)])

@@ -20,17 +20,18 @@ for parameter, so Amphion's checkpoints load (--init-from) and ours export to Am
   - losses: L1 on log-pitch, L1 on log(1 + duration), L1 on x0, L1 on the noise implied by x0,
     0.5 x cross-entropy of the RVQ indices from the predicted latent (distances to each codebook, residual
     after each layer, as Amphion's latent_to_code).
-Where it differs (docs/trainers/ns2.md has the table, and what each choice measured):
+Amphion's rules are the defaults (its prompt rule, phone table, forward and its trainer's LR schedule), so a new
+run exports to Amphion with no difference; audiopipe's own are options:
+  - `--forward audiopipe` masks padding everywhere (conv inputs, attention keys, style statistics), gives the
+    Transformers one position per time step and takes the shards' codes as the cross-entropy's labels;
+    `--prompt-rule frames` cuts the prompt at a frame; `--phone-table audiopipe` keeps the shards' phone ids;
+    `--lr-schedule cosine` is trainers/core's schedule. A resumed run keeps the rules it was started with.
+Where it always differs (docs/trainers/ns2.md says why):
   - durations: utterances whose shard row has MFA durations use them; the others learn them with monotonic
     alignment search (trainers/mas.py) between the phone encodings (projected to the latent) and the latent, with
     Glow-TTS's prior loss (`align`) to train that projection;
-  - `--forward audiopipe` (default) masks padding everywhere (conv inputs, attention keys, style statistics) and
-    gives the Transformers one position per time step; `--forward amphion` is Amphion's forward exactly: one
-    sinusoid position per batch item, convs and style means that read padding, and code labels of the
-    cross-entropy re-quantised from the target latent;
-  - `--phone-table amphion` maps the shards' phone ids to Amphion's 89-entry table;
-  - no inference sampler here (training only); trainers/core's warmup + cosine schedule.
-With --init-from an Amphion checkpoint, the three `auto` choices take Amphion's (phones, amphion, amphion).
+  - the prompt size is drawn from (seed, utterance indices), not from a global RNG, so --resume draws it again;
+  - no inference sampler here (training only).
 """
 
 from __future__ import annotations
@@ -108,15 +109,18 @@ class NS2Config:
     align_loss_weight: float = 1.0
     prompt_min_frac: float = 0.1  # prompt share of the utterance's frames or phones (Amphion: 10-50 % of phones)
     prompt_max_frac: float = 0.5
-    prompt_rule: str = "frames"  # or "phones": Amphion's (cut at a phone boundary, the target drops its phones)
-    phone_table: str = "audiopipe"  # or "amphion": ids of Amphion's 89-entry table
-    positions: str = "time"  # or "batch": Amphion's sinusoid indexes the batch item, one position per item
-    mask_padding: bool = True  # False: Amphion's convs, encoder outputs and style means read padding
-    ce_labels: str = "codes"  # or "requantized": Amphion's, the greedy RVQ of the target latent
+    # The rules (Amphion's by default, so a run exports to Amphion with no difference; LEGACY_RULES: the others)
+    prompt_rule: str = "phones"  # Amphion's: cut at a phone boundary, the target drops its phones; or "frames"
+    phone_table: str = "amphion"  # ids of Amphion's 89-entry table; or "audiopipe": the shards' own ids
+    positions: str = "batch"  # Amphion's sinusoid indexes the batch item, one position per item; or "time"
+    mask_padding: bool = False  # Amphion's convs, encoder outputs and style means read padding; True: masked
+    ce_labels: str = "requantized"  # Amphion's: the greedy RVQ of the target latent; or "codes": the shards'
+    lr_schedule: str = "amphion"  # Amphion's trainer's (diffusers' cosine with warmup); or "cosine": core's
 
 
 CHOICES = {"prompt_rule": ("frames", "phones"), "phone_table": ("audiopipe", "amphion"),
-           "positions": ("time", "batch"), "ce_labels": ("codes", "requantized")}
+           "positions": ("time", "batch"), "ce_labels": ("codes", "requantized"),
+           "lr_schedule": ("amphion", "cosine")}
 
 CONFIGS = {
     "tiny": NS2Config(hidden=32, heads=2, enc_layers=1, prompt_layers=1, enc_filter=64, enc_kernel=3, dur_layers=3,
@@ -130,6 +134,10 @@ RUN_DEFAULTS = dict(batch_frames=7500, lr=7.5e-5, warmup_steps=5000, clip=0.5)
 FEATURES = ["codes", "f0", "phones"]
 AMPHION_FORWARD = dict(positions="batch", mask_padding=False, ce_labels="requantized")
 AUDIOPIPE_FORWARD = dict(positions="time", mask_padding=True, ce_labels="codes")
+AMPHION_RULES = dict(prompt_rule="phones", phone_table="amphion", **AMPHION_FORWARD, lr_schedule="amphion")
+# audiopipe's own rules, chosen by flag (--prompt-rule frames --phone-table audiopipe --forward audiopipe
+# --lr-schedule cosine); also what a recorded run config without these fields was trained with.
+LEGACY_RULES = dict(prompt_rule="frames", phone_table="audiopipe", **AUDIOPIPE_FORWARD, lr_schedule="cosine")
 
 
 def check_config(cfg: NS2Config) -> NS2Config:
@@ -746,8 +754,8 @@ class NaturalSpeech2(nn.Module):
         if t is None:
             t = torch.rand(x0.shape[0], device=x0.device, dtype=x0.dtype)
         t = t.clamp(1e-5, 1.0 - 1e-5)
-        if noise is None:
-            noise = torch.randn_like(x0)
+        if noise is None:  # contiguous, as Amphion draws it (randn_like would follow the latent's transposed layout)
+            noise = torch.randn(x0.shape, dtype=x0.dtype, device=x0.device)
         cb = self.cum_beta(t)[:, None, None]
         keep = torch.exp(-0.5 * cb / cfg.sigma ** 2)
         std = torch.sqrt(cfg.sigma ** 2 * (1.0 - torch.exp(-cb / cfg.sigma ** 2))) * cfg.noise_factor
@@ -865,33 +873,59 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
 
 # ----------------------------------------------------------------------------- training
 
+def amphion_lr(step: int, lr: float, warmup: int, max_steps: int) -> float:
+    """Amphion's NS2 schedule (its trainer's diffusers get_scheduler("cosine")): linear from 0 over `warmup`
+    steps, then half a cosine to 0 at max_steps. step: the optimizer step about to be taken, from 0, which is
+    how many times Amphion's trainer has stepped its scheduler (once per step, after the optimizer), so its first
+    step takes LR 0 during warmup."""
+    if step < warmup:
+        return lr * step / max(1, warmup)
+    progress = (step - warmup) / max(1, max_steps - warmup)
+    return lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec-checkpoint", default="",
                    help="the EnCodec save_pretrained folder the shards' codes were made with: its frozen quantizer "
                         "makes the latent (checked against the shards' record of it). Not needed for shards made "
                         "with --codec-random-init, nor when --init-from brings the quantizer")
+    auto = ("auto: with --resume the run's own; else the config's, Amphion's unless a --config JSON sets another "
+            "(Amphion's with an Amphion --init-from)")
     p.add_argument("--prompt-rule", choices=("auto", "frames", "phones"), default="auto",
-                   help="frames: a prefix of 10-50%% of the frames is the prompt; phones: Amphion's, 10-50%% of the "
-                        "phones cut from the start with their frames (auto: phones with an Amphion --init-from, "
-                        "else the config's, frames by default)")
+                   help=f"phones: Amphion's, 10-50%% of the phones cut from the start with their frames; frames: a "
+                        f"prefix of 10-50%% of the frames is the prompt and the phone encoder reads every phone "
+                        f"({auto})")
     p.add_argument("--phone-table", choices=("auto", "audiopipe", "amphion"), default="auto",
-                   help="phone ids the model sees: the shards' (audiopipe) or Amphion's 89-entry table (auto: "
-                        "amphion with an Amphion --init-from, else the config's)")
+                   help=f"phone ids the model sees: Amphion's 89-entry table (amphion), or the shards' own "
+                        f"(audiopipe) ({auto})")
     p.add_argument("--forward", choices=("auto", "audiopipe", "amphion"), default="auto",
-                   help="audiopipe: padding masked everywhere, one position per time step; amphion: Amphion's "
-                        "forward exactly (one position per batch item, convs and style means read padding, "
-                        "re-quantised code labels) (auto: amphion with an Amphion --init-from, else the config's)")
+                   help=f"amphion: Amphion's forward exactly (one position per batch item, convs and style means "
+                        f"read padding, re-quantised code labels); audiopipe: padding masked everywhere, one "
+                        f"position per time step, the shards' codes as labels ({auto})")
+    p.add_argument("--lr-schedule", choices=("auto", "amphion", "cosine"), default="auto",
+                   help=f"amphion: Amphion's trainer's, linear from 0 over --warmup-steps, then cosine to 0 at "
+                        f"--max-steps; cosine: trainers/core's, warmup from --lr / --warmup-steps, then cosine to "
+                        f"--min-lr-ratio ({auto})")
 
 
-def resolve_modes(mcfg: NS2Config, args: argparse.Namespace, upstream: bool) -> NS2Config:
-    """The config with the three flags applied; `auto` takes Amphion's choices for an Amphion --init-from."""
-    changes: dict[str, Any] = {}
-    if args.prompt_rule != "auto" or upstream:
-        changes["prompt_rule"] = "phones" if args.prompt_rule == "auto" else args.prompt_rule
-    if args.phone_table != "auto" or upstream:
-        changes["phone_table"] = "amphion" if args.phone_table == "auto" else args.phone_table
-    if args.forward != "auto" or upstream:
-        changes.update(AMPHION_FORWARD if args.forward in ("auto", "amphion") else AUDIOPIPE_FORWARD)
+RULE_FLAGS = {"prompt_rule": "--prompt-rule", "phone_table": "--phone-table", "forward": "--forward",
+              "lr_schedule": "--lr-schedule"}
+
+
+def resolve_modes(mcfg: NS2Config, args: argparse.Namespace, upstream: bool,
+                  recorded: dict[str, Any] | None = None) -> NS2Config:
+    """The config with the rule flags applied. A flag given wins; `auto` takes the run's own rules when resuming
+    (`recorded`, its ns2_config.json; a field it lacks was LEGACY_RULES' then), Amphion's for an Amphion
+    --init-from, else the config's (Amphion's unless a --config JSON says otherwise)."""
+    if recorded is not None:
+        auto: dict[str, Any] = {k: {**LEGACY_RULES, **recorded}[k] for k in LEGACY_RULES}
+    else:
+        auto = dict(AMPHION_RULES) if upstream else {k: getattr(mcfg, k) for k in LEGACY_RULES}
+    forward = {"amphion": AMPHION_FORWARD, "audiopipe": AUDIOPIPE_FORWARD}.get(args.forward)
+    changes = {**auto, **(forward or {})}
+    for key in ("prompt_rule", "phone_table", "lr_schedule"):
+        if getattr(args, key) != "auto":
+            changes[key] = getattr(args, key)
     return check_config(dataclasses.replace(mcfg, **changes))
 
 
@@ -935,18 +969,26 @@ def make_init_reader(codec: dict[str, torch.Tensor] | None, n_codebooks: int):
 def main(argv: list[str] | None = None) -> int:
     # config
     cfg, args = parse_args("Train NaturalSpeech 2 on audiopipe ns2 shards.", defaults=RUN_DEFAULTS, extra=add_flags,
-                           argv=argv)
+                           argv=argv, flag_help={
+                               "warmup_steps": "linear warmup steps, then the cosine decay of --lr-schedule",
+                               "min_lr_ratio": "with --lr-schedule cosine: final LR as a fraction of --lr"})
     d = setup_dist(cfg.seed)
-    upstream = bool(cfg.init_from) and looks_upstream(cfg.init_from)
-    mcfg = resolve_modes(check_config(load_model_config(cfg.config, CONFIGS, NS2Config)), args, upstream)
     out = Path(cfg.out)
     resuming = cfg.resume and latest_checkpoint(out) is not None
     saved = out / "ns2_config.json"
-    if resuming and saved.is_file() and json.loads(saved.read_text()) != asdict(mcfg):
-        old = json.loads(saved.read_text())
-        diff = {k: (old.get(k), v) for k, v in asdict(mcfg).items() if old.get(k) != v}
-        raise SystemExit(f"--resume: this run was started with another model config ({diff}, as (then, now)); "
-                         f"give the same --config and flags")
+    # A resumed run keeps the rules it was started with: its ns2_config.json says which.
+    recorded = json.loads(saved.read_text()) if resuming and saved.is_file() else None
+    if resuming and recorded is None and any(getattr(args, k) == "auto" for k in RULE_FLAGS):
+        raise SystemExit(f"--resume: {saved} is missing, so the rules this run was started with are unknown; "
+                         f"restore it, or give {', '.join(RULE_FLAGS.values())} as the run was started")
+    upstream = bool(cfg.init_from) and looks_upstream(cfg.init_from)
+    mcfg = resolve_modes(check_config(load_model_config(cfg.config, CONFIGS, NS2Config)), args, upstream,
+                         recorded)
+    if recorded is not None:
+        old = {**LEGACY_RULES, **recorded}
+        if diff := {k: (old.get(k), v) for k, v in asdict(mcfg).items() if old.get(k) != v}:
+            raise SystemExit(f"--resume: this run was started with another model config ({diff}, as (then, "
+                             f"now)); give the same --config and flags")
     # data: the utterances a prompt/target split and an alignment can use, and the split itself
     # Per --shards folder (several are mixed): durations are read only when every folder has the column.
     dirs = shard_dirs(cfg)
@@ -976,12 +1018,13 @@ def main(argv: list[str] | None = None) -> int:
     if d.main:
         print(f"[ns2] prompt rule {mcfg.prompt_rule}, phone table {mcfg.phone_table}, forward: positions per "
               f"{'batch item' if mcfg.positions == 'batch' else 'time step'}, padding "
-              f"{'masked' if mcfg.mask_padding else 'read (Amphion)'}, code labels {mcfg.ce_labels}", flush=True)
+              f"{'masked' if mcfg.mask_padding else 'read (Amphion)'}, code labels {mcfg.ce_labels}, lr schedule "
+              f"{mcfg.lr_schedule}", flush=True)
         if differs := rule_differences(asdict(mcfg)):
             print(f"[ns2] not Amphion's rules ({', '.join(f'{x.what} {x.ours}' for x in differs)}): Amphion would "
                   f"compute something else with these weights, so export-checkpoint refuses this run without "
-                  f"--allow-different; train with --forward amphion --prompt-rule phones --phone-table amphion "
-                  f"for an export", flush=True)
+                  f"--allow-different; for a model meant for Amphion, leave --prompt-rule, --phone-table and "
+                  f"--forward at their defaults (Amphion's)", flush=True)
         if dropped:
             print(f"[ns2] leaving out {len(dropped)} utterance(s) with < 2 frames or fewer frames than phones: "
                   f"{', '.join(dropped[:5])}{' ...' if len(dropped) > 5 else ''}", flush=True)
@@ -1005,7 +1048,9 @@ def main(argv: list[str] | None = None) -> int:
     # loss and training
     train(model, loss_fn, cfg, d, features=features, length_feature="codes",
           loader_kw={"batch_transform": Chain(remap, split), "subset": subset}, log_name="ns2",
-          init_weights=make_init_reader(codec, mcfg.n_codebooks), init_hints=INIT_HINTS)
+          init_weights=make_init_reader(codec, mcfg.n_codebooks), init_hints=INIT_HINTS,
+          lr_fn=(lambda s: amphion_lr(s, cfg.lr, cfg.warmup_steps, cfg.max_steps)) if mcfg.lr_schedule == "amphion"
+          else None)  # None: core's warmup + cosine
     return 0
 
 

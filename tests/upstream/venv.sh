@@ -26,6 +26,8 @@ pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt matplotlib pydub transform
     unidecode jieba
 # speakerlab/bin/extract.py writes its embeddings with kaldiio
 pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt kaldiio
+# Amphion's NS2 trainer builds its LR schedule with diffusers' get_scheduler (tests/upstream/ns2_steps.py)
+pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt diffusers
 # GPT-SoVITS's Chinese front end (tests/test_text_zh_oracle.py, opt-in): jieba_fast and cn2an, as its cleaner imports
 pip install -c ${TMPDIR:-/tmp}/parity-constraints.txt jieba_fast cn2an
 # GPT-SoVITS AR code (wheel and upstream HEAD) annotates with `Tuple` taken from `from torch.nn.functional import *`,
