@@ -57,6 +57,7 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.text.en_phones import PHONES
 
+from init_family import refuse_other_family
 from core import (
     corpus_offsets,
     count_parameters,
@@ -936,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     # config
     cfg, args = parse_args("Train NaturalSpeech 2 on audiopipe ns2 shards.", defaults=RUN_DEFAULTS, extra=add_flags,
                            argv=argv)
+    refuse_other_family(cfg, "ns2", "ns2")
     d = setup_dist(cfg.seed)
     upstream = bool(cfg.init_from) and looks_upstream(cfg.init_from)
     mcfg = resolve_modes(check_config(load_model_config(cfg.config, CONFIGS, NS2Config)), args, upstream)
