@@ -10,7 +10,9 @@ and renamed into place (the same durable rename as audiopipe/storage/atomic.py),
 name is always whole and verified. One process downloads a given shard at a time (a flock on the part).
 
 Reading an entry is mapping a local file, exactly as for a local shard folder, so a second epoch over cached
-shards sends no request at all. An entry of the wrong size (truncated on disk) is deleted and fetched again.
+shards sends no request at all. An entry of the wrong size (truncated on disk) is deleted and fetched again,
+once: the threads that meet it together (a batch and the look-ahead reading the next one) take its lock in turn,
+and only the first, which still finds the truncated file, deletes it.
 The cache keeps at most `max_bytes` of entries: before one is added, the least recently used (file mtime,
 touched whenever an entry is mapped) are deleted; a shard larger than the whole budget is never cached.
 """
@@ -50,6 +52,7 @@ class ShardCache:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._wanted: set[str] = set()  # entries (hex digests) queued or downloading in this process
+        self._entry_locks: dict[str, threading.Lock] = {}  # hex digest -> the lock of a truncated entry's repair
         self._idle = threading.Event()
         self._idle.set()
         self.failed: dict[str, str] = {}  # hex digest -> why its download cannot be trusted (corrupt object)
@@ -76,17 +79,27 @@ class ShardCache:
 
     def ready(self, entry: dict[str, Any], touch: bool = False) -> Path | None:
         """The cached copy of this shard, or None. A copy of the wrong size is deleted (and so fetched again)."""
-        p = self.path(entry)
+        p, want = self.path(entry), int(entry["arrow"]["bytes"])
         try:
             size = p.stat().st_size
         except FileNotFoundError:
             return None
-        if size != int(entry["arrow"]["bytes"]):
-            _log.warning("cache entry %s is %d bytes, expected %d: truncated on disk; fetching it again",
-                         p, size, entry["arrow"]["bytes"])
-            p.unlink(missing_ok=True)
-            self.refetched += 1
-            return None
+        if size != want:
+            with self._lock:
+                lock = self._entry_locks.setdefault(self.key(entry), threading.Lock())
+            with lock:
+                # Looked at again under the lock: a thread before this one may have deleted it already, or its
+                # refetch may have landed; deleting either would fetch it twice.
+                try:
+                    size = p.stat().st_size
+                except FileNotFoundError:
+                    return None
+                if size != want:
+                    _log.warning("cache entry %s is %d bytes, expected %d: truncated on disk; fetching it again",
+                                 p, size, want)
+                    p.unlink(missing_ok=True)
+                    self.refetched += 1
+                    return None
         if touch:
             os.utime(p)  # least recently used = oldest mtime
         return p
