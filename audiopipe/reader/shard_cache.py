@@ -11,8 +11,9 @@ name is always whole and verified. One process downloads a given shard at a time
 
 Reading an entry is mapping a local file, exactly as for a local shard folder, so a second epoch over cached
 shards sends no request at all. An entry of the wrong size (truncated on disk) is deleted and fetched again,
-once: the threads that meet it together (a batch and the look-ahead reading the next one) take its lock in turn,
-and only the first, which still finds the truncated file, deletes it.
+once: the threads of this process that meet it together (a batch and the look-ahead reading the next one, or two
+loaders over one folder) take its lock in turn, and only the first, which still finds the truncated file,
+deletes it.
 The cache keeps at most `max_bytes` of entries: before one is added, the least recently used (file mtime,
 touched whenever an entry is mapped) are deleted; a shard larger than the whole budget is never cached.
 """
@@ -37,6 +38,25 @@ from audiopipe.storage.s3_ranges import RangeReader
 _log = logging.getLogger(__name__)
 CHUNK = 8 << 20  # bytes per ranged GET of a download
 
+# The lock of each entry's repair, by path, for every cache of this process: two loaders over one cache_dir (an
+# old one's look-ahead still reading, a new one) meet a truncated entry as two threads of one loader do.
+_REPAIR_LOCKS: dict[Path, threading.Lock] = {}
+_REPAIR_LOCKS_LOCK = threading.Lock()
+
+
+def _repair_lock(path: Path) -> threading.Lock:
+    with _REPAIR_LOCKS_LOCK:
+        return _REPAIR_LOCKS.setdefault(path, threading.Lock())
+
+
+def _new_repair_locks() -> None:
+    """In a forked child: a lock some parent thread held at the fork would stay held there forever."""
+    global _REPAIR_LOCKS, _REPAIR_LOCKS_LOCK
+    _REPAIR_LOCKS, _REPAIR_LOCKS_LOCK = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_repair_locks)
+
 
 class ShardCache:
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int, reader: RangeReader, chunk: int = CHUNK):
@@ -52,7 +72,6 @@ class ShardCache:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._wanted: set[str] = set()  # entries (hex digests) queued or downloading in this process
-        self._entry_locks: dict[str, threading.Lock] = {}  # hex digest -> the lock of a truncated entry's repair
         self._idle = threading.Event()
         self._idle.set()
         self.failed: dict[str, str] = {}  # hex digest -> why its download cannot be trusted (corrupt object)
@@ -85,9 +104,7 @@ class ShardCache:
         except FileNotFoundError:
             return None
         if size != want:
-            with self._lock:
-                lock = self._entry_locks.setdefault(self.key(entry), threading.Lock())
-            with lock:
+            with _repair_lock(p):
                 # Looked at again under the lock: a thread before this one may have deleted it already, or its
                 # refetch may have landed; deleting either would fetch it twice.
                 try:
