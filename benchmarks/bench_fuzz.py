@@ -83,11 +83,12 @@ def main() -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         p.error(f"unknown kind {', '.join(bad)}; choose from {', '.join(KINDS)}")
-    print(f"seed {seed}, {a.examples} examples per kind, load {os.getloadavg()[0]:.1f}", flush=True)
+    load_start = os.getloadavg()[0]
+    print(f"seed {seed}, {a.examples} examples per kind, load {load_start:.1f}", flush=True)
     t0 = time.perf_counter()
     result = run(kinds, a.examples, seed)
     result.update(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=a.machine,
-                  python=platform.python_version(), load_avg_end=round(os.getloadavg()[0], 1),
+                  python=platform.python_version(), load_avg_start=round(load_start, 1), load_avg_end=round(os.getloadavg()[0], 1),
                   seconds=round(time.perf_counter() - t0, 1))
     print(f"{result['examples_tried']} examples, {result['failures']} kinds failed, seed {seed}")
     write_results(result, a.json, lambda path: None, None)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from launch import run_group
 from audiopipe.decode.audio import resampler_info
@@ -81,6 +82,26 @@ def write_shards(out: Path, rows_per_shard=ROWS_PER_SHARD, seed: int = 0, mel_fr
 def copy_shards(w: Written, dst: Path) -> Written:
     shutil.copytree(w.root, dst)
     return Written(dst, w.rows)
+
+
+def rewrite_index_column(root: Path, column: str, change) -> None:
+    """index.arrow with one column changed by `change(values)`, and the manifest rehashed to match: only a
+    comparison with the shards themselves can tell."""
+    path = root / "index.arrow"
+    t = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+    i = t.column_names.index(column)
+    t = t.set_column(i, column, pa.array(change(t.column(column).to_pylist()), t.schema.field(column).type))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    m = json.loads((root / "manifest.json").read_text())
+    m["index"] = {"path": "index.arrow", "sha256": file_checksum(path, "sha256"),
+                  "xxh3_128": file_checksum(path, "xxh3_128")}
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def swap_first_two(values: list) -> list:
+    values[0], values[1] = values[1], values[0]
+    return values
 
 
 def set_manifest_entry(root: Path, k: int, kind: str = "arrow") -> None:

@@ -370,7 +370,7 @@ def test_init_from_names_the_config_that_fits(tmp_path):
     assert "depth 3" in msg and "depth 2" in msg and "JSON" in msg
 
 
-def test_init_from_refuses_a_malicious_pickle_and_a_stranger(tmp_path):
+def test_init_from_refuses_a_malicious_pickle_and_a_stranger(tmp_path, capsys):
     from test_checkpoint_files import _Evil
 
     marker = tmp_path / "pwned"
@@ -379,7 +379,10 @@ def test_init_from_refuses_a_malicious_pickle_and_a_stranger(tmp_path):
     assert "refused" in _main_error(tmp_path, "--init-from", str(evil)) and not marker.exists()
     stranger = tmp_path / "other.safetensors"
     save_file({"encoder.weight": torch.zeros(2)}, str(stranger))
-    assert "not an F5-TTS checkpoint" in _main_error(tmp_path, "--init-from", str(stranger))
+    with pytest.raises(SystemExit) as e:  # refused before anything else is read (init_family.py): exit 2
+        f5.main(["--shards", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--init-from", str(stranger)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and f"{stranger}: not an F5-TTS checkpoint" in err
 
 
 def test_export_refusals(tmp_path):

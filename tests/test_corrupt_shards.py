@@ -18,7 +18,8 @@ import pytest
 from audiopipe.reader.arrow_dataset import ShardDataset
 from audiopipe.reader.errors import CorruptShardError
 from audiopipe.reader.loader import make_loader
-from reader_helpers import ROWS_PER_SHARD, copy_shards, global_of, mapped_ranges, run_torchrun, write_shards
+from reader_helpers import (ROWS_PER_SHARD, copy_shards, global_of, mapped_ranges, rewrite_index_column, run_torchrun,
+                            swap_first_two, write_shards)
 
 pytest_plugins = ["s3server"]
 
@@ -328,28 +329,6 @@ def test_a_permuted_or_out_of_range_index_is_a_named_error(shards, tmp_path, cha
         ShardDataset(c.root, ["mel"], check_shards=False)
 
 
-def _rewrite_index_column(root: Path, column: str, change) -> None:
-    """index.arrow with one column changed by `change(values)`, and the manifest rehashed to match: only a
-    comparison with the shards themselves can tell."""
-    from audiopipe.shard.checksum import file_checksum
-
-    path = root / "index.arrow"
-    t = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
-    i = t.column_names.index(column)
-    t = t.set_column(i, column, pa.array(change(t.column(column).to_pylist()), t.schema.field(column).type))
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
-        w.write_table(t)
-    m = json.loads((root / "manifest.json").read_text())
-    m["index"] = {"path": "index.arrow", "sha256": file_checksum(path, "sha256"),
-                  "xxh3_128": file_checksum(path, "xxh3_128")}
-    (root / "manifest.json").write_text(json.dumps(m))
-
-
-def _swap_first_two(values):
-    values[0], values[1] = values[1], values[0]
-    return values
-
-
 @pytest.mark.parametrize("column, says", [
     ("id", r"index\.arrow is corrupt: entry 0 says id '.+', shard .+ row 0 holds '.+'"),
     ("mel_frames", r"index\.arrow is corrupt: entry 0 says \d+ mel frames, shard .+ row 0 holds \d+"),
@@ -362,7 +341,7 @@ def test_an_index_whose_ids_or_frames_disagree_with_the_shards_is_named_by_loade
     from audiopipe.shard.verify import verify
 
     c = copy_shards(shards, tmp_path / "c")
-    _rewrite_index_column(c.root, column, _swap_first_two)
+    rewrite_index_column(c.root, column, swap_first_two)
     loader = make_loader(c.root, ["mel"], max_frames=100_000, rank=0, world_size=1, prefetch=0, shuffle=False)
     loader.set_epoch(0)
     with pytest.raises(CorruptIndexError, match=says):

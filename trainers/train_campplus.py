@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import core
+from init_family import refuse_other_family
 import speaker
 from speaker_data import speaker_data
 
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = core.parse_args("Train CAM++ speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
                                 defaults=speaker.run_defaults(RECIPE), argv=argv, flag_help=speaker.FLAG_HELP,
                                 extra=lambda p: speaker.add_speaker_args(p, RECIPE))
+    refuse_other_family(cfg, "campplus", "campplus")
     d = core.setup_dist(cfg.seed)
     speaker.check_flags(cfg, args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, CAMPPlusConfig)

@@ -31,6 +31,7 @@ from torch import nn
 from audiopipe.checkpoints.speaker import UPSTREAM_POOL_EPS
 
 import core
+from init_family import refuse_other_family
 import speaker
 from speaker_data import speaker_data
 
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = core.parse_args("Train ERes2Net speaker embeddings with 3D-Speaker's recipe on audiopipe shards.",
                                 defaults=speaker.run_defaults(RECIPE), extra=flags, argv=argv,
                                 flag_help=speaker.FLAG_HELP)
+    refuse_other_family(cfg, "eres2net", "eres2net")
     d = core.setup_dist(cfg.seed)
     speaker.check_flags(cfg, args, d)
     mcfg = core.load_model_config(cfg.config, CONFIGS, ERes2NetConfig)

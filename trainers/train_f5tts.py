@@ -39,6 +39,7 @@ from audiopipe.checkpoints.f5tts import CheckpointError, F5Checkpoint
 from audiopipe.features.mel import VocosMel
 from audiopipe.storage.atomic import write_json_atomic, write_text_atomic
 
+from init_family import refuse_other_family
 from core import count_parameters, latest_checkpoint, load_model_config, parse_args, setup_dist, shard_dirs, train
 
 # ----------------------------------------------------------------------------- config
@@ -591,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                            defaults=RUN_DEFAULTS, extra=extra, argv=argv, flag_help={
                                "warmup_steps": "linear warmup updates, then the decay of --lr-schedule",
                                "min_lr_ratio": "with --lr-schedule cosine: final LR as a fraction of --lr"})
+    refuse_other_family(cfg, "f5tts", "f5tts")
     if args.tokenizer == "pinyin":
         from audiopipe.reader.texts import shard_texts
         from audiopipe.text.f5_pinyin import f5_pinyin_tokens

@@ -49,6 +49,7 @@ from audiopipe.checkpoints.files import CheckpointError, read_weights
 from audiopipe.index.lengths import LengthIndex
 from audiopipe.tokens import token_spec
 
+from init_family import refuse_other_family
 from core import corpus_offsets, load_model_config, parse_args, setup_dist, shard_dirs, train
 from scaled_adam import ScaledAdam, upstream_lr
 
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, args = parse_args("GPT-SoVITS stage 1 (phones -> semantic tokens)", defaults=DEFAULTS, extra=_extra,
                            argv=argv)
+    refuse_other_family(cfg, "gpt_sovits", "gpt_sovits")
     d = setup_dist(cfg.seed)
     c = load_model_config(cfg.config, CONFIGS, ModelConfig)
     table, symbols = phone_table(shard_dirs(cfg))

@@ -58,6 +58,7 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.text.en_phones import PHONES
 
+from init_family import refuse_other_family
 from core import (
     corpus_offsets,
     count_parameters,
@@ -972,6 +973,7 @@ def main(argv: list[str] | None = None) -> int:
                            argv=argv, flag_help={
                                "warmup_steps": "linear warmup steps, then the cosine decay of --lr-schedule",
                                "min_lr_ratio": "with --lr-schedule cosine: final LR as a fraction of --lr"})
+    refuse_other_family(cfg, "ns2", "ns2")
     d = setup_dist(cfg.seed)
     out = Path(cfg.out)
     resuming = cfg.resume and latest_checkpoint(out) is not None

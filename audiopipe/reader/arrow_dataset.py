@@ -213,22 +213,25 @@ class ShardDataset:
                 sh.close()
                 raise CorruptShardError(f"shard {name}: feature {f} hash differs from the manifest")
         try:
-            self._check_against_index(k, sh)
+            self._check_against_index(k, sh.name, {f: sh.columns[f].frames for f in self.features},
+                                      sh.meta.get("id"))
         except CorruptIndexError:
             sh.close()
             raise
         return sh
 
-    def _check_against_index(self, k: int, sh: MappedShard) -> None:
+    def _check_against_index(self, k: int, name: str, frames: dict[str, np.ndarray], ids: Any) -> None:
         """The index's entries for shard k must hold its rows' ids and frame counts (an index rewritten and
         rehashed into the manifest passes every other check, and would pair one id and length with another
-        utterance's features). Once per mapping, in C: a few microseconds per thousand rows."""
+        utterance's features). frames: {feature: shard k's frame counts}; ids: its id column (a pyarrow
+        ChunkedArray) or None. Once per mapping, or per fetch of an s3:// shard's small buffers, in C: a few
+        microseconds per thousand rows."""
         if getattr(self, "_starts", None) is None:
             self._starts = np.concatenate([[0], np.cumsum([int(s["rows"]) for s in self.manifest["shards"]])])
         a, b = int(self._starts[k]), int(self._starts[k + 1])
         where = f"{self.root}/{INDEX_NAME}"
         for f in self.features:
-            want = sh.columns[f].frames
+            want = frames[f]
             try:
                 have = self.index.frames(f)[a:b]
             except KeyError:
@@ -236,13 +239,13 @@ class ShardDataset:
             if not np.array_equal(have, want):
                 i = int(np.flatnonzero(have != want)[0])
                 raise CorruptIndexError(f"{where} is corrupt: entry {a + i} says {int(have[i])} {f} frames, shard "
-                                        f"{sh.name} row {i} holds {int(want[i])}; rebuild the shard set")
-        if "id" in sh.meta and "id" in self.index.table.column_names:
+                                        f"{name} row {i} holds {int(want[i])}; rebuild the shard set")
+        if ids is not None and "id" in self.index.table.column_names:
             listed = self.index.table.column("id").slice(a, b - a)
-            if not sh.meta["id"].equals(listed):
-                held, said = sh.meta["id"].to_pylist(), listed.to_pylist()
+            if not ids.equals(listed):
+                held, said = ids.to_pylist(), listed.to_pylist()
                 i = next(j for j, (x, y) in enumerate(zip(held, said)) if x != y)
-                raise CorruptIndexError(f"{where} is corrupt: entry {a + i} says id {said[i]!r}, shard {sh.name} "
+                raise CorruptIndexError(f"{where} is corrupt: entry {a + i} says id {said[i]!r}, shard {name} "
                                         f"row {i} holds {held[i]!r}; rebuild the shard set")
 
     # ---- blocks (block-window reading, blocks.py) -------------------------------------------------------

@@ -365,6 +365,7 @@ class _Small:
                                             f"({integrity.first_line(e)}); run `audiopipe verify`") from e
                 chunks.append(arr)
             meta[c] = pa.chunked_array(chunks, type=typ)
+        ds._check_against_index(k, name, frames, meta.get("id"))  # CorruptIndexError: the index is wrong, not k
         return _Small(name, url, size, layout.rows, starts, frames, dtypes, meta)
 
     def ranges(self, feature: str, rows: np.ndarray, channels: int) -> list[tuple[int, int]]:
@@ -510,7 +511,9 @@ class RemoteShardDataset(ShardDataset):
         if why:
             raise CorruptIndexError(f"{url} {why}: corrupted or from another run; rebuild the shard set")
         index = LengthIndex(pa.ipc.open_file(pa.BufferReader(data)).read_all())
-        self.shard_meta_columns = [c for c in self.meta_columns if c not in index.table.column_names]
+        # The transcripts the index does not hold, and the ids it does: fetched from each shard with its frame
+        # counts (a few bytes a row) to check the index against (_check_against_index).
+        self.shard_meta_columns = [c for c in self.meta_columns if c not in index.table.column_names or c == "id"]
         return index
 
     def _forget_threads(self) -> None:
@@ -574,6 +577,8 @@ class RemoteShardDataset(ShardDataset):
             # another on the batch path, and kept for every shard whatever max_open.
             try:
                 self._small[k] = _Small.fetch(self, k, layout)
+            except CorruptIndexError:
+                raise  # the index, not this shard: no shard is skipped for it
             except CorruptShardError as e:
                 return integrity.first_line(e).split(": ", 1)[-1]
             except ObjectChanged as e:

@@ -10,7 +10,10 @@ and renamed into place (the same durable rename as audiopipe/storage/atomic.py),
 name is always whole and verified. One process downloads a given shard at a time (a flock on the part).
 
 Reading an entry is mapping a local file, exactly as for a local shard folder, so a second epoch over cached
-shards sends no request at all. An entry of the wrong size (truncated on disk) is deleted and fetched again.
+shards sends no request at all. An entry of the wrong size (truncated on disk) is deleted and fetched again,
+once: the threads of this process that meet it together (a batch and the look-ahead reading the next one, or two
+loaders over one folder) take its lock in turn, and only the first, which still finds the truncated file,
+deletes it.
 The cache keeps at most `max_bytes` of entries: before one is added, the least recently used (file mtime,
 touched whenever an entry is mapped) are deleted; a shard larger than the whole budget is never cached.
 """
@@ -34,6 +37,25 @@ from audiopipe.storage.s3_ranges import RangeReader
 
 _log = logging.getLogger(__name__)
 CHUNK = 8 << 20  # bytes per ranged GET of a download
+
+# The lock of each entry's repair, by path, for every cache of this process: two loaders over one cache_dir (an
+# old one's look-ahead still reading, a new one) meet a truncated entry as two threads of one loader do.
+_REPAIR_LOCKS: dict[Path, threading.Lock] = {}
+_REPAIR_LOCKS_LOCK = threading.Lock()
+
+
+def _repair_lock(path: Path) -> threading.Lock:
+    with _REPAIR_LOCKS_LOCK:
+        return _REPAIR_LOCKS.setdefault(path, threading.Lock())
+
+
+def _new_repair_locks() -> None:
+    """In a forked child: a lock some parent thread held at the fork would stay held there forever."""
+    global _REPAIR_LOCKS, _REPAIR_LOCKS_LOCK
+    _REPAIR_LOCKS, _REPAIR_LOCKS_LOCK = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_repair_locks)
 
 
 class ShardCache:
@@ -76,17 +98,25 @@ class ShardCache:
 
     def ready(self, entry: dict[str, Any], touch: bool = False) -> Path | None:
         """The cached copy of this shard, or None. A copy of the wrong size is deleted (and so fetched again)."""
-        p = self.path(entry)
+        p, want = self.path(entry), int(entry["arrow"]["bytes"])
         try:
             size = p.stat().st_size
         except FileNotFoundError:
             return None
-        if size != int(entry["arrow"]["bytes"]):
-            _log.warning("cache entry %s is %d bytes, expected %d: truncated on disk; fetching it again",
-                         p, size, entry["arrow"]["bytes"])
-            p.unlink(missing_ok=True)
-            self.refetched += 1
-            return None
+        if size != want:
+            with _repair_lock(p):
+                # Looked at again under the lock: a thread before this one may have deleted it already, or its
+                # refetch may have landed; deleting either would fetch it twice.
+                try:
+                    size = p.stat().st_size
+                except FileNotFoundError:
+                    return None
+                if size != want:
+                    _log.warning("cache entry %s is %d bytes, expected %d: truncated on disk; fetching it again",
+                                 p, size, want)
+                    p.unlink(missing_ok=True)
+                    self.refetched += 1
+                    return None
         if touch:
             os.utime(p)  # least recently used = oldest mtime
         return p
