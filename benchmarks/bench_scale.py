@@ -15,6 +15,8 @@ growth shows), the files and bytes it wrote, and the load average before and aft
   finished: audio seconds / CPU seconds of the shard tasks (x real time per core);
 - noop: the same command again on the finished output (nothing to do);
 - verify, inspect: the commands, verify's rate in bytes per second per CPU-second;
+- plan_read: plan.json's fields and unit names as a no-op rerun reads them, against json.load of the whole file
+  (CPU and peak RSS of a fresh process each; runs on a stopped shard stage's output too);
 - verify_ab: verify() of --baseline COMMIT and of this checkout, alternating, --rounds times (CPU ratio per round);
 - loader: make_loader open + first batch, rank 0 of 1 and rank 0 of a simulated 64 (no process group);
 - resume: take K batches, state_dict, a new loader loads it: open + first batch after the resume;
@@ -408,6 +410,41 @@ def stage_verify_ab(a, corpus, out, res) -> dict[str, Any]:
             "gb_per_cpu_s_best": {k: round(nbytes / v / 1e9, 3) for k, v in best.items()}}
 
 
+_PLAN_READ = r"""
+import json, resource, sys, time
+from audiopipe.shard.plan import plan_summary
+path, how = sys.argv[1], sys.argv[2]
+rss0, c = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+names = []
+if how == "summary":
+    with open(path, encoding="utf-8") as f:
+        names = plan_summary(f)[1]
+elif how == "whole":
+    with open(path, encoding="utf-8") as f:
+        names = [u["name"] for u in json.load(f)["units"]]
+print("RESULT " + json.dumps({"cpu_s": round(time.process_time() - c, 3), "units": len(names),
+      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+      "peak_rss_mb_before": round(rss0 / 1024, 1)}))
+"""
+
+
+def stage_plan_read(a, corpus, out, res) -> dict[str, Any]:
+    """What a rerun with nothing to do pays for plan.json: its fields and unit names read line by line
+    (plan_summary, what the rerun does) against json.load of the whole file; CPU and peak RSS of a fresh
+    process each (the imports alone: "none"). Runs on a finished or a stopped output alike."""
+    plan = out / "plan.json"
+    r: dict[str, Any] = {"plan_json_bytes": plan.stat().st_size}
+    with open(plan, "rb") as f:  # on the page cache, as for a rerun right after a run
+        while f.read(1 << 24):
+            pass
+    for how in ("none", "summary", "whole"):
+        got = run_stage([PY, "-c", _PLAN_READ, str(plan), how], None)
+        r[how] = next((json.loads(x[7:]) for x in got["stdout_tail"].splitlines() if x.startswith("RESULT ")),
+                      {"rc": got["rc"], "stderr_tail": got.get("stderr_tail", "")[-500:]})
+        r[how]["load_before"] = got["load_before"]
+    return r
+
+
 def stage_inspect(a, corpus, out, res) -> dict[str, Any]:
     return run_stage([PY, "-m", "audiopipe.cli", "inspect", str(out), "--json",
                       "--plot", str(a.data / f"durations_{a.tag}.png")], None)
@@ -592,7 +629,8 @@ def stage_compare(a, corpus, out, res) -> dict[str, Any]:
     return r
 
 
-STAGES = {"shard": stage_shard, "noop": stage_noop, "verify": stage_verify, "verify_ab": stage_verify_ab,
+STAGES = {"shard": stage_shard, "noop": stage_noop, "plan_read": stage_plan_read, "verify": stage_verify,
+          "verify_ab": stage_verify_ab,
           "inspect": stage_inspect,
           "loader": stage_loader, "resume": stage_resume, "export": stage_export, "kill9": stage_kill9,
           "ray": stage_ray, "compare": stage_compare}
