@@ -309,8 +309,7 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
 
     # A finished output answers at once, without rescanning the corpus, and without parsing the plan's
     # utterances: its fields and unit names are enough to know (at 500,000 utterances the whole plan.json is
-    # over 100 MB of JSON).
-    # What a previous run finished (on s3:// each object is re-read and its sha256 checked, once).
+    # 128 MB of JSON). What a previous run finished: on s3:// each object is re-read and its sha256 checked, once.
     finished: set[str] | None = None
     summary = out.plan_summary(PLAN_NAME)
     if summary is not None and summary[0].get("job_identity") == job.identity():
@@ -327,7 +326,7 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                        f"now {job.identity()}); use a new --out or delete the folder")
     if finished is None:
         finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
-    if old_plan and len(finished) == len(old_plan["units"]):
+    if old_plan and len(finished) == len(old_plan["units"]):  # a plan in another layout (parsed whole)
         m = out.read_json(MANIFEST_NAME)
         if m is not None:
             t = m["totals"]
