@@ -15,6 +15,9 @@ growth shows), the files and bytes it wrote, and the load average before and aft
   finished: audio seconds / CPU seconds of the shard tasks (x real time per core);
 - noop: the same command again on the finished output (nothing to do);
 - verify, inspect: the commands, verify's rate in bytes per second per CPU-second;
+- plan_read: plan.json's fields and unit names as a no-op rerun reads them, against json.load of the whole file
+  (CPU and peak RSS of a fresh process each; runs on a stopped shard stage's output too);
+- verify_ab: verify() of --baseline COMMIT and of this checkout, alternating, --rounds times (CPU ratio per round);
 - loader: make_loader open + first batch, rank 0 of 1 and rank 0 of a simulated 64 (no process group);
 - resume: take K batches, state_dict, a new loader loads it: open + first batch after the resume;
 - export: export-lhotse and export-hf of the shard set (run it on a subset size);
@@ -25,7 +28,9 @@ growth shows), the files and bytes it wrote, and the load average before and aft
 - compare: the kill9 and ray outputs against each other, file by file, when both were kept (an output that
   equals the shard stage's is deleted), and each one's plan.json against the shard stage's by content.
 
-Results are merged into --json after every stage, so a long run keeps what it has measured.
+Results are merged into --json after every stage, so a long run keeps what it has measured. --shard-deadline
+stops a shard stage that has not finished by then and records what it got done (the driver's peak, its RSS every
+5 s, when planning ended, the done shards); the stages after it are skipped.
 """
 
 from __future__ import annotations
@@ -81,16 +86,24 @@ class TreeMonitor(threading.Thread):
         self.pid, self.period = pid, period
         self.driver_peak = 0
         self.workers: dict[int, dict[str, float]] = {}
+        self.cpu: dict[int, float] = {}  # CPU-seconds of each process of the tree, at its last sample
+        self.series: list[tuple[float, float]] = []  # (seconds since start, driver RSS MB), every 5 s
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
+        t0 = time.monotonic()
         while not self.stop_flag.is_set():
-            self.driver_peak = max(self.driver_peak, _rss(self.pid))
             now = time.monotonic()
+            rss = _rss(self.pid)
+            self.driver_peak = max(self.driver_peak, rss)
+            if rss and (not self.series or now - t0 - self.series[-1][0] >= 5.0):
+                self.series.append((round(now - t0, 1), round(rss / 2**20, 1)))
+            self.cpu[self.pid] = _cpu_s(self.pid) or self.cpu.get(self.pid, 0.0)
             for c in descendants(self.pid):
                 r = _rss(c)
                 if not r:
                     continue
+                self.cpu[c] = _cpu_s(c) or self.cpu.get(c, 0.0)
                 w = self.workers.setdefault(c, {"first": r, "peak": r, "t0": now})
                 w["peak"] = max(w["peak"], r)
                 w["last"], w["t1"] = r, now
@@ -124,21 +137,22 @@ def tree_size(path: Path) -> tuple[int, int]:
 
 
 def run_stage(cmd: list[str], out: Path | None, env: dict[str, str] | None = None,
-              kill_when: Any = None) -> dict[str, Any]:
-    """Run `cmd` at niceness 10, measure it; `kill_when()` true -> SIGKILL of its whole process group."""
+              kill_when: Any = None, cwd: Path = ROOT) -> dict[str, Any]:
+    """Run `cmd` at niceness 10, measure it; `kill_when(monitor)` true -> SIGKILL of its whole process group."""
     before = tree_size(out) if out else (0, 0)
     load0 = os.getloadavg()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     niced = ["nice", "-n", str(10 - os.nice(0))] if os.nice(0) < 10 else []  # at niceness 10, not 10 more
     p = subprocess.Popen([*niced, *cmd], env=env or dict(os.environ, PYTHONPATH=str(ROOT)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         cwd=cwd)  # `python -c` imports from its working folder first
     mon = TreeMonitor(p.pid)
     mon.start()
     killed = False
     if kill_when is not None:
         while p.poll() is None:
-            if kill_when():
+            if kill_when(mon):
                 os.killpg(p.pid, signal.SIGKILL)
                 killed = True
                 break
@@ -157,8 +171,8 @@ def run_stage(cmd: list[str], out: Path | None, env: dict[str, str] | None = Non
            "cpu_s": round(ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime, 2), **mon.summary(),
            "files_written": after[0] - before[0], "bytes_written": after[1] - before[1],
            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]}
-    if killed:
-        res["killed"] = True
+    if killed:  # its CPU never reached RUSAGE_CHILDREN: the tree's own counters at their last sample
+        res.update(killed=True, cpu_s=round(sum(mon.cpu.values()), 2), driver_rss_mb_every_5s=mon.series)
     if p.returncode != 0 and not killed:
         res["stderr_tail"] = stderr[-3000:]
         print(stderr[-3000:], file=sys.stderr)
@@ -178,11 +192,12 @@ def corpus_for(data: Path, n: int, seed: int) -> tuple[Path, dict[str, Any]]:
     if stats_path.is_file():
         stats = json.loads(stats_path.read_text())
     else:  # still being written by scale_corpus.py: a subset of its finished speaker folders
-        stats = {"utterances": 10**9, "per_speaker": 250, "seed": seed, "sample_rate": 8000}
+        stats = {"utterances": None, "per_speaker": 250, "seed": seed, "sample_rate": 8000,
+                 "note": "a subset of the corpus while scale_corpus.py was still writing it"}
         last = full / f"spk{n // 250 - 1:04d}" / "metadata.csv"
         if not last.is_file():
             raise SystemExit(f"{full} is still being built and does not hold {n} utterances yet")
-    if n > stats["utterances"]:
+    if stats["utterances"] is not None and n > stats["utterances"]:
         raise SystemExit(f"{full} holds {stats['utterances']} utterances, {n} asked for")
     if n == stats["utterances"]:
         return full, stats
@@ -255,11 +270,54 @@ def compare_trees(a: Path, b: Path) -> dict[str, Any]:
     return {"files": len(da), "identical": not diff, "differing": diff[:20]}
 
 
+class PlanWatch:
+    """kill_when for a shard run with a deadline: notes when plan.json appears (planning done) and the driver's
+    peak until then; true once the deadline (Unix time) has passed."""
+
+    def __init__(self, out: Path, deadline: float | None) -> None:
+        self.out, self.deadline, self.t0 = out, deadline, time.monotonic()
+        self.planned: dict[str, float] = {}
+
+    def __call__(self, mon: TreeMonitor) -> bool:
+        if not self.planned and (self.out / "plan.json").is_file():
+            self.planned = {"plan_json_at_s": round(time.monotonic() - self.t0, 1),
+                            "driver_peak_rss_mb_to_plan": round(mon.driver_peak / 2**20, 1)}
+        return self.deadline is not None and time.time() >= self.deadline
+
+
+def partial_shard(out: Path, r: dict[str, Any], watch: PlanWatch) -> None:
+    """What a shard run stopped at its deadline got done: its shards in finishing order (done records' times),
+    audio seconds per wall-second by decile of them, and how many the plan has."""
+    from audiopipe.shard.plan import plan_summary
+
+    r.update(watch.planned)
+    summary = plan_summary(open(out / "plan.json", encoding="utf-8")) if (out / "plan.json").is_file() else None
+    r["shards_planned"] = len(summary[1]) if summary else None
+    done = sorted((p.stat().st_mtime, json.loads(p.read_text())["duration"])
+                  for p in (out / "done").glob("*.json")) if (out / "done").is_dir() else []
+    plan_at = (out / "plan.json").stat().st_mtime if summary else None
+    r["shards_done"] = len(done)
+    r["audio_s_done"] = round(sum(d for _, d in done), 1)
+    r["x_rt_per_cpu_s_with_planning"] = round(r["audio_s_done"] / r["cpu_s"], 1) if r.get("cpu_s") else None
+    rows, n = [], len(done)
+    for k in range(10):
+        g = done[k * n // 10:(k + 1) * n // 10]
+        prev = done[k * n // 10 - 1][0] if k * n // 10 else plan_at  # the first group: from the plan's writing
+        if len(g) and prev is not None:
+            rows.append({"decile": k + 1, "shards": len(g), "audio_s": round(sum(d for _, d in g), 1),
+                         "x_rt_wall": round(sum(d for _, d in g) / max(g[-1][0] - prev, 1e-9), 1)})
+    r["done_deciles_x_rt_wall"] = rows
+
+
 def stage_shard(a, corpus, out, res) -> dict[str, Any]:
     timings = a.data / f"timings_{a.tag}.json"
     shutil.rmtree(out, ignore_errors=True)
-    r = run_stage(shard_cmd(a, corpus, out, timings, ["--workers", str(a.workers), "--engine", "local"]), out)
-    if r["rc"] == 0:
+    watch = PlanWatch(out, a.shard_deadline)
+    r = run_stage(shard_cmd(a, corpus, out, timings, ["--workers", str(a.workers), "--engine", "local"]), out,
+                  kill_when=watch)
+    if r.get("killed"):
+        partial_shard(out, r, watch)
+    elif r["rc"] == 0:
         man = json.loads((out / "manifest.json").read_text())
         tl = json.loads(timings.read_text())
         r["totals"] = man["totals"]
@@ -283,7 +341,8 @@ import json, sys, time
 from audiopipe.shard.verify import verify
 t, c = time.perf_counter(), time.process_time()
 rep = verify(sys.argv[1], tars=sys.argv[2] == "1")
-print("RESULT " + json.dumps({"verify_wall_s": round(time.perf_counter() - t, 3), "verify_cpu_s":
+import audiopipe
+print("RESULT " + json.dumps({"audiopipe": audiopipe.__file__, "verify_wall_s": round(time.perf_counter() - t, 3), "verify_cpu_s":
       round(time.process_time() - c, 3), "ok": rep.ok, "records": rep.records, "shards": rep.shards}))
 """
 
@@ -305,6 +364,84 @@ def stage_verify(a, corpus, out, res) -> dict[str, Any]:
              if r.get("verify_cpu_s") else None)
     cmd = [PY, "-m", "audiopipe.cli", "verify", str(out)] + (["--no-tar"] if a.no_tar else [])
     r["command"] = run_stage(cmd, None)
+    return r
+
+
+def stage_verify_ab(a, corpus, out, res) -> dict[str, Any]:
+    """verify() of --baseline COMMIT's audiopipe and of this checkout's, alternating, --rounds times on the page
+    cache: CPU-seconds of each and their ratio per round (the same files, the same process layout)."""
+    from bench_open import export_commit
+
+    if not a.baseline:
+        raise SystemExit("the verify_ab stage needs --baseline COMMIT")
+    for dirpath, _, names in os.walk(out):
+        for n in names:
+            with open(os.path.join(dirpath, n), "rb") as f:
+                while f.read(1 << 24):
+                    pass
+    _, nbytes = tree_size(out)
+    base = export_commit(a.baseline)
+    rounds = []
+    try:
+        for _ in range(a.rounds):
+            row = {}
+            for label, src in (("baseline", base), ("this", ROOT)):
+                r = run_stage([PY, "-c", _VERIFY, str(out), "0" if a.no_tar else "1"], None,
+                              env=dict(os.environ, PYTHONPATH=str(src)), cwd=src)
+                if r["rc"]:
+                    raise SystemExit(f"verify ({label}) failed: {r.get('stderr_tail', '')[-500:]}")
+                got = next(json.loads(x[7:]) for x in r["stdout_tail"].splitlines() if x.startswith("RESULT "))
+                if not got["ok"]:
+                    raise SystemExit(f"verify of {out} failed ({label})")
+                if not got["audiopipe"].startswith(str(src)):
+                    raise SystemExit(f"{label}: imported {got['audiopipe']}, not the one under {src}")
+                row[label] = {"verify_cpu_s": got["verify_cpu_s"], "verify_wall_s": got["verify_wall_s"],
+                              "load": r["load_before"][0]}
+            row["cpu_ratio"] = round(row["baseline"]["verify_cpu_s"] / row["this"]["verify_cpu_s"], 2)
+            rounds.append(row)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    ratios = [x["cpu_ratio"] for x in rounds]
+    recs = got["records"]
+    best = {k: min(x[k]["verify_cpu_s"] for x in rounds) for k in ("baseline", "this")}
+    return {"baseline": a.baseline, "rounds": rounds, "cpu_ratio_median": sorted(ratios)[len(ratios) // 2],
+            "cpu_ratio_range": [min(ratios), max(ratios)], "bytes_checked": nbytes, "records": recs,
+            "us_per_record_best": {k: round(v / recs * 1e6, 1) for k, v in best.items()},
+            "gb_per_cpu_s_best": {k: round(nbytes / v / 1e9, 3) for k, v in best.items()}}
+
+
+_PLAN_READ = r"""
+import json, resource, sys, time
+from audiopipe.shard.plan import plan_summary
+path, how = sys.argv[1], sys.argv[2]
+rss0, c = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+names = []
+if how == "summary":
+    with open(path, encoding="utf-8") as f:
+        names = plan_summary(f)[1]
+elif how == "whole":
+    with open(path, encoding="utf-8") as f:
+        names = [u["name"] for u in json.load(f)["units"]]
+print("RESULT " + json.dumps({"cpu_s": round(time.process_time() - c, 3), "units": len(names),
+      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+      "peak_rss_mb_before": round(rss0 / 1024, 1)}))
+"""
+
+
+def stage_plan_read(a, corpus, out, res) -> dict[str, Any]:
+    """What a rerun with nothing to do pays for plan.json: its fields and unit names read line by line
+    (plan_summary, what the rerun does) against json.load of the whole file; CPU and peak RSS of a fresh
+    process each (the imports alone: "none"). Runs on a finished or a stopped output alike."""
+    plan = out / "plan.json"
+    r: dict[str, Any] = {"plan_json_bytes": plan.stat().st_size}
+    with open(plan, "rb") as f:  # on the page cache, as for a rerun right after a run
+        while f.read(1 << 24):
+            pass
+    for how in ("none", "summary", "whole"):
+        got = run_stage([PY, "-c", _PLAN_READ, str(plan), how], None)
+        r[how] = next((json.loads(x[7:]) for x in got["stdout_tail"].splitlines() if x.startswith("RESULT ")),
+                      {"rc": got["rc"], "stderr_tail": got.get("stderr_tail", "")[-500:]})
+        r[how]["load_before"] = got["load_before"]
     return r
 
 
@@ -396,7 +533,7 @@ def stage_kill9(a, corpus, out, res) -> dict[str, Any]:
     shutil.rmtree(dst, ignore_errors=True)
     args = ["--workers", str(a.workers), "--engine", "local"]
     half = n_shards // 2
-    first = run_stage(shard_cmd(a, corpus, dst, None, args), dst, kill_when=lambda: _done_count(dst) >= half)
+    first = run_stage(shard_cmd(a, corpus, dst, None, args), dst, kill_when=lambda _: _done_count(dst) >= half)
     done_at_kill = _done_count(dst)
     kept = digest_tree(dst / "done") if (dst / "done").is_dir() else {}
     rerun_timings = a.data / f"timings_{a.tag}_kill9_rerun.json"
@@ -443,7 +580,8 @@ def stage_ray(a, corpus, out, res) -> dict[str, Any]:
 
 def plot(results: list[Path], png: Path) -> None:
     """Left: shard throughput per decile of each run's shards (x real time per CPU-second). Right: the driver's
-    memory through planning, before and after the plan fix (a bench_plan_memory.py results file among them)."""
+    memory through planning, before and after the plan fix (a bench_plan_memory.py results file among them), and
+    the driver's peak of a shard run stopped at its deadline (to plan.json, and until stopped)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -457,7 +595,14 @@ def plot(results: list[Path], png: Path) -> None:
             for k in ("before", "after"):
                 b.plot(n, [row[k]["peak_mb"] for row in r["rows"]], marker="o", label=f"{k} (peak RSS)")
             continue
-        d = r["stages"].get("shard", {}).get("throughput", {}).get("deciles", [])
+        sh = r["stages"].get("shard", {})
+        if sh.get("killed") and sh.get("driver_peak_rss_mb_to_plan"):  # a run stopped at its deadline
+            n = r["corpus"]["utterances"]
+            b.scatter([n], [sh["driver_peak_rss_mb_to_plan"]], marker="s", color="k",
+                      label=f"shard command, {n:,}: to plan.json")
+            b.scatter([n], [sh["driver_peak_rss_mb"]], marker="^", color="r",
+                      label=f"the same, {sh['shards_done']} shards later")
+        d = sh.get("throughput", {}).get("deciles", [])
         if d:
             label = f"{r['corpus']['utterances']:,} utt, {r.get('features') or r.get('preset')}"
             a.plot([x["decile"] for x in d], [x["x_rt_per_cpu_s"] for x in d], marker="o", label=label)
@@ -484,7 +629,9 @@ def stage_compare(a, corpus, out, res) -> dict[str, Any]:
     return r
 
 
-STAGES = {"shard": stage_shard, "noop": stage_noop, "verify": stage_verify, "inspect": stage_inspect,
+STAGES = {"shard": stage_shard, "noop": stage_noop, "plan_read": stage_plan_read, "verify": stage_verify,
+          "verify_ab": stage_verify_ab,
+          "inspect": stage_inspect,
           "loader": stage_loader, "resume": stage_resume, "export": stage_export, "kill9": stage_kill9,
           "ray": stage_ray, "compare": stage_compare}
 
@@ -510,7 +657,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default="shard,noop,verify,inspect,loader,resume")
     p.add_argument("--tag", help="names this run's output folder (default from size and features)")
     p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--baseline", metavar="COMMIT", help="verify_ab: the audiopipe to compare verify() with")
+    p.add_argument("--rounds", type=int, default=3, help="verify_ab: alternating rounds")
+    p.add_argument("--shard-deadline", metavar="HH:MM",
+                   help="UTC time (or +SECONDS from now) at which the shard stage is killed (SIGKILL of its process group) if still "
+                        "running; what it finished is recorded (done shards, deciles of audio per wall-second, "
+                        "the driver's peak and its RSS every 5 s) and the later stages are skipped")
     a = p.parse_args(argv)
+    if a.shard_deadline and a.shard_deadline.startswith("+"):  # +SECONDS from now
+        a.shard_deadline = time.time() + float(a.shard_deadline[1:])
+    elif a.shard_deadline:
+        hh, mm = (int(x) for x in a.shard_deadline.split(":"))
+        now = time.gmtime()
+        a.shard_deadline = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0)) - time.timezone
+        if a.shard_deadline < time.time():
+            raise SystemExit("--shard-deadline is in the past")
     if not a.preset and not a.features:
         a.preset = "eres2net"
     a.tag = a.tag or f"{a.utterances // 1000}k_{(a.features or a.preset).replace(',', '+')}"
@@ -530,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
         r = STAGES[name](a, corpus, out, res)
         res["stages"][name] = r
+        if name == "shard" and r.get("killed"):
+            res["note"] = (f"the shard stage was stopped at its deadline (--shard-deadline) after {r['shards_done']} "
+                           f"of {r['shards_planned']} shards; the later stages need a finished shard set and did "
+                           f"not run")
+            a.json.write_text(json.dumps(res, indent=2) + "\n")
+            break
         res["load_avg"] = [round(x, 2) for x in os.getloadavg()]
         a.json.write_text(json.dumps(res, indent=2) + "\n")
         print(json.dumps({k: v for k, v in r.items() if k not in ("stdout_tail", "throughput")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from audiopipe.shard.plan import PlannedUtt, WorkUnit, plan_units, write_plan
+from audiopipe.shard.plan import PlannedUtt, WorkUnit, plan_summary, plan_units, write_plan
 
 
 def _units(n: int) -> list[WorkUnit]:
@@ -40,3 +40,31 @@ def test_writing_holds_one_unit_at_a_time(tmp_path):
     assert size > 8_000_000
     # one json.dumps of the whole plan peaks at about twice the file (its text, then its UTF-8 bytes)
     assert peak < size / 4, (peak, size)
+
+
+def test_a_rerun_reads_the_fields_and_unit_names_without_the_utterances(tmp_path):
+    # A rerun with nothing to do needs the plan's identity and its units' names only: at 50,000 utterances
+    # plan_summary holds a line at a time (a full parse would hold about a kilobyte of objects an utterance).
+    units = _units(50_000)
+    units[0].utterances[0].text = 'a "quoted" \\ text: {"index": 1, "name": "shard-999999", "utterances": ['
+    plan = {"job_identity": "x", "discovered": 50_000, "discovery_rejects": [{"reason": "r", "path": 'p"q'}],
+            "notes": ["é"], "hint": ""}
+    path = tmp_path / "plan.json"
+    write_plan(path, plan, units)
+    tracemalloc.start()
+    try:
+        with open(path, encoding="utf-8") as f:
+            fields, names = plan_summary(f)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert fields == plan and names == [u.name for u in units]
+    assert peak < path.stat().st_size / 20, (peak, path.stat().st_size)
+    write_plan(tmp_path / "empty.json", plan, [])
+    assert plan_summary(open(tmp_path / "empty.json", encoding="utf-8")) == (plan, [])
+    # Not in write_plan's layout (one json.dumps of the whole, as older versions wrote it; or cut short): None,
+    # and the caller parses the file.
+    whole = json.dumps({**plan, "units": [u.to_dict() for u in units[:3]]}, indent=1)
+    assert plan_summary(whole.splitlines(keepends=True)) is None
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert plan_summary(lines[:-2]) is None

@@ -106,6 +106,23 @@ def test_rerun_on_finished_output_is_a_noop(synth_shards):
     assert tree_digest(out) == before
 
 
+def test_a_rerun_with_nothing_to_do_leaves_the_plans_utterances_unparsed(synth_shards, monkeypatch):
+    # plan.json holds every utterance (over 100 MB of JSON at 500,000): a rerun with nothing to do reads its
+    # fields and unit names only, so that it stays a matter of seconds whatever the corpus. json.loads is
+    # json.loads itself, recording what it is given (json.load goes through it too).
+    corpus, out, _ = synth_shards
+    parsed: list[str] = []
+    real = json.loads
+
+    def loads(s, *a, **kw):
+        parsed.append(s if isinstance(s, str) else bytes(s).decode())
+        return real(s, *a, **kw)
+
+    monkeypatch.setattr(json, "loads", loads)
+    assert shard(corpus.root, out, FEATS, shard_bytes=200_000).up_to_date
+    assert parsed and not any('"utterances"' in p for p in parsed), [p[:80] for p in parsed]
+
+
 def test_an_output_made_with_sha256_resumes_under_the_default_checksum(synth_shards, tmp_path):
     # Shards made with sha256 (an older audiopipe, or --checksum sha256) and a run interrupted before the last
     # shard: the rerun under the default keeps the finished ones (the checksum is not part of the job's

@@ -4,8 +4,10 @@ updated, so only the semantic checks can see it."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 
 import numpy as np
 import pyarrow as pa
@@ -123,3 +125,82 @@ def test_the_mapped_checksum_is_the_streamed_one(shards, tmp_path, algorithm):
     empty.write_bytes(b"")
     for path in (arrow, empty):
         assert _mapped_checksum(path, algorithm) == file_checksum(path, algorithm)
+
+
+# ---------------------------------------------------------------- the tar against its Arrow twin
+
+@pytest.fixture(scope="module")
+def tar_shards(synthetic_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("verify_tars")
+    run_job(make_job(synthetic_corpus.root, out, [("vocos_mel", {}), ("kaldi_fbank", {})], shard_bytes=1_000_000),
+            workers=0, show_progress=False)
+    return out
+
+
+def _counting_np_load(monkeypatch) -> list[int]:
+    """np.load itself, counted (verify decodes a .npy member only when its bytes are not the writer's)."""
+    calls = [0]
+    real = np.load
+
+    def load(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(np, "load", load)
+    return calls
+
+
+def _rewrite_member(out, suffix: str, change) -> str:
+    """Replace the payload of the first member ending in `suffix` of shard 0's tar by change(array) saved with
+    np.save (a tar written by tarfile, the manifest's checksum made to match); the member's name."""
+    m = read_manifest(out)
+    entry = m["shards"][0]["tar"]
+    path = out / entry["path"]
+    with tarfile.open(path) as tar:
+        members = [(i, tar.extractfile(i).read()) for i in tar.getmembers()]
+    name = next(i.name for i, _ in members if i.name.endswith(suffix))
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            if info.name == name:
+                buf = io.BytesIO()
+                np.save(buf, change(np.load(io.BytesIO(data))))
+                data = buf.getvalue()
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    entry["bytes"] = path.stat().st_size
+    for algorithm in ("xxh3_128", "sha256"):
+        if algorithm in entry:
+            entry[algorithm] = file_checksum(path, algorithm)
+    (out / "manifest.json").write_text(json.dumps(m, indent=1))
+    return name
+
+
+def test_an_intact_tar_is_compared_without_decoding_a_member(tar_shards, monkeypatch):
+    # np.load parses every header with ast.literal_eval: on small records (the frame energy, ~4 kB an
+    # utterance with its tar) that alone cost more than the rest of verify together.
+    calls = _counting_np_load(monkeypatch)
+    rep = verify(tar_shards)
+    assert rep.ok, rep.failures
+    assert rep.records == read_manifest(tar_shards)["totals"]["written"] and calls[0] == 0
+
+
+def test_a_member_stored_another_way_is_decoded_and_passes_a_changed_one_is_named(tar_shards, tmp_path,
+                                                                                     monkeypatch):
+    other = tmp_path / "other"
+    shutil.copytree(tar_shards, other)
+    _rewrite_member(other, ".mel.npy", np.asfortranarray)  # the same values, other bytes (column-major)
+    calls = _counting_np_load(monkeypatch)
+    rep = verify(other)
+    assert rep.ok and calls[0] == 1, rep.failures
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tar_shards, changed)
+
+    def bump(a):
+        a = a.copy()
+        a.flat[0] += 1.0
+        return a
+
+    name = _rewrite_member(changed, ".fbank.npy", bump)
+    shard_name = read_manifest(changed)["shards"][0]["name"]
+    assert verify(changed).failures == [f"{shard_name} tar {name}: differs from the Arrow record"]

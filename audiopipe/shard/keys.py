@@ -23,10 +23,14 @@ _UNESCAPE = re.compile(r"%([0-9A-F]{2})")
 
 def sample_key(utt_id: str) -> str:
     """The WebDataset key of utterance `utt_id`: injective, dot-free, and `key_to_id` gives the id back."""
+    if _ESCAPED.isdisjoint(utt_id):  # most ids: nothing to escape (one set operation, not a loop per character)
+        return utt_id
     return "".join(f"%{ord(ch):02X}" if ch in _ESCAPED else ch for ch in utt_id)
 
 
 def key_to_id(key: str) -> str:
+    if "%" not in key:
+        return key
     return _UNESCAPE.sub(lambda m: chr(int(m.group(1), 16)), key)
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from audiopipe.shard.checksum import Checksum, checksum_of, new_hash
 from audiopipe.shard.job import Job, JobError
-from audiopipe.shard.plan import WorkUnit
+from audiopipe.shard.plan import WorkUnit, plan_summary
 from audiopipe.storage.atomic import fsync_dir, is_temporary
 from audiopipe.storage.lock import FolderLock, LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3URL, is_s3, parse_s3
@@ -131,7 +131,9 @@ class LocalOutput:
             probe.write_text("")
             probe.unlink()
             names = {p.name for p in self.root.iterdir()} - {LOCK_NAME, MARKER_NAME}
-            marker, plan = (_json_or_damaged(self.root / n) for n in (MARKER_NAME, "plan.json"))
+            marker = _json_or_damaged(self.root / MARKER_NAME)
+            # the plan (every utterance) is read only when there is no marker to decide
+            plan = _json_or_damaged(self.root / "plan.json") if marker is None else None
             if ownership(names, marker, plan, identity, str(self.root)):
                 write_text_atomic(self.root / MARKER_NAME, json.dumps(marker_record(identity)) + "\n")
         except OSError as e:
@@ -140,6 +142,15 @@ class LocalOutput:
     def read_json(self, rel: str) -> Any | None:
         p = self.root / rel
         return json.loads(p.read_text()) if p.exists() else None
+
+    def plan_summary(self, rel: str) -> tuple[dict[str, Any], list[str]] | None:
+        """plan.json's fields and unit names without its utterances (audiopipe.shard.plan.plan_summary); None
+        when absent or not in that layout."""
+        try:
+            with open(self.root / rel, encoding="utf-8") as f:
+                return plan_summary(f)
+        except FileNotFoundError:
+            return None
 
     def finished(self, names: list[str]) -> set[str]:
         return {n for n in names if _local_finished(self.root, n)}
@@ -237,10 +248,12 @@ class S3Output:
             marker = self.read_json(MARKER_NAME)
         except ValueError:
             marker = ""
-        try:
-            plan = self.read_json("plan.json")
-        except ValueError:
-            plan = ""
+        plan = None
+        if marker is None:  # the plan (every utterance) is read only when there is no marker to decide
+            try:
+                plan = self.read_json("plan.json")
+            except ValueError:
+                plan = ""
         if ownership(names, marker, plan, identity, str(self.url)):
             (self.work / MARKER_NAME).write_text(json.dumps(marker_record(identity)) + "\n")
             self.publish(MARKER_NAME)
@@ -254,6 +267,15 @@ class S3Output:
                 return json.loads(f.read())
         except FileNotFoundError:
             return None
+
+    def plan_summary(self, rel: str) -> tuple[dict[str, Any], list[str]] | None:
+        """As LocalOutput.plan_summary (the object is read whole, its utterances left unparsed)."""
+        try:
+            with self.fs.open_input_stream(self._path(rel)) as f:
+                text = f.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        return plan_summary(text.splitlines(keepends=True))
 
     def listing(self) -> dict[str, int]:
         """Relative key -> size of every object under the prefix (one paginated listing)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -69,6 +70,39 @@ def write_plan(path: str | os.PathLike[str], plan: dict[str, Any], units: list[W
             for k, u in enumerate(units):
                 f.write(("\n  " if k == 0 else ",\n  ") + json.dumps(u.to_dict(), sort_keys=True, ensure_ascii=False))
             f.write("\n ]\n}\n")
+
+
+# A unit's line in plan.json as write_plan writes it (sorted keys): its name comes before its utterances.
+_UNIT_LINE = re.compile(r' *\{"index": \d+, "name": ("(?:[^"\\]|\\.)*"), "utterances": \[')
+_UNITS_OPEN = ' "units": [\n'
+
+
+def plan_summary(lines: Iterable[str]) -> tuple[dict[str, Any], list[str]] | None:
+    """plan.json's fields without its units, and the units' names in order, read from its lines without parsing
+    a single utterance (a plan holds them all: json.loads of a 500,000-utterance plan costs seconds and a
+    kilobyte of Python objects an utterance, for a rerun that may have nothing to do). None when the lines are
+    not in write_plan's layout (a plan written whole by an older version): then parse the file."""
+    it = iter(lines)
+    head = []
+    for line in it:
+        if line == _UNITS_OPEN:
+            break
+        head.append(line)
+    else:
+        return None
+    try:
+        fields = json.loads("".join(head).rstrip().removesuffix(",") + "\n}")
+    except ValueError:
+        return None
+    names: list[str] = []
+    for line in it:
+        if line.startswith(" ]"):
+            return fields, names
+        m = _UNIT_LINE.match(line)
+        if m is None:
+            return None
+        names.append(json.loads(m.group(1)))
+    return None
 
 
 def unique_keys(utts: list[PlannedUtt]) -> tuple[list[PlannedUtt], list[dict[str, Any]]]:
