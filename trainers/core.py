@@ -54,7 +54,7 @@ class RunConfig:
     max_items: int | None = None
     min_efficiency: float = 0.97  # split the most wasteful batches until the epoch pads no more than this
     pools: int = 0  # random pools an epoch is sorted in; 0: automatic
-    passes: int = 1  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
+    passes: int = 0  # passes over the corpus per epoch; 0: by corpus size (several on a small one, else 1)
     shapes: int = 0  # at most this many batch shapes in the run; 0: off
     compile: bool = False  # torch.compile the model's forward and backward
     grad_accum: int = 1
@@ -86,7 +86,7 @@ FLAG_HELP = {
                       "full batches; docs/sampler.md)",
     "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
     "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
-              "it fills fewer than 4 batches, so that batches are full: use it on small corpora)",
+              "it fills fewer than 4 batches, so that batches are full, else one; 1 = always one)",
     "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
               "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
@@ -485,10 +485,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
-    small = getattr(loader.sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
-    if d.main and loader.mix is None and cfg.passes == 1 and small is not None and small() > 1:
-        print(f"[{log_name}] this corpus fills fewer than 4 batches of the budget, so its batches are mostly "
-              f"empty; --passes 0 plans several passes an epoch with full ones", flush=True)
+    if d.main:
+        say_passes(loader, cfg, log_name)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
@@ -602,6 +600,26 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     return last
 
 
+def say_passes(loader: Loader, cfg: RunConfig, log_name: str) -> None:
+    """One line when the corpus is small (fills fewer than 4 batches): the passes an epoch makes and the fill
+    they plan, or, with --passes 1, that its batches are mostly empty. Larger corpora say nothing here."""
+    sampler = loader.sampler
+    small = getattr(sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
+    if loader.mix is not None or small is None or (small() == 1 and sampler.passes == 1):
+        return
+    diag = sampler.diagnostics  # the epoch's plan, which the first step builds anyway (a small corpus: cheap)
+    plan = (f"{diag.batches_per_rank} batches per rank an epoch, planned fill {diag.fill_ratio:.0%} of "
+            f"--batch-frames")
+    if sampler.passes > 1:
+        how = "--passes 0: by corpus size" if cfg.passes == 0 else f"--passes {cfg.passes}"
+        used = diag.num_items - diag.dropped_too_long - diag.dropped_empty
+        print(f"[{log_name}] {used} utterances fill {'fewer than 4' if small() > 1 else '4 or more'} batches: an epoch "
+              f"is {sampler.passes} passes over them ({how}), {plan}", flush=True)
+    else:
+        print(f"[{log_name}] a small corpus (fewer than 4 batches of frames) read one pass an epoch: {plan}; "
+              f"--passes 0 (by corpus size) plans several passes an epoch with full batches", flush=True)
+
+
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
                  expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
     dirs = shard_dirs(cfg)
@@ -617,7 +635,7 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
     common = dict(max_frames=budget, length_feature=length_feature, quadratic=cfg.quadratic,
                   max_items=cfg.max_items, seed=cfg.seed, num_workers=cfg.num_workers, rank=d.rank,
                   world_size=d.world, expect=expect, prefetch=cfg.prefetch,
-                  device=d.device if cfg.prefetch else None, **loader_kw)
+                  device=d.device if cfg.prefetch else None, passes=cfg.passes or None, **loader_kw)
     if cfg.reader == "files":  # the benchmark baseline: one .npy per utterance, exported once next to the run
         # Both checks before rank 0 starts an export the others would wait for.
         if len(dirs) > 1:
@@ -633,8 +651,7 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         if d.world > 1:
             dist.barrier()
         return files_loader(cfg.shards, features, cache, **common)
-    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, passes=cfg.passes or None,
-                  shapes=cfg.shapes or None)
+    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, shapes=cfg.shapes or None)
     if cfg.verify != "size" or cfg.check_finite:  # the shards' integrity checks, when asked (mmap reader)
         common.update(verify=cfg.verify, check_finite=cfg.check_finite)
     # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).
