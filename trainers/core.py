@@ -86,7 +86,8 @@ FLAG_HELP = {
                       "full batches; docs/sampler.md)",
     "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
     "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
-              "it fills fewer than 4 batches, so that batches are full, else one; 1 = always one)",
+              "it fills fewer than 4 batches, or fewer than 64 and one pass would leave its batches more than half "
+              "empty, so that batches are full; else one; 1 = always one)",
     "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
               "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
@@ -485,8 +486,6 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
-    if d.main:
-        say_passes(loader, cfg, log_name)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
@@ -510,6 +509,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         if d.main:
             print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
                   f"with the next unseen batch", flush=True)
+    if d.main:  # after a resume: under another world size the sampler keeps the passes the run was saved with
+        say_passes(loader, cfg, log_name)
     for h in hooks:
         h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
@@ -601,23 +602,24 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
 
 
 def say_passes(loader: Loader, cfg: RunConfig, log_name: str) -> None:
-    """One line when the corpus is small (fills fewer than 4 batches): the passes an epoch makes and the fill
-    they plan, or, with --passes 1, that its batches are mostly empty. Larger corpora say nothing here."""
+    """One line when an epoch is several passes (a small corpus, repeat.auto_passes): how many, and the batches
+    and fill they plan; or, with --passes 1 where --passes 0 would plan several, the one-pass fill and the flag.
+    Other corpora say nothing here."""
     sampler = loader.sampler
     small = getattr(sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
-    if loader.mix is not None or small is None or (small() == 1 and sampler.passes == 1):
+    if loader.mix is not None or small is None or (sampler.passes == 1 and small() == 1):
         return
     diag = sampler.diagnostics  # the epoch's plan, which the first step builds anyway (a small corpus: cheap)
-    plan = (f"{diag.batches_per_rank} batches per rank an epoch, planned fill {diag.fill_ratio:.0%} of "
-            f"--batch-frames")
+    n = sampler.lengths
+    kept = n[(n > 0) & sampler.budget.fits_alone(n)]
+    size = f"{kept.size} utterances, {kept.sum() / sampler.budget.max_frames:.1f} batches of frames"
+    plan = f"{diag.batches_per_rank} batches per rank an epoch, planned fill {diag.fill_ratio:.0%} of the budget"
     if sampler.passes > 1:
         how = "--passes 0: by corpus size" if cfg.passes == 0 else f"--passes {cfg.passes}"
-        used = diag.num_items - diag.dropped_too_long - diag.dropped_empty
-        print(f"[{log_name}] {used} utterances fill {'fewer than 4' if small() > 1 else '4 or more'} batches: an epoch "
-              f"is {sampler.passes} passes over them ({how}), {plan}", flush=True)
+        print(f"[{log_name}] {size}: an epoch is {sampler.passes} passes over them ({how}), {plan}", flush=True)
     else:
-        print(f"[{log_name}] a small corpus (fewer than 4 batches of frames) read one pass an epoch: {plan}; "
-              f"--passes 0 (by corpus size) plans several passes an epoch with full batches", flush=True)
+        print(f"[{log_name}] {size}, one pass an epoch: {plan}; --passes 0 (by corpus size) plans several passes "
+              f"an epoch with full batches", flush=True)
 
 
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,

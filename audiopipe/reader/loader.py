@@ -307,8 +307,9 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
       min_efficiency, pools: the padding efficiency the most wasteful batches are split to reach, and the random
         pools an epoch is sorted in (None: the most that keep min_efficiency; docs/sampler.md).
       passes: passes over the corpus per epoch, cut into batches as one stream (default None: by corpus size,
-        several only when the corpus fills fewer than 4 budgets, so that its batches are full; one pass on larger
-        corpora, on a weighted mix, and with block-window reading; 1: always one pass).
+        several when the corpus fills fewer than 4 budgets, or fewer than 64 and one pass would leave its
+        batches more than half empty, so that its batches are full; one pass on other corpora, on a weighted
+        mix, and with block-window reading; 1: always one pass).
       shapes: at most this many batch shapes in the whole run (None: off): every batch is padded to one of K
         (items, frames) shapes (audiopipe/sampler/shapes.py), for torch.compile or CUDA graphs.
     3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
