@@ -382,7 +382,7 @@ _DDP_SCRIPT = textwrap.dedent("""
     from audiopipe.reader.loader import make_loader
 
     dist.init_process_group("gloo")
-    loader = make_loader(sys.argv[1], ["mel"], max_frames=int(sys.argv[3]), seed=5)
+    loader = make_loader(sys.argv[1], ["mel"], max_frames=int(sys.argv[3]), seed=5, passes=1)  # exactly once
     out = []
     for epoch in (0, 1):
         loader.set_epoch(epoch)
