@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from audiopipe.errors import AudiopipeError, AudiopipeWarning, in_flags
 from audiopipe.shard.checksum import ALGORITHMS, DEFAULT as DEFAULT_CHECKSUM
@@ -218,7 +218,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_shard(a: argparse.Namespace) -> int:
+def _cmd_shard(a: argparse.Namespace, words: Callable[[str], str] = str) -> int:
+    """words: a summary line (Python's `out=`) in the command's flags (as_flags)."""
     # A thin layer over audiopipe.shard.api.shard: the options are checked there (before torch or Ray is
     # imported: a typo costs milliseconds), the same for the command line and for Python.
     from audiopipe.shard.worker import THREAD_ENV
@@ -239,7 +240,7 @@ def _cmd_shard(a: argparse.Namespace) -> int:
                     require_text=a.require_text, staging=a.staging, break_lock=a.break_lock,
                     progress=not a.no_progress)
     for line in summary.lines():
-        print(line)
+        print(words(line))
     if a.timings:
         import json
 
@@ -348,6 +349,8 @@ def _main(argv: list[str] | None) -> int:
                 import importlib
 
                 return importlib.import_module(PLUGGED[args.command][0]).run(args)
+            if args.command == "shard":
+                return _cmd_shard(args, lambda m: as_flags(m, parser, args.command))
             return handlers[args.command](args)
     except KeyboardInterrupt:
         print("audiopipe: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -18,7 +18,8 @@ epoch 0. --resume and --collate add the resume-cost and collate-throughput measu
 --shapes 8,16,32 adds audiopipe with at most K batch shapes (sampler/shapes.py); its padded frames are those of
 the shape each batch is padded to (rows x edge), so its padding efficiency is what the GPU really computes.
 --passes adds audiopipe with passes=None (by corpus size: several passes an epoch on a corpus of fewer than 4
-budgets, sampler/repeat.py); on larger corpora it plans the same batches as one pass.
+budgets, or fewer than 64 whose one pass leaves its batches more than half empty, sampler/repeat.py); on other
+corpora it plans the same batches as one pass.
 
     python benchmarks/bench_batching.py --sizes 1000,10000,100000 --shapes 8,16,32 --no-lhotse \
         --json benchmarks/results/batching_shapes.json --plot docs/img/batching_shapes.png

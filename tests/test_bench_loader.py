@@ -101,7 +101,15 @@ def test_baseline_plans_cover_every_item(corpus):
     assert all(lengths[b].sum() <= BUDGET for b in f5_sort_plan(lengths, BUDGET, 0)(0))
 
 
-def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
+def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")  # as the plot does
+    import matplotlib.pyplot as plt
+
+    closed = []  # the plot's figure, kept as it is closed, to read its legend
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
     w, root = corpus
     p = argparse.ArgumentParser()
     loader_bench.add_arguments(p)
@@ -131,6 +139,9 @@ def test_cli_run_writes_json_table_and_plot(corpus, tmp_path, capsys):
     assert t["mmap_vs_memcpy"]["ratio"] > 0 and len(t["mmap_vs_memcpy"]["rounds"]) == 1
     assert t["mmap_vs_npy_per_utt"]["ratio"] > 0 and npy["audio_s_per_s"] > 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    legend = [t.get_text() for f in closed if f is not None for lg in f.legends for t in lg.get_texts()]
+    assert legend == ["audiopipe's loaders", "other loaders (baselines)", "memcpy of the same bytes",
+                      "private memory (of peak RSS)"]  # what the colours and the dashed line mean
     for r in report["loaders"]:  # the data-wait loop ran its batches, each with its 20 ms step
         assert r["stepped_batches"] == 6 and r["stepped_s"] - r["data_wait_s"] >= 6 * 0.020, r
     table = capsys.readouterr().out

@@ -156,7 +156,7 @@ def test_make_loader_and_the_trainers_flag_plan_with_a_bucket_budget(tmp_path, b
     shards = write_shards(tmp_path / "shards", (30, 25), seed=5, mel_frames=(20, 700), tars=False)
     from audiopipe.reader.loader import make_loader
 
-    loader = make_loader(shards.root, ["mel"], max_frames=BucketBudget.read(budget_file), seed=1)
+    loader = make_loader(shards.root, ["mel"], max_frames=BucketBudget.read(budget_file), seed=1, passes=1)
     seen = []
     for batch in loader:
         n, m = batch["mel"].shape[0], int(batch["mel_lengths"].max())

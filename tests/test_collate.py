@@ -404,9 +404,35 @@ def test_shapes_give_every_feature_the_first_features_rows():
     assert torch.equal(out["ph"][1, :3], torch.arange(3, dtype=torch.int16))
 
 
+def test_make_loader_by_default_fills_the_batches_of_78_utterances_at_f5s_budget(tmp_path):
+    """Issue 39's goal: make_loader("./shards", ["mel"], max_frames=38_400) on 78 LibriTTS-like utterances plans
+    batches at least 80 % full (one pass: under 20 %), with equal batch counts on 2 ranks that together train
+    every utterance in every pass and no utterance twice in a batch."""
+    from reader_helpers import write_shards
+
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+    from audiopipe.reader.loader import make_loader
+
+    w = write_shards(tmp_path / "s", (40, 38), seed=1, mel_frames=(20, 30), tars=False)
+    lengths = synthetic_lengths("libritts_like", 78, seed=0)  # what the budget counts (the rows are short)
+    kw = dict(max_frames=38_400, lengths=lengths, prefetch=0)
+    one = make_loader(w.root, ["mel"], passes=1, rank=0, world_size=1, **kw).sampler.diagnostics
+    ranks = [make_loader(w.root, ["mel"], rank=r, world_size=2, **kw) for r in (0, 1)]
+    d = ranks[0].sampler.diagnostics
+    assert one.passes == 1 and one.fill_ratio < 0.20
+    assert d.passes > 1 and d.fill_ratio >= 0.80, d.summary()
+    per_rank = [list(loader.sampler) for loader in ranks]
+    assert len(per_rank[0]) == len(per_rank[1]) == d.batches_per_rank
+    seen = np.zeros(78, dtype=np.int64)
+    for b in per_rank[0] + per_rank[1]:
+        assert len(set(b)) == len(b) and len(b) * int(lengths[b].max()) <= 38_400
+        seen[b] += 1
+    assert seen.min() >= d.passes and seen.max() <= d.passes + 1  # every pass, a few once more (the top-up)
+
+
 def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_path):
-    """make_loader(passes=None) plans a corpus of 2 budgets as several passes (fuller batches than one pass), and
-    shapes=2 hands over batches of the sampler's two shapes only, the items first and exact."""
+    """make_loader's default (passes=None) plans a corpus of 2 budgets as several passes (fuller batches than
+    passes=1), and shapes=2 hands over batches of the sampler's two shapes only, the items first and exact."""
     from reader_helpers import write_shards
 
     from audiopipe.reader.arrow_dataset import ShardDataset
@@ -416,8 +442,8 @@ def test_make_loader_fills_a_small_corpus_and_pads_to_the_samplers_shapes(tmp_pa
     one = make_loader(w.root, ["mel"], max_frames=10**9, passes=1, prefetch=0)
     lengths = one.sampler.lengths
     budget = max(int(lengths.sum()) // 2, int(lengths.max()))
-    one = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0)
-    auto = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0, passes=None)
+    one = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0, passes=1)
+    auto = make_loader(w.root, ["mel"], max_frames=budget, prefetch=0)
     assert one.sampler.passes == 1 and auto.sampler.passes > 1
     assert auto.sampler.diagnostics.fill_ratio > one.sampler.diagnostics.fill_ratio
     shaped = make_loader(w.root, ["mel"], max_frames=budget, shapes=2, prefetch=0)

@@ -44,7 +44,7 @@ def test_libritts_top_folder_speakers_come_from_file_names_not_splits(libritts):
         e = expected[u.id]
         assert (u.extra["original_text"], u.extra["gender"], u.extra["snr"]) == \
             (e.extra["original_text"], e.extra["gender"], e.extra["snr"])
-    assert any("original_text" in n and "--keep-columns" in n for n in d.notes)
+    assert any("original_text" in n and "keep_columns=" in n for n in d.notes)
 
 
 def test_libritts_split_folder_keeps_its_ids(libritts):

@@ -288,7 +288,7 @@ def test_hugging_face_audio_paths_and_named_columns(tmp_path, speech_pool):
         expected[f"a{k}"] = c
     ds = datasets.Dataset.from_dict({"clip": paths, "words": texts}).cast_column("clip", datasets.Audio())
     ds.to_parquet(str(tmp_path / "d.parquet"))
-    with pytest.raises(ValueError, match="no column 'transcript' \\(--text-column\\)"):
+    with pytest.raises(ValueError, match="no column 'transcript' \\(text_column=\\)"):
         discover(tmp_path, manifest=tmp_path / "d.parquet", options=CorpusOptions(text_column="transcript"))
     d = discover(tmp_path, manifest=tmp_path / "d.parquet", options=CorpusOptions(text_column="words"))
     assert {u.id: (u.text, u.path) for u in d.utterances} == \
@@ -324,7 +324,7 @@ def test_a_folder_of_parquet_given_as_corpus_exits_non_zero_with_a_hint(hf_rows,
     assert code != 0 and len(err.splitlines()) == 1
     assert "found 1 parquet files" in err and f"use --manifest {tmp_path / 'ds' / 'data'}" in err
     d = discover(tmp_path / "ds")
-    assert d.discovered == 0 and "--manifest" in d.hint
+    assert d.discovered == 0 and f"use manifest='{tmp_path / 'ds' / 'data'}'" in d.hint  # Python's words
 
 
 def test_every_input_refused_gives_a_hint(tmp_path, speech_pool):

@@ -71,8 +71,9 @@ def test_skip_drops_the_rows_before_planning_and_says_so_once(shards, tmp_path, 
     c = _break(shards, tmp_path)
     good = _rows_of(0, 2, 4)
     with caplog.at_level(logging.WARNING, logger="audiopipe.reader.skipped"):
-        loaders = [make_loader(c.root, ["mel"], max_frames=1500, seed=1, rank=r, world_size=2, on_corrupt="skip")
-                   for r in (0, 1)]
+        # passes=1: one pass, so every intact row is read exactly once (the default plans several on this corpus)
+        loaders = [make_loader(c.root, ["mel"], max_frames=1500, seed=1, rank=r, world_size=2, on_corrupt="skip",
+                               passes=1) for r in (0, 1)]
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2  # once per opened dataset (here one per rank), naming each shard and its rows
     assert all("skipping 16 rows" in m and "shard-000001" in m and "9 rows" in m and "shard-000003" in m
@@ -93,7 +94,7 @@ def test_skip_drops_the_rows_before_planning_and_says_so_once(shards, tmp_path, 
     # A subset and lengths given by the caller are filtered the same way.
     subset = np.array(_rows_of(1, 2), dtype=np.int64)
     loader = make_loader(c.root, ["mel"], max_frames=1500, subset=subset, lengths=np.full(subset.size, 10),
-                         rank=0, world_size=1, on_corrupt="skip")
+                         rank=0, world_size=1, on_corrupt="skip", passes=1)
     assert sorted(i for b in loader for i in b["index"]) == _rows_of(2)
     with pytest.raises(CorruptShardError, match="shard-000001 was skipped as corrupt"):
         loader.dataset[global_of(1, 0)]
@@ -107,7 +108,7 @@ _DISAGREE = textwrap.dedent("""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     # Rank 0 sees a broken copy, rank 1 an intact one (node-local copies that differ).
-    loader = make_loader(sys.argv[1 + rank], ["mel"], max_frames=1500, seed=2, on_corrupt="skip")
+    loader = make_loader(sys.argv[1 + rank], ["mel"], max_frames=1500, seed=2, on_corrupt="skip", passes=1)
     seen = [i for b in loader for i in b["index"]]
     with open(f"{sys.argv[3]}/rank{rank}.json", "w") as f:
         json.dump({"len": len(loader), "seen": seen,
@@ -192,7 +193,7 @@ _MANY = textwrap.dedent("""
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # inherited by the DataLoader workers
     root = sys.argv[1]
-    loader = make_loader(root, ["mel"], max_frames=600, num_workers=2, rank=0, world_size=1, seed=4)
+    loader = make_loader(root, ["mel"], max_frames=600, num_workers=2, rank=0, world_size=1, seed=4, passes=1)
     loader.set_epoch(0)
     expect = np.load(sys.argv[2])
     seen = []

@@ -133,7 +133,24 @@ def test_cli_entry_points(shards, tmp_path, capsys):
     assert main(["--shards", str(shards), "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("audiopipe: error:") and "--overwrite" in err[0]
-    assert main(["--shards", str(shards), "--out", str(tmp_path / "a"), "--overwrite"]) == 0
+    assert main(["--shards", str(shards), "--out", str(tmp_path / "a"), "--overwrite", "--no-progress"]) == 0
+    assert "export-f5" not in capsys.readouterr().err  # --no-progress: no bar
+    assert main(["--shards", str(shards), "--out", str(tmp_path / "b")]) == 0
+    assert "export-f5: 100%" in capsys.readouterr().err  # the bar, in utterances
+
+
+def test_a_folder_holding_other_files_is_refused(shards, tmp_path, capsys):
+    """Only a new or empty folder, or an earlier export (with overwrite), is written into; nothing is written
+    beside someone else's files, with or without overwrite."""
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    for overwrite in (False, True):
+        with pytest.raises(ExportError, match=r"holds other files \(notes.txt\).*choose another out=$"):
+            export_f5(shards, out, overwrite=overwrite)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert main(["--shards", str(shards), "--out", str(out)]) == 2
+    assert "choose another --out" in capsys.readouterr().err
 
 
 def test_newlines_in_transcripts_become_spaces():

@@ -224,5 +224,5 @@ def test_verify_refuses_to_compare_tars_of_the_old_key_rule(adversarial, tmp_pat
 
     assert [f for f in verify(out).failures] == [
         "manifest.json: format_version 1, this audiopipe writes 2 (sample keys changed in version 2); reshard, "
-        "or verify the Arrow shards alone with --no-tar"]
+        "or verify the Arrow shards alone (tars=False; `audiopipe verify --no-tar`)"]
     assert verify(out, tars=False).ok

@@ -549,17 +549,34 @@ def test_a_78_utterance_corpus_gets_full_batches_at_f5s_budget(world):
     assert np.mean([lengths[b].sum() / 38400 for b in flat]) == pytest.approx(d.frame_fill)
 
 
-def test_automatic_passes_leave_a_corpus_of_four_budgets_and_more_as_it_is():
-    """From 4 budgets of frames on, passes=None plans exactly the one-pass epoch (so the padding benchmark's
-    corpora, 1,000 utterances and more, keep their figures)."""
+def test_automatic_passes_leave_a_corpus_whose_one_pass_fills_its_batches_as_it_is():
+    """passes=None plans exactly the one-pass epoch where one pass's batches carry at least half the budget
+    (3,000 LibriTTS-like utterances: 96 %) and from 64 budgets on (10,000: no second plan is made), so the
+    padding benchmark's large corpora keep their figures."""
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+
+    for n in (3000, 10000):
+        lengths = synthetic_lengths("libritts_like", n, seed=1)
+        auto = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2, passes=None)
+        one = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2)
+        assert auto.passes == 1 and list(auto) == list(one)
+        assert auto.state_dict() == one.state_dict()
+    assert lengths.sum() >= 64 * 38400 and one.one_pass_frame_fill() > 0.9
+
+
+def test_automatic_passes_fill_a_corpus_whose_one_pass_leaves_its_batches_mostly_empty():
+    """1,000 short clips fill 8 budgets: one pass splits its batches to reach min_efficiency, so they carry a
+    quarter of the budget; passes=None plans several passes there, whose batches carry three times as much data
+    (frame fill), at a lower padding efficiency."""
     from audiopipe.bench.synthetic_lengths import synthetic_lengths
 
     lengths = synthetic_lengths("short_clip", 1000, seed=1)
-    assert lengths.sum() >= 4 * 38400
-    auto = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2, passes=None)
-    one = BucketBatchSampler(lengths, 38400, seed=0, rank=1, world_size=2)
-    assert auto.passes == 1 and list(auto) == list(one)
-    assert auto.state_dict() == one.state_dict()
+    assert 4 * 38400 <= lengths.sum() < 64 * 38400
+    one = BucketBatchSampler(lengths, 38400, seed=0, rank=0, world_size=2)
+    auto = BucketBatchSampler(lengths, 38400, seed=0, rank=0, world_size=2, passes=None)
+    assert one.one_pass_frame_fill() < 0.5 and one.diagnostics.frame_fill < 0.3
+    assert auto.passes > 1 and auto.diagnostics.frame_fill > 3 * one.diagnostics.frame_fill
+    assert auto.diagnostics.fill_ratio >= 0.9 and auto.diagnostics.padding_efficiency >= 0.75
 
 
 passes_configs = configs.filter(lambda c: c["max_items"] != 1).map(lambda c: {**c, "passes": 3})
@@ -684,3 +701,23 @@ def test_shapes_bound_every_batch_to_k_shapes_under_budget_with_exact_resume(cfg
         if other.shapes != shapes:
             with pytest.raises(ValueError):
                 other.load_state_dict(state)
+
+
+def test_automatic_passes_resume_under_another_world_size_with_the_passes_saved():
+    """passes=None chooses for the world size (78 utterances: 12 passes on 1 rank, 36 on 3); a state saved on 3
+    ranks and resumed on 1 keeps the 36 passes, so the rest of the epoch is what the 3 ranks left, each
+    remaining item occurrence trained exactly once."""
+    from audiopipe.bench.synthetic_lengths import synthetic_lengths
+
+    lengths = synthetic_lengths("libritts_like", 78, seed=0)
+    three = [BucketBatchSampler(lengths, 38400, seed=0, rank=r, world_size=3, passes=None) for r in range(3)]
+    one = BucketBatchSampler(lengths, 38400, seed=0, rank=0, world_size=1, passes=None)
+    assert three[0].passes != one.passes
+    batches = [list(s) for s in three]
+    done = 4
+    state = three[0].state_dict(consumed_batches=done)
+    one.load_state_dict(state)
+    assert one.passes == three[0].passes
+    rest = list(one)
+    trained = Counter(i for bs in batches for b in bs[:done] for i in b) + Counter(i for b in rest for i in b)
+    assert trained == Counter(i for bs in batches for b in bs for i in b)  # nothing lost, nothing repeated

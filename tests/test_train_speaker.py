@@ -184,6 +184,12 @@ def test_speaker_split_and_labels():
         speaker_data.split_speakers(speakers, n, heldout=4, seed=1, min_samples=400)
     with pytest.raises(ValueError, match="no usable"):
         speaker_data.split_speakers([""] * 3, n[:3], heldout=0, seed=1, min_samples=400)
+    # auto (None): none held out below HOLD_OUT_FROM usable speakers (here 4), 2 from 6 on
+    auto = speaker_data.split_speakers(speakers, n, heldout=None, seed=1, min_samples=400)
+    assert auto.heldout_speakers == [] and auto.train_speakers == ["a", "b", "c", "d"] and len(auto.heldout) == 0
+    six = [s for s in "abcdef" for _ in range(2)]
+    auto6 = speaker_data.split_speakers(six, np.full(12, SR), heldout=None, seed=1, min_samples=400)
+    assert len(auto6.heldout_speakers) == 2 and len(auto6.train_speakers) == 4
     full, extra = speaker_data.fill_last_batch(np.arange(13), 4, seed=0)
     assert extra == 3 and len(full) == 16 and set(full[13:]) <= set(range(13))
     assert speaker_data.fill_last_batch(np.arange(13), 64, seed=0)[1] == 0  # one batch of all 13
@@ -464,6 +470,16 @@ def test_heldout_speakers_leaving_none_to_train_is_one_line(name, spk_shards, tm
     assert msg.startswith(f"{name}: error: --heldout-speakers 4 leaves no speaker to train on") and "\n" not in msg
     assert "4 speakers" in msg and "at most 3" in msg
     assert not (tmp_path / "x").exists()
+
+
+def test_heldout_speakers_auto_trains_every_speaker_of_a_small_corpus(spk_shards, tmp_path, capsys):
+    """4 speakers and the default --heldout-speakers auto: all 4 train (12 classes), no EER, and the log says
+    why and how to hold speakers out."""
+    train_campplus.main(_argv(spk_shards, tmp_path / "run", 1))
+    out = capsys.readouterr().out
+    assert "[speaker] 4 speakers, fewer than 6: all of them train and there is no EER" in out, out
+    assert "--heldout-speakers N holds N out" in out and "of 4 speakers (x3 speeds = 12 classes)" in out
+    assert not (tmp_path / "run" / "eer.json").exists() and "[campplus] EER" not in out
 
 
 def test_bad_batch_budget_is_refused(spk_shards, tmp_path):

@@ -402,3 +402,36 @@ def test_compile_at_fixed_shapes_trains_the_eager_losses(mel_shards, tmp_path):
     assert len(allowed) <= 2 and set(shapes) <= allowed and len(shapes) == 4
     assert np.allclose([r["loss"] for r in comp], [r["loss"] for r in eager], rtol=1e-4, atol=1e-6)
     assert all(r["fill"] == pytest.approx(s[0] * s[1] / 1200) for r, s in zip(eager, shapes))
+
+
+def test_passes_follow_the_corpus_size_by_default_and_the_log_says_so(mel_shards, tmp_path, capsys):
+    """--passes 0 (the default) plans several passes an epoch on the 12 utterances (fewer than 4 batches of
+    1200 frames), and rank 0 says how many, the batches and the planned fill; --passes 1 keeps one pass and says
+    its fill and the flag; a budget that one pass fills plans one pass and says nothing."""
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path))
+    assert cfg.passes == 0
+    loader = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    d = loader.sampler.diagnostics
+    assert loader.sampler.passes > 1 and d.fill_ratio > 0.8, d.summary()
+    capsys.readouterr()
+    core.say_passes(loader, cfg, "t")
+    budgets = loader.sampler.lengths.sum() / 1200
+    assert budgets < 4 and capsys.readouterr().out == (
+        f"[t] 12 utterances, {budgets:.1f} batches of frames: an epoch is {loader.sampler.passes} passes over them "
+        f"(--passes 0: by corpus size), {d.batches_per_rank} batches per rank an epoch, planned fill "
+        f"{d.fill_ratio:.0%} of the budget\n")
+    one_cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--passes", "1"))
+    one = core._make_loader(one_cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    core.say_passes(one, one_cfg, "t")
+    said = capsys.readouterr().out
+    assert one.sampler.passes == 1 and one.sampler.diagnostics.fill_ratio < d.fill_ratio
+    assert f"{budgets:.1f} batches of frames, one pass an epoch: {one.sampler.diagnostics.batches_per_rank} " \
+        f"batches per rank" in said
+    assert "--passes 0 (by corpus size) plans several passes an epoch with full batches" in said
+    longest = int(loader.sampler.lengths.max())
+    big_cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--batch-frames", str(longest)))
+    big = core._make_loader(big_cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    core.say_passes(big, big_cfg, "t")
+    # a budget of the longest utterance: 4 batches of frames or more, and one pass fills them over half
+    assert big.sampler.lengths.sum() >= 4 * longest and big.sampler.one_pass_frame_fill() >= 0.5
+    assert big.sampler.passes == 1 and capsys.readouterr().out == ""

@@ -54,7 +54,7 @@ class RunConfig:
     max_items: int | None = None
     min_efficiency: float = 0.97  # split the most wasteful batches until the epoch pads no more than this
     pools: int = 0  # random pools an epoch is sorted in; 0: automatic
-    passes: int = 1  # passes over the corpus per epoch; 0: by corpus size (several on a small one)
+    passes: int = 0  # passes over the corpus per epoch; 0: by corpus size (several on a small one, else 1)
     shapes: int = 0  # at most this many batch shapes in the run; 0: off
     compile: bool = False  # torch.compile the model's forward and backward
     grad_accum: int = 1
@@ -86,7 +86,8 @@ FLAG_HELP = {
                       "full batches; docs/sampler.md)",
     "pools": "random pools each epoch is sorted and packed in (0 = automatic: the most that keep --min-efficiency)",
     "passes": "passes over the corpus per epoch, cut into batches as one stream (0 = by corpus size: several when "
-              "it fills fewer than 4 batches, so that batches are full: use it on small corpora)",
+              "it fills fewer than 4 batches, or fewer than 64 and one pass would leave its batches more than half "
+              "empty, so that batches are full; else one; 1 = always one)",
     "shapes": "pad every batch to one of at most this many (items, frames) shapes for the whole run, for "
               "--compile (0 = off: each batch padded to its longest item; docs/sampler.md)",
     "bucket_budget": "a JSON file of batch budgets per length bucket (one calibrated per model and GPU by "
@@ -485,10 +486,6 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         _fail(f"{log_name}: error: {e}", d)
     if on_loader is not None:
         on_loader(loader)
-    small = getattr(loader.sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
-    if d.main and loader.mix is None and cfg.passes == 1 and small is not None and small() > 1:
-        print(f"[{log_name}] this corpus fills fewer than 4 batches of the budget, so its batches are mostly "
-              f"empty; --passes 0 plans several passes an epoch with full ones", flush=True)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     precision, autocast = autocast_for(cfg.precision, d.device)
     scaler = torch.amp.GradScaler(d.device.type, enabled=precision == "fp16")
@@ -512,6 +509,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         if d.main:
             print(f"[{log_name}] resumed from {ck.name} at step {step} (epoch {epoch}); the sampler continues "
                   f"with the next unseen batch", flush=True)
+    if d.main:  # after a resume: under another world size the sampler keeps the passes the run was saved with
+        say_passes(loader, cfg, log_name)
     for h in hooks:
         h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
@@ -602,6 +601,27 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     return last
 
 
+def say_passes(loader: Loader, cfg: RunConfig, log_name: str) -> None:
+    """One line when an epoch is several passes (a small corpus, repeat.auto_passes): how many, and the batches
+    and fill they plan; or, with --passes 1 where --passes 0 would plan several, the one-pass fill and the flag.
+    Other corpora say nothing here."""
+    sampler = loader.sampler
+    small = getattr(sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
+    if loader.mix is not None or small is None or (sampler.passes == 1 and small() == 1):
+        return
+    diag = sampler.diagnostics  # the epoch's plan, which the first step builds anyway (a small corpus: cheap)
+    n = sampler.lengths
+    kept = n[(n > 0) & sampler.budget.fits_alone(n)]
+    size = f"{kept.size} utterances, {kept.sum() / sampler.budget.max_frames:.1f} batches of frames"
+    plan = f"{diag.batches_per_rank} batches per rank an epoch, planned fill {diag.fill_ratio:.0%} of the budget"
+    if sampler.passes > 1:
+        how = "--passes 0: by corpus size" if cfg.passes == 0 else f"--passes {cfg.passes}"
+        print(f"[{log_name}] {size}: an epoch is {sampler.passes} passes over them ({how}), {plan}", flush=True)
+    else:
+        print(f"[{log_name}] {size}, one pass an epoch: {plan}; --passes 0 (by corpus size) plans several passes "
+              f"an epoch with full batches", flush=True)
+
+
 def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: str | None,
                  expect: dict[str, str] | None, loader_kw: dict[str, Any], out: Path) -> Loader:
     dirs = shard_dirs(cfg)
@@ -617,7 +637,7 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
     common = dict(max_frames=budget, length_feature=length_feature, quadratic=cfg.quadratic,
                   max_items=cfg.max_items, seed=cfg.seed, num_workers=cfg.num_workers, rank=d.rank,
                   world_size=d.world, expect=expect, prefetch=cfg.prefetch,
-                  device=d.device if cfg.prefetch else None, **loader_kw)
+                  device=d.device if cfg.prefetch else None, passes=cfg.passes or None, **loader_kw)
     if cfg.reader == "files":  # the benchmark baseline: one .npy per utterance, exported once next to the run
         # Both checks before rank 0 starts an export the others would wait for.
         if len(dirs) > 1:
@@ -633,8 +653,7 @@ def _make_loader(cfg: RunConfig, d: Dist, features: list[str], length_feature: s
         if d.world > 1:
             dist.barrier()
         return files_loader(cfg.shards, features, cache, **common)
-    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, passes=cfg.passes or None,
-                  shapes=cfg.shapes or None)
+    common.update(min_efficiency=cfg.min_efficiency, pools=cfg.pools or None, shapes=cfg.shapes or None)
     if cfg.verify != "size" or cfg.check_finite:  # the shards' integrity checks, when asked (mmap reader)
         common.update(verify=cfg.verify, check_finite=cfg.check_finite)
     # Several folders: one plan over their union, each corpus's hours scaled by its weight (docs/loader.md).

@@ -24,7 +24,7 @@ from audiopipe.checkpoints.files import CheckpointError
 from audiopipe.storage.atomic import write_json_atomic
 
 import core
-from speaker_data import SAMPLE_RATE, SpeakerData, fbank_batch
+from speaker_data import AUTO_HELDOUT, HOLD_OUT_FROM, SAMPLE_RATE, SpeakerData, fbank_batch, heldout_count
 from speaker_eval import AAMSoftmax, evaluate_eer
 
 # ----------------------------------------------------------------------------- the recipe and its flags
@@ -46,9 +46,11 @@ class Recipe:
 
 def run_defaults(r: Recipe) -> dict[str, Any]:
     """core's flags with the recipe's values: SGD's LR and weight decay, no clipping, a budget of 64 crops of 3 s
-    per rank (upstream's 256 over 4 GPUs); training stops at the end of --epochs unless --max-steps comes first."""
+    per rank (upstream's 256 over 4 GPUs); training stops at the end of --epochs unless --max-steps comes first.
+    One pass an epoch whatever the corpus size: an epoch is one pass over the crops (the recipe's epochs), and every
+    batch already holds the same number of crops (speaker_data.fill_last_batch)."""
     return {"lr": r.lr, "min_lr_ratio": r.min_lr / r.lr, "weight_decay": 1e-4, "warmup_steps": 0, "clip": 0.0,
-            "max_steps": 10 ** 9, "batch_frames": 64 * 3 * SAMPLE_RATE}
+            "max_steps": 10 ** 9, "batch_frames": 64 * 3 * SAMPLE_RATE, "passes": 1}
 
 
 #: What core's flags mean in the speaker trainers (their --help).
@@ -58,6 +60,8 @@ FLAG_HELP = {
     "weight_decay": "SGD's weight decay",
     "warmup_steps": "not used: the speaker trainers warm up over --warmup-epochs",
     "min_lr_ratio": "the LR at the end of --epochs as a fraction of --lr (the recipe's min_lr / lr)",
+    "passes": "passes over the training crops per epoch (1: the recipe's epochs; every batch already holds the same "
+              "number of crops, whatever the corpus size; 0 = by corpus size)",
 }
 
 
@@ -73,8 +77,10 @@ def add_speaker_args(p: argparse.ArgumentParser, r: Recipe) -> None:
     g.add_argument("--margin-fix-epoch", type=float, default=r.margin_fix_epoch,
                    help="the margin rises to --margin by this epoch (default %(default)s)")
     g.add_argument("--scale", type=float, default=32.0, help="AAM-softmax scale (default %(default)s)")
-    g.add_argument("--heldout-speakers", type=int, default=2,
-                   help="speakers left out of training for the EER trials (0: no EER; default %(default)s)")
+    g.add_argument("--heldout-speakers", type=heldout_count, default=None, metavar="N|auto",
+                   help=f"whole speakers left out of training for the EER trials (0: no EER; 1 is refused); auto: "
+                        f"{AUTO_HELDOUT} from {HOLD_OUT_FROM} speakers on, else 0, all speakers train "
+                        f"(default auto)")
     g.add_argument("--crop-seconds", type=float, default=3.0, help="training crop length (default %(default)s)")
     g.add_argument("--min-seconds", type=float, default=0.5,
                    help="utterances shorter than this are left out, and counted (default %(default)s)")

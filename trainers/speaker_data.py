@@ -43,6 +43,17 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 
 # ----------------------------------------------------------------------------- speakers and the held-out split
 
+# --heldout-speakers auto: this many speakers are held out for the EER once the corpus has HOLD_OUT_FROM usable
+# speakers, so that at least 4 train; a smaller corpus (the 3-speaker demo) trains on all and has no EER: two held
+# out of three would leave one speaker, a classifier of one voice.
+AUTO_HELDOUT, HOLD_OUT_FROM = 2, 6
+
+
+def heldout_count(value: str) -> int | None:
+    """--heldout-speakers: 'auto' (None) or a whole number."""
+    return None if value == "auto" else int(value)
+
+
 @dataclass(frozen=True)
 class SpeakerSplit:
     """Which utterances train, which are held out for the EER trials, and each one's class."""
@@ -56,14 +67,15 @@ class SpeakerSplit:
     skipped_unlabelled: int  # empty speaker string
 
 
-def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout: int, seed: int,
+def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout: int | None, seed: int,
                    min_samples: int) -> SpeakerSplit:
-    """Map speaker strings to ids and hold `heldout` whole speakers out (seeded, the same on every rank)."""
+    """Map speaker strings to ids and hold `heldout` whole speakers out (seeded, the same on every rank);
+    None: AUTO_HELDOUT from HOLD_OUT_FROM usable speakers on, else none."""
     speakers = [str(s) for s in speakers]
     num_samples = np.asarray(num_samples, dtype=np.int64)
     if len(speakers) != len(num_samples):
         raise ValueError(f"{len(speakers)} speaker names for {len(num_samples)} utterances")
-    if heldout < 0 or heldout == 1:
+    if heldout is not None and (heldout < 0 or heldout == 1):
         raise ValueError(f"--heldout-speakers must be 0 (no EER) or at least 2 (non-target trials need two "
                          f"speakers), got {heldout}")
     unlabelled = np.array([s == "" for s in speakers], dtype=bool)
@@ -73,6 +85,8 @@ def split_speakers(speakers: Sequence[str], num_samples: np.ndarray, *, heldout:
     if not names:
         raise ValueError(f"no usable utterance: {int(unlabelled.sum())} have no speaker label and "
                          f"{int(short.sum())} are shorter than {min_samples} samples")
+    if heldout is None:
+        heldout = AUTO_HELDOUT if len(names) >= HOLD_OUT_FROM else 0
     if heldout >= len(names):
         fix = f"at most {len(names) - 1}, or 0 for no EER" if len(names) > 2 else "0 (no EER)"
         raise ValueError(f"--heldout-speakers {heldout} leaves no speaker to train on: the shards have "
@@ -356,6 +370,10 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, d: core.Dist, na
     on_device = args.augment_on == "device"
     crops = SpeakerCrops(split.label_of, seed=cfg.seed, crop_samples=crop,
                          speeds=(1.0,) if args.no_speed_perturb else SPEEDS, augment=augment, on_device=on_device)
+    if verbose and args.heldout_speakers is None and not split.heldout_speakers:
+        print(f"[speaker] {len(split.train_speakers)} speakers, fewer than {HOLD_OUT_FROM}: all of them train and "
+              f"there is no EER (--heldout-speakers auto holds {AUTO_HELDOUT} out from {HOLD_OUT_FROM} speakers on; "
+              f"--heldout-speakers N holds N out)", flush=True)
     if verbose:
         print(f"[speaker] {len(split.train)} training utterances of {len(split.train_speakers)} speakers "
               f"(x{len(crops.speeds)} speeds = {len(split.train_speakers) * len(crops.speeds)} classes); "

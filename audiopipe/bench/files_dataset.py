@@ -160,12 +160,13 @@ def files_loader(shards: str | Path, features: Sequence[str], cache: str | Path,
                  length_feature: str | None = None, lengths: np.ndarray | None = None,
                  subset: np.ndarray | None = None, expect: dict[str, str] | None = None, quadratic: float = 0.0,
                  max_items: int | None = None, seed: int = 0, shuffle: bool = True, rank: int | None = None,
-                 world_size: int | None = None, **loader_kw: Any) -> Loader:
+                 world_size: int | None = None, passes: int | None = None, **loader_kw: Any) -> Loader:
     """make_loader's Loader over the per-utterance export in `cache` (written by export_per_utterance): the same
     sampler, collate and look-ahead as over the shards, every array np.load'ed from its own file.
+    passes: as make_loader's (None: by corpus size).
     loader_kw: make_loader's batch and look-ahead arguments (layout, item_transform, prefetch, num_workers, ...)."""
     ds = FilesDataset(shards, features, cache=cache, expect=expect)
     subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
     sampler = BucketBatchSampler(lengths, max_frames, quadratic=quadratic, max_items=max_items, seed=seed,
-                                 shuffle=shuffle, rank=rank, world_size=world_size)
+                                 shuffle=shuffle, rank=rank, world_size=world_size, passes=passes)
     return loader_over(ds, sampler, features, subset=subset, seed=seed, **loader_kw)

@@ -321,8 +321,9 @@ def build(spec: LoaderSpec) -> Any:
     if spec.name in ("mmap", "mmap_ring1", "mmap_btc"):
         # mmap_ring1 has nothing built ahead (prefetch=0): a batch ahead would sit in the one slot being reused.
         ahead = {"prefetch": 0} if spec.name == "mmap_ring1" else {}
+        # passes=1: the same one-pass plan as the other loaders' BucketBatchSampler, whatever the corpus size.
         loader = make_loader(spec.shards, [f], max_frames=spec.max_frames, num_workers=spec.workers, seed=spec.seed,
-                             layout="BTC" if spec.name == "mmap_btc" else "BCT", **ahead)
+                             layout="BTC" if spec.name == "mmap_btc" else "BCT", passes=1, **ahead)
         if spec.name == "mmap_ring1":
             loader.collate.ring_size = 1  # before the first batch: the ring is created on first use
         return loader

@@ -24,7 +24,8 @@ STEP_MS = 50.0
 def _loader(src: str, feature: str, batch_frames: int, **kw):
     from audiopipe.reader.loader import make_loader
 
-    return make_loader(src, [feature], max_frames=batch_frames, rank=0, world_size=1, seed=0, **kw)
+    # passes=1: an epoch here is one pass over the corpus (its throughput, its requests), whatever its size.
+    return make_loader(src, [feature], max_frames=batch_frames, rank=0, world_size=1, seed=0, passes=1, **kw)
 
 
 def throughput(src: str, feature: str, batch_frames: int) -> dict:

@@ -41,9 +41,9 @@ def speaker_folder_note(speakers: set[str]) -> str | None:
         return None
     shown = ", ".join(odd[:5]) + (", ..." if len(odd) > 5 else "")
     return (f"speaker folders named like splits or corpus folders: {shown} ({len(odd)} of {len(speakers)} "
-            f"speakers); every file under them gets that name as its speaker. Point --corpus at the folder whose "
-            f"subfolders are speakers, or choose the speaker folder with --speaker dir:N (LibriTTS and VCTK are "
-            f"read from their top folder with --layout libritts / vctk)")
+            f"speakers); every file under them gets that name as its speaker. Point corpus= at the folder whose "
+            f"subfolders are speakers, or choose the speaker folder with speaker='dir:N' (LibriTTS and VCTK are "
+            f"read from their top folder with layout='libritts' or layout='vctk')")
 
 
 def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = False) -> Any:
@@ -58,7 +58,7 @@ def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = Fals
             if u.text:
                 kept.append(u)
             else:
-                d.rejects.append(Reject(u.path, u.source, "no_text", "no transcript was found (--require-text)"))
+                d.rejects.append(Reject(u.path, u.source, "no_text", "no transcript was found, and the job requires text"))
         if len(kept) < len(d.utterances):
             d.rejects.sort(key=lambda r: (r.source, r.reason))
             d.utterances = kept
@@ -66,7 +66,7 @@ def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = Fals
         n = d.untranscribed
         if n:
             d.notes.append(f"{n} of {len(d.utterances)} utterances have no transcript, and {options.text_for} "
-                           f"trains on transcripts; --require-text refuses them")
+                           f"trains on transcripts; require_text=True refuses them")
     keys: set[str] = set()
     for u in d.utterances:
         if u.extra:
@@ -74,11 +74,11 @@ def finish(d: Any, options: Any, speaker_auto: bool, manifest_given: bool = Fals
     keep = set(options.keep_columns)
     unused = (keys | set(d.unused_columns)) - INTERNAL_EXTRA - USED_EXTRA - keep
     if unused:
-        d.notes.append(f"not written to the shards: {', '.join(sorted(unused))} (--keep-columns "
-                       f"{','.join(sorted(unused)[:3])},... writes them as columns)")
+        d.notes.append(f"not written to the shards: {', '.join(sorted(unused))} (keep_columns='"
+                       f"{','.join(sorted(unused)[:3])},...' writes them as columns)")
     missing = sorted(keep - keys)
     if missing and d.utterances:
-        d.notes.append(f"--keep-columns: no utterance has {', '.join(missing)} (written empty)")
+        d.notes.append(f"no utterance has the keep_columns= column(s) {', '.join(missing)} (written empty)")
     if not d.utterances:
         if d.rejects:
             d.hint = rejects_hint(d.rejects)
@@ -144,26 +144,26 @@ def found_hint(root: str) -> str:
         return sum(v for (k, _), v in seen.items() if k == kind)
 
     if where("hf_disk"):
-        return f"{where('hf_disk')[0]} is a Hugging Face save_to_disk folder: use --manifest {where('hf_disk')[0]}"
+        return f"{where('hf_disk')[0]} is a Hugging Face save_to_disk folder: use manifest='{where('hf_disk')[0]}'"
     if where("shar"):
-        return f"{where('shar')[0]} is a lhotse Shar folder: use --manifest {where('shar')[0]}"
+        return f"{where('shar')[0]} is a lhotse Shar folder: use manifest='{where('shar')[0]}'"
     for kind, name in (("parquet", "parquet"), ("arrow", "Arrow")):
         if count(kind):
             folder = where(kind)[0]
-            return (f"found {count(kind)} {name} files (a Hugging Face dataset?): use --manifest {folder} "
-                    f"(and --text-column / --speaker-column as needed)")
+            return (f"found {count(kind)} {name} files (a Hugging Face dataset?): use manifest='{folder}' "
+                    f"(and text_column= / speaker_column= as needed)")
     if where("lhotse"):
         rec = where("lhotse")[0]
         sup = rec.replace("_recordings_", "_supervisions_")
-        return f"found lhotse manifests: use --manifest {rec} --manifest {sup}"
+        return f"found lhotse manifests {rec} and {sup}: give both as manifest="
     if where("cv"):
         tsv = next((p for p in where("cv") if p.endswith("validated.tsv")), where("cv")[0])
-        return f"found a Common Voice release: use --manifest {tsv}"
+        return f"found a Common Voice release: use manifest='{tsv}'"
     if where("jsonl"):
-        return f"found {where('jsonl')[0]}: if it lists the audio (NeMo, lhotse or audiopipe JSONL), use --manifest"
+        return f"found {where('jsonl')[0]}: if it lists the audio (NeMo, lhotse or audiopipe JSONL), use manifest="
     if where("archive"):
         return f"found archives ({where('archive')[0]}, ...): unpack them first"
     if where("tar"):
         return (f"found tar files ({where('tar')[0]}, ...): an Emilia WebDataset release is read with "
-                f"--layout emilia; other tars must be unpacked first")
+                f"layout='emilia'; other tars must be unpacked first")
     return f"no audio files under {root} (audiopipe reads the formats libsndfile reads: wav, flac, mp3, ogg, ...)"

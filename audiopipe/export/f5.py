@@ -31,7 +31,8 @@ from audiopipe.errors import in_flags
 from audiopipe.export.errors import ExportError
 from audiopipe.features.mel import VocosMel
 from audiopipe.reader.arrow_dataset import ShardDataset
-from audiopipe.storage.atomic import atomic_path
+from audiopipe.export.shardset import progress_bar
+from audiopipe.storage.atomic import atomic_path, is_temporary
 
 F5_MEL_HASH = VocosMel().specs[0].config_hash
 F5_DURATION_RANGE = (0.3, 30.0)  # F5's CustomDataset silently swaps rows outside this for the next row
@@ -77,8 +78,12 @@ def _batches(ds: ShardDataset, n_mels: int, batch_rows: int) -> Iterator[list[di
 
 
 def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
-              batch_rows: int = 100, tokenizer: str = "char", vocab_file: str | Path | None = None) -> dict[str, Any]:
+              batch_rows: int = 100, tokenizer: str = "char", vocab_file: str | Path | None = None,
+              progress: bool = False) -> dict[str, Any]:
     """Write mel.arrow, raw.arrow, duration.json and vocab.txt for F5-TTS into out_dir; returns a summary.
+
+    out_dir is a new or empty folder, or an earlier export (its four files, replaced with overwrite=True); a
+    folder holding anything else is refused. progress: a progress bar on stderr, in utterances.
 
     Rows keep the shard index order. Each file is written to a temporary and renamed durably when all are complete.
     tokenizer "pinyin": `text` is the list of F5 pinyin tokens (audiopipe.text.f5_pinyin), as F5's pinyin
@@ -107,6 +112,12 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     n_mels = int(ds.spec("mel")["channels"])
     job = ds.manifest.get("job", {})
     corpus = job.get("corpus")
+    others = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not is_temporary(p)) \
+        if out.is_dir() else []
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise ExportError(f"{out} holds other files ({shown}): export-f5 writes into a new or empty folder, or over "
+                          f"an earlier export; choose another out=")
     existing = [n for n in OUTPUTS if (out / n).exists()]
     if existing and not overwrite:
         raise ExportError(f"{out} already has {', '.join(existing)}; pass overwrite=True to replace")
@@ -120,6 +131,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
     # complete; an error removes the temporaries and leaves any earlier export untouched.
     with ExitStack() as stack:
         tmp = {n: stack.enter_context(atomic_path(out / n)) for n in OUTPUTS}
+        bar = stack.enter_context(progress_bar(len(ds), "export-f5", progress))
         with pa.OSFile(str(tmp["mel.arrow"]), "wb") as mel_sink, pa.OSFile(str(tmp["raw.arrow"]), "wb") as raw_sink, \
                 pa.ipc.new_stream(mel_sink, mel_schema) as mel_w, pa.ipc.new_stream(raw_sink, raw_schema) as raw_w:
             for batch in _batches(ds, n_mels, batch_rows):
@@ -143,6 +155,7 @@ def export_f5(shards_dir: str | Path, out_dir: str | Path, *, overwrite: bool = 
                     texts.append(text)
                     secs.append(sec)
                 durations.extend(secs)
+                bar.update(len(batch))
                 cols = [pa.array(paths, pa.string()), pa.array(texts, text_type), pa.array(secs, pa.float64())]
                 raw_w.write_batch(pa.record_batch(cols, schema=raw_schema))
                 mel_w.write_batch(pa.record_batch(cols + [_mel_column([it["mel"] for it in batch], n_mels)],
@@ -192,19 +205,22 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", required=True, help="audiopipe shard folder made with the f5tts preset")
-    p.add_argument("--out", required=True, help="F5-TTS data folder to write (e.g. data/<name>_char)")
+    p.add_argument("--out", required=True, help="F5-TTS data folder to write (e.g. data/<name>_char): a new or "
+                                                "empty folder, or an earlier export with --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace mel.arrow/raw.arrow/... already in --out")
     p.add_argument("--tokenizer", choices=("char", "pinyin"), default="char",
                    help="char (default): text as is; pinyin: F5's Chinese tokens (text stored as a token list, "
                         "as F5's pinyin preparation does)")
     p.add_argument("--vocab", default=None, help="with --tokenizer pinyin: a checkpoint's vocab.txt to keep (its "
                                                  "ids); tokens it lacks are counted and reported")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     """The `audiopipe export-f5` command. Problems raise ExportError (a ValueError) for the CLI's error line."""
     for line in summary_lines(export_f5(args.shards, args.out, overwrite=args.overwrite,
-                                        tokenizer=getattr(args, "tokenizer", "char"), vocab_file=args.vocab)):
+                                        tokenizer=getattr(args, "tokenizer", "char"), vocab_file=args.vocab,
+                                        progress=not getattr(args, "no_progress", False))):
         print(line)
     return 0
 

@@ -275,7 +275,7 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
                 # 2. how to batch
                 max_frames: int | BucketBudget, length_feature: str | None = None, lengths: np.ndarray | None = None,
                 quadratic: float = 0.0, max_items: int | None = None, seed: int = 0, shuffle: bool = True,
-                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = 1,
+                min_efficiency: float = 0.97, pools: int | None = None, passes: int | None = None,
                 shapes: int | None = None,
                 # 3. how to hand batches over
                 layout: str = "BCT", pad_to_multiple: int = 1, item_transform: Callable | None = None,
@@ -306,8 +306,10 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
       seed, shuffle: every epoch's plan is a pure function of (seed, epoch, lengths, rank, world_size).
       min_efficiency, pools: the padding efficiency the most wasteful batches are split to reach, and the random
         pools an epoch is sorted in (None: the most that keep min_efficiency; docs/sampler.md).
-      passes: passes over the corpus per epoch, cut into batches as one stream (default 1; None: by corpus size,
-        several only when the corpus fills fewer than 4 budgets, so that its batches are full: for small corpora).
+      passes: passes over the corpus per epoch, cut into batches as one stream (default None: by corpus size,
+        several when the corpus fills fewer than 4 budgets, or fewer than 64 and one pass would leave its
+        batches more than half empty, so that its batches are full; one pass on other corpora, on a weighted
+        mix, and with block-window reading; 1: always one pass).
       shapes: at most this many batch shapes in the whole run (None: off): every batch is padded to one of K
         (items, frames) shapes (audiopipe/sampler/shapes.py), for torch.compile or CUDA graphs.
     3. How to hand batches over (audiopipe/collate/pad.py, audiopipe/reader/prefetch.py)
@@ -361,7 +363,8 @@ def make_loader(shards: str | Path | Sequence[str | Path], features: Sequence[st
     subset, lengths = rows_to_plan(ds, length_feature or features[0], lengths, subset)
     corpus_bytes = sum(int(e["arrow"]["bytes"]) for e in ds.manifest["shards"])
     mode = opts.resolve(remote=remote, mixed=mixed, num_workers=num_workers, corpus_bytes=corpus_bytes)
-    bucket_only = (min_efficiency, pools, passes, shapes) != (0.97, None, 1, None)  # settings block windows lack
+    # Settings block windows lack (passes=None is one pass there: block windows plan big remote corpora).
+    bucket_only = (min_efficiency, pools, shapes) != (0.97, None, None) or passes not in (None, 1)
     if mode == "blocks" and opts.mode == "auto" and bucket_only:
         mode = "rows"
     if mode == "blocks":

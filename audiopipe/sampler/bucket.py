@@ -123,8 +123,9 @@ class BucketBatchSampler(EpochPasses):
 
     Small corpora (passes, repeat.py): passes=k makes an epoch k passes over the items, sorted by length and cut
     into full batches as one stream (no batch holds an item twice); passes=None chooses by corpus size (several
-    only below repeat.SMALL_CORPUS_BUDGETS budgets of kept frames). min_efficiency and
-    pools apply to one-pass epochs.
+    below repeat.SMALL_CORPUS_BUDGETS budgets of kept frames, or below CHECK_FILL_BELOW_BUDGETS when one pass's
+    batches would carry less than MIN_FRAME_FILL of the budget). min_efficiency and pools apply to one-pass
+    epochs.
 
     Few batch shapes (shapes, shapes.py): shapes=K fits K length edges to the lengths and plans every batch to fit
     the shape it is padded to ([items at that edge, edge]); `self.shapes` is what the collator pads to. No
@@ -201,16 +202,16 @@ class BucketBatchSampler(EpochPasses):
             self._empty = np.flatnonzero(self.lengths == 0)
             self._too_long = np.flatnonzero(self.lengths > longest)
         self.requested_pools = None if pools is None else int(pools)
-        # A small corpus's epoch is several passes cut as one stream (repeat.py): full batches, not a few
-        # partly empty ones. Automatic: by how many budgets the kept frames fill.
-        self.requested_passes = None if passes is None else int(passes)
-        if passes is None:
-            passes = 1 if epoch_items is not None else self.small_corpus_passes()
-        self.passes = int(passes)
         if pools is None:
             target = min(self.min_efficiency + 0.015, 0.995)
             pools = choose_pools(self._order.values, self._order.counts, self.budget, target, self._rng(_POOLS))
         self.pools = int(pools)
+        # A small corpus's epoch is several passes cut as one stream (repeat.py): full batches, not a few
+        # partly empty ones. Automatic: by how many budgets the kept frames fill, and how full one pass is.
+        self.requested_passes = None if passes is None else int(passes)
+        if passes is None:
+            passes = 1 if epoch_items is not None else self.small_corpus_passes()
+        self.passes = int(passes)
         self.epoch = 0
         self._pending: Position | None = None  # set by load_state_dict, consumed by the next iter()
         self._active: Position | None = None  # the pass in progress (or the last one)
@@ -244,9 +245,19 @@ class BucketBatchSampler(EpochPasses):
         pos.finished = True
 
     def small_corpus_passes(self) -> int:
-        """The passes passes=None would choose for this corpus (1 from 4 budgets of kept frames on)."""
+        """The passes passes=None would choose for this corpus (repeat.auto_passes): several below 4 budgets of
+        kept frames, or below 64 when one pass's batches would carry less than half the budget; else 1."""
         frames = int((self._order.values * self._order.counts).sum())
-        return auto_passes(frames, self.budget.max_frames, self.world_size)
+        return auto_passes(frames, self.budget.max_frames, self.world_size, self.one_pass_frame_fill)
+
+    def one_pass_frame_fill(self) -> float:
+        """Mean data frames per batch / max_frames of epoch 0's one-pass plan, efficiency splits included (what
+        passes=None weighs on a corpus of a few dozen budgets; planned here, outside the cache)."""
+        plan = EpochPlan(self._order, self.budget, self.pools, self._rng(_PLAN, 0) if self.shuffle else None)
+        if self.shapes is None:
+            plan.split_to_efficiency(self.min_efficiency)
+        frames = plan.stats(plan.table)[2]
+        return float(frames.mean()) / self.budget.max_frames if frames.size else 0.0
 
     def __len__(self) -> int:
         """Batches this rank gets in the next pass (or the pass in progress)."""
@@ -300,6 +311,13 @@ class BucketBatchSampler(EpochPasses):
                 f"the state was saved for other lengths ({state['num_items']} items, sha256 {state['lengths_sha256']}) "
                 f"than this sampler's ({self.lengths.size} items, sha256 {self._fingerprint}): another corpus or index?"
             )
+        saved_passes = state["config"].get("passes", 1)
+        if self.requested_passes is None and self.epoch_items is None and isinstance(saved_passes, int) \
+                and saved_passes >= 1 and saved_passes != self.passes:
+            # passes=None chose for the world size the state was saved under (repeat.auto_passes): a resume under
+            # another one keeps the run's passes, so the epoch it re-deals is the one it counted.
+            self.passes = saved_passes
+            self._cache = {}
         now = self._config()  # both ways: a setting only one side has (shapes, passes) is a difference too
         diff = {k: (state["config"].get(k), now.get(k)) for k in state["config"].keys() | now.keys()
                 if state["config"].get(k) != now.get(k)}

@@ -227,7 +227,7 @@ def _corpus_options(job: Job, chosen: Any, preset: str, *, text_column: str | No
     return CorpusOptions(text_column=text_column, speaker_column=speaker_column, audio_column=audio_column,
                          id_column=id_column, vctk_mic=vctk_mic, keep_columns=tuple(job.keep_columns),
                          require_text=require_text,
-                         text_for=f"--preset {preset}" if chosen.transcripts and not custom_features else None)
+                         text_for=f"preset={preset!r}" if chosen.transcripts and not custom_features else None)
 
 
 def shard(corpus: str | Path | None = None, out: str | Path = "./shards", *, preset: str = "f5tts",

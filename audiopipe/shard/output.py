@@ -63,10 +63,10 @@ def ownership(names: set[str], marker: Any, plan: Any, identity: str, where: str
     Anything else is a one-line JobError naming what the folder holds."""
     if marker is not None:
         if not isinstance(marker, dict) or "job_identity" not in marker:
-            raise JobError(f"{where} holds a damaged {MARKER_NAME}; use a new or empty --out")
+            raise JobError(f"{where} holds a damaged {MARKER_NAME}; use a new or empty out= folder")
         if marker["job_identity"] != identity:
             raise JobError(f"{where} holds shards made with other settings (job {marker['job_identity']}, now "
-                           f"{identity}); use a new --out or delete the folder")
+                           f"{identity}); use another out= folder, or delete this one")
         return False
     if not names:
         return True
@@ -77,7 +77,7 @@ def ownership(names: set[str], marker: Any, plan: Any, identity: str, where: str
     shown = sorted(names)
     listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
     raise JobError(f"{where} is not empty and was not made by audiopipe shard (it holds {listed}): nothing "
-                   f"written; use a new or empty --out")
+                   f"written; use a new or empty out= folder")
 
 
 def marker_record(identity: str) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def start_local(cpus: int, nice: int, runtime_env: dict[str, Any]) -> None:
     if host not in LOOPBACK:
         ray.shutdown()
         raise JobError(f"the embedded Ray listened on {host}, not on loopback only; refusing to run (this Ray "
-                       f"version is not supported for local jobs, use --workers 0 or --ray-address)")
+                       f"version is not supported for local jobs, use workers=0 or ray_address=)")
     _started.update(mode="local", address=None)
 
 
@@ -173,4 +173,4 @@ def check_progress_possible(cluster_cpus: float, codec_cpus: float, address: str
     where = f"the Ray cluster at {address}" if address else "the embedded Ray"
     need = " beside the codec stage's actors" if codec_cpus else ""
     raise JobError(f"{where} has {cluster_cpus:g} CPU{'s' if cluster_cpus != 1 else ''}, and shard tasks need "
-                   f"1{need}: add a node with CPUs (or start the head with more --num-cpus)")
+                   f"1{need}: add a node with CPUs (or start its head with more CPUs: `ray start --num-cpus N`)")

@@ -18,14 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from audiopipe.decode.audio import DecodeLimits, resampler_info
+from audiopipe.errors import AudiopipeWarning
 from audiopipe.shard.job import ENGINES, Job, JobError
 from audiopipe.shard.ledger import Ledger
 from audiopipe.shard.manifest import MANIFEST_NAME, REJECTS_NAME, assemble_manifest, write_rejects
@@ -90,7 +91,7 @@ class Summary:
     def lines(self) -> list[str]:
         if self.up_to_date:
             return [f"up to date: {self.shards} shards, {self.written} utterances, {self.hours:.3f} h "
-                    f"(nothing to do; use a new --out to re-extract)"]
+                    f"(nothing to do; another out= folder extracts again)"]
         rate = self.hours / self.seconds if self.seconds > 0 else 0.0
         ray = f"Ray start {self.ray_start_s:.1f} s, " if self.engine == "ray" else ""
         out = [f"discovered {self.discovered}, written {self.written}, rejected {self.rejected}",
@@ -196,7 +197,7 @@ def _check_row_length(seconds: float) -> None:
 
     if seconds > MAX_ROW_S:
         raise RejectError("too_long", f"{seconds:.3f} s is longer than the {MAX_ROW_S:.0f} s one row may be, "
-                                      f"whatever --max-duration allows (a row is built whole in memory, about 1 MB "
+                                      f"whatever the maximum duration allows (a row is built whole in memory, about 1 MB "
                                       f"per second of audio); cut it into segments (a Kaldi segments file, NeMo "
                                       f"offsets or lhotse supervisions)")
 
@@ -221,7 +222,7 @@ def plan_workers(workers: int | None, ray_address: str | None, engine: str) -> t
     if workers == 0:
         return 0, []
     if workers > cores:
-        return cores, [f"--workers {workers}: this machine has {cores} CPU{'s' if cores > 1 else ''} for the "
+        return cores, [f"workers={workers}: this machine has {cores} CPU{'s' if cores > 1 else ''} for the "
                        f"job; using {cores}"]
     return workers, []
 
@@ -241,18 +242,18 @@ def _first_engine(engine: str, workers: int, asked: int | None, ray_address: str
     needs Ray whatever its size (a cluster, a codec stage on several workers)."""
     if asked == 0:
         if ray_address or engine == "ray":
-            raise JobError("--workers 0 builds in this process; it cannot be combined with --ray-address or "
-                           "--engine ray")
+            raise JobError("workers=0 builds in this process; it cannot be combined with ray_address= or "
+                           "engine='ray'")
         return "local"
     if ray_address:
         if engine == "local":
-            raise JobError("--engine local builds on this machine; it cannot be combined with --ray-address")
+            raise JobError("engine='local' builds on this machine; it cannot be combined with ray_address=")
         return "ray"
     if engine == "auto":
         return "local"  # a codec job too: in this process, unless it is large (_maybe_switch_to_ray)
     if engine == "local" and job.codec and workers > 1:
-        raise JobError("the codec stage of --engine local runs in this process: use --workers 0 (or --workers 1),"
-                       " or --engine ray for several workers")
+        raise JobError("the codec stage of engine='local' runs in this process: use workers=0 (or workers=1),"
+                       " or engine='ray' for several workers")
     return engine
 
 
@@ -277,7 +278,7 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
     if engine not in ENGINES:
         raise JobError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     if workers is not None and workers < 0:
-        raise JobError(f"--workers must be 0 (this process only) or more, got {workers}")
+        raise JobError(f"workers={workers}: must be 0 (this process only) or more")
     try:
         out = open_output(job.out, staging)
     except OSError as e:
@@ -323,8 +324,8 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     old_plan = out.read_json(PLAN_NAME)
     if old_plan and old_plan.get("job_identity") != job.identity():
         raise JobError(f"{out} holds shards made with other settings (job {old_plan.get('job_identity')}, "
-                       f"now {job.identity()}); use a new --out or delete the folder")
-    if finished is None:
+                       f"now {job.identity()}); use another out= folder, or delete this one")
+    if finished is None:  # what a previous run finished (on s3:// each object is re-read and checked, once)
         finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
     if old_plan and len(finished) == len(old_plan["units"]):  # a plan in another layout (parsed whole)
         m = out.read_json(MANIFEST_NAME)
@@ -354,11 +355,11 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
                 eng.warm_here(job)
             plan, new_units, discovery_s = planned.result()
         mark("planned")
-        for note in plan["notes"]:
-            print(f"audiopipe: note: {note}", file=sys.stderr)
+        for note in plan["notes"]:  # in Python's words (out=); the command line says them as `audiopipe: note:`
+            warnings.warn(AudiopipeWarning(note), stacklevel=2)
         if old_plan and old_plan["corpus_digest"] != plan["corpus_digest"]:
             raise JobError(f"the corpus changed since {out} was started (files added, removed or edited); "
-                           f"use a new --out, or delete its {PLAN_NAME} to start over")
+                           f"use another out= folder, or delete its {PLAN_NAME} to start over")
         if not new_units:
             _refuse_empty(out, plan)
         if not old_plan:
@@ -378,7 +379,7 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
             ray_start_s += started
             warmup_s = eng.await_warmups()
             if ray_address and workers and workers != eng.slots(job):  # a cluster's CPUs decide, not --workers
-                notes.append(f"--workers {workers}: the cluster at {ray_address} has {eng.slots(job)} CPUs for "
+                notes.append(f"workers={workers}: the cluster at {ray_address} has {eng.slots(job)} CPUs for "
                              f"shard tasks; using them")
             notes += _cap_by_tasks(eng.slots(job), len(todo), ray_address)
         startup_s = time.monotonic() - t0

@@ -237,7 +237,8 @@ def _verify(files: _Files, tars: bool, progress: bool = False) -> VerifyReport:
     if tars and version != FORMAT_VERSION:
         # Version 1 tars used another key rule: comparing them member by member would only list every dotted id.
         report.fail(f"manifest.json: format_version {version}, this audiopipe writes {FORMAT_VERSION} (sample keys "
-                    f"changed in version 2); reshard, or verify the Arrow shards alone with --no-tar")
+                    f"changed in version 2); reshard, or verify the Arrow shards alone (tars=False; "
+                    f"`audiopipe verify --no-tar`)")
         tars = False
     owner: dict[str, tuple[str, str]] = {}  # folded key -> (shard, id) of its first sample
     from tqdm import tqdm

@@ -64,7 +64,7 @@ class PrefixLock:
         if holder is not None and not break_lock and not self._dead(holder, age):
             raise LockHeld(f"{prefix} is in use by {_describe(holder)}, last heartbeat {age:.0f} s ago; wait for it "
                            f"to finish or use another prefix (a dead job's lock goes stale {stale_after:.0f} s "
-                           f"after its last heartbeat; --break-lock takes it over at once)")
+                           f"after its last heartbeat; break_lock=True takes it over at once)")
         self.info = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
                      "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": uuid.uuid4().hex}
         self._write()

@@ -68,10 +68,10 @@ class BertPhoneFeatures:
 
         path = Path(self.checkpoint)
         if not path.is_dir():
-            raise BertFeatureError(f"--bert-checkpoint {path}: not a folder (give the save_pretrained folder of "
+            raise BertFeatureError(f"bert_checkpoint='{path}': not a folder (give the save_pretrained folder of "
                                    f"chinese-roberta-wwm-ext-large)")
         if not (path / "config.json").is_file():
-            raise BertFeatureError(f"--bert-checkpoint {path}: no config.json (not a save_pretrained folder)")
+            raise BertFeatureError(f"bert_checkpoint='{path}': no config.json (not a save_pretrained folder)")
         try:
             self.identity = checkpoint_identity(path)
             self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -80,9 +80,9 @@ class BertPhoneFeatures:
             self._model = AutoModel.from_pretrained(str(path), local_files_only=True, add_pooling_layer=False)
         except (OSError, ValueError) as e:
             first = next((s for s in str(e).splitlines() if s.strip()), type(e).__name__)
-            raise BertFeatureError(f"--bert-checkpoint {path}: cannot load it ({first.strip()})") from None
+            raise BertFeatureError(f"bert_checkpoint='{path}': cannot load it ({first.strip()})") from None
         if int(self._model.config.hidden_size) != BERT_DIM:
-            raise BertFeatureError(f"--bert-checkpoint {path}: hidden size {self._model.config.hidden_size}, but "
+            raise BertFeatureError(f"bert_checkpoint='{path}': hidden size {self._model.config.hidden_size}, but "
                                    f"GPT-SoVITS's bert_proj reads {BERT_DIM}-d features "
                                    f"(chinese-roberta-wwm-ext-large)")
         dev = self.device

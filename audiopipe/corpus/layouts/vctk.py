@@ -101,5 +101,5 @@ def discover(root: str, speaker_rule: int | None, options: Any = None):
     notes = []
     if other_mic:
         notes.append(f"VCTK: {mic} recordings taken, {other_mic} files of the other microphone left out "
-                     f"(--vctk-mic chooses)")
+                     f"(vctk_mic= chooses)")
     return utts, rejects, notes

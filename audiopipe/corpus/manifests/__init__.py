@@ -75,7 +75,7 @@ def kind_of(path: str) -> str:
             return "hf"
         raise InvalidValue(f"{path} is a folder but not a manifest: expected a Hugging Face save_to_disk folder "
                            f"(state.json), a lhotse Shar folder (cuts.000000.jsonl.gz) or a folder of .parquet/"
-                           f".arrow files; a folder of audio is given with --corpus")
+                           f".arrow files; a folder of audio is given as corpus=")
     path = regular_file(path)
     name = os.path.basename(path).lower()
     if name.endswith((".parquet", ".arrow")):

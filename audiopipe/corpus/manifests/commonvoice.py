@@ -33,9 +33,9 @@ def read(paths: list[str], root: str, options: Any) -> Read:
             with open_text(tsv) as f:
                 reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
                 columns = list(reader.fieldnames or [])
-                text_col = pick_column(columns, options.text_column, ("sentence",), "--text-column", tsv)
-                spk_col = pick_column(columns, options.speaker_column, ("client_id",), "--speaker-column", tsv)
-                id_col = pick_column(columns, options.id_column, (), "--id-column", tsv)
+                text_col = pick_column(columns, options.text_column, ("sentence",), "text_column=", tsv)
+                spk_col = pick_column(columns, options.speaker_column, ("client_id",), "speaker_column=", tsv)
+                id_col = pick_column(columns, options.id_column, (), "id_column=", tsv)
                 used = {"path", text_col, spk_col, id_col, "locale", *USED_EXTRA}
                 out.unused |= set(columns) - used - keep
                 for row in reader:

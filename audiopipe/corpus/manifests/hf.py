@@ -121,12 +121,12 @@ def _columns(t: _Table, schema: Any, options: Any) -> _Columns:
     audio = options.audio_column
     if audio:
         if audio not in names:
-            raise InvalidValue(f"{where}: no column {audio!r} (--audio-column); its columns are {', '.join(names)}")
+            raise InvalidValue(f"{where}: no column {audio!r} (audio_column=); its columns are {', '.join(names)}")
     else:
         typed = _audio_columns(schema, t.features)
         if len(typed) != 1:
             what = f"{len(typed)} columns typed Audio ({', '.join(typed)})" if typed else "no column typed Audio"
-            raise InvalidValue(f"{where}: {what}; name the audio column with --audio-column (columns: "
+            raise InvalidValue(f"{where}: {what}; name the audio column with audio_column= (columns: "
                                f"{', '.join(names)})")
         audio = typed[0]
     typ = schema.field(audio).type
@@ -137,9 +137,9 @@ def _columns(t: _Table, schema: Any, options: Any) -> _Columns:
         audio_field = None
     else:
         raise InvalidValue(f"{where}: column {audio!r} is {typ}, not audio bytes, a path, or a {{bytes, path}} struct")
-    text = pick_column(names, options.text_column, TEXT_COLUMNS, "--text-column", where)
-    speaker = pick_column(names, options.speaker_column, SPEAKER_COLUMNS, "--speaker-column", where)
-    uid = pick_column(names, options.id_column, ("id",), "--id-column", where)
+    text = pick_column(names, options.text_column, TEXT_COLUMNS, "text_column=", where)
+    speaker = pick_column(names, options.speaker_column, SPEAKER_COLUMNS, "speaker_column=", where)
+    uid = pick_column(names, options.id_column, ("id",), "id_column=", where)
     keep = set(options.keep_columns) | set(USED_EXTRA)
     kept = [c for c in names if c in keep and c not in (audio, text, speaker, uid)]
     unused = set(names) - {audio, text, speaker, uid} - set(kept)
@@ -251,7 +251,7 @@ def read(paths: list[str], root: str, options: Any) -> Read:
         out.unused |= f.cols.unused
     cols = files[0].cols
     said = [f"audio from column {cols.audio!r}"]
-    said.append(f"text from {cols.text!r}" if cols.text else "no text column (name one with --text-column)")
-    said.append(f"speaker from {cols.speaker!r}" if cols.speaker else "no speaker column (--speaker-column)")
+    said.append(f"text from {cols.text!r}" if cols.text else "no text column (name one with text_column=)")
+    said.append(f"speaker from {cols.speaker!r}" if cols.speaker else "no speaker column (speaker_column=)")
     out.notes.append(f"Hugging Face dataset: {', '.join(said)}")
     return out

@@ -198,13 +198,13 @@ def read(paths: list[str], root: str, options: Any) -> Read:
             out.notes.append(f"{name} is an empty lhotse manifest")
     if supervisions and not recordings:
         raise InvalidValue("lhotse supervisions name their audio by recording id only: give the recordings "
-                           "manifest too (--manifest <corpus>_recordings_<part>.jsonl.gz)")
+                           "manifest too (manifest='<corpus>_recordings_<part>.jsonl.gz')")
     # Recordings alone are whole-file utterances only when nothing but recordings was given (a supervisions
     # manifest whose every line was refused still says that the recordings are to be cut).
     if recordings and not supervisions and len(recording_files) == len(paths):
         hint = next((s for s in map(_sibling_supervisions, recording_files) if s), None)
         out.notes.append(f"only lhotse recordings were given: {len(recordings)} whole recordings without text "
-                         f"or speaker" + (f" (add --manifest {hint})" if hint else ""))
+                         f"or speaker" + (f" (add manifest='{hint}')" if hint else ""))
         for rec, name in recordings.values():
             path, problem = _audio(rec, f"{name}", cwd)
             e = Entry(path or name, source_of(path, root, path) if path else f"{_file(name)}#{rec.id}",

@@ -85,7 +85,7 @@ def read(paths: list[str], root: str, options: Any) -> Read:
                 e.problem = (err.reason, err.detail)
             if e.problem is None and e.id is None and not inside(path, root):
                 e.problem = ("outside_root", f"{written} is not under the corpus root {root}; give it an id "
-                                             f"(--id-column) or pass a --corpus folder above it")
+                                             f"(an id column) or a corpus folder above it")
             out.entries.append(e)
     out.unused = seen_keys - used - keep
     return out
