@@ -115,7 +115,7 @@ def test_lhotse_libritts_recipe_manifests(tmp_path, speech_pool, capsys):
     # recordings alone: whole files without text, and the supervisions file is named
     d = discover(corpus, manifest=recs)
     assert {u.text for u in d.utterances} == {""}
-    assert any(f"add --manifest {sups}" in n for n in d.notes)
+    assert any(f"add manifest='{sups}'" in n for n in d.notes)
     with pytest.raises(ValueError, match="give the recordings manifest too"):
         discover(corpus, manifest=sups)
 

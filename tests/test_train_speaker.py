@@ -360,8 +360,8 @@ def test_epoch_reaches_dataloader_workers(spk_shards):
     # Loader.set_epoch forwards the epoch to the item transform, which shares it with the persistent worker.
     loader = core.make_loader(spk_shards, ["pcm"], max_frames=8 * (SR // 2), subset=split.train,
                               lengths=np.full(len(split.train), SR // 2), item_transform=crops,
-                              collate_features=["wav"], num_workers=1, rank=0, world_size=1)
-    seen = {}
+                              collate_features=["wav"], num_workers=1, rank=0, world_size=1, passes=1)
+    seen = {}  # one pass an epoch (passes=1): each crop twice, once per epoch
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         ref.set_epoch(epoch)
