@@ -105,9 +105,8 @@ def expect_family(path: str | Path, family: str, trainer: str) -> None:
     found = family_of(obj)
     if found == family:
         return
-    _, layout = _names(obj)
+    names, layout = _names(obj)
     if found is None:
-        names, _ = _names(obj)
         shown = ", ".join(repr(str(n)) for n in names[:3]) or "no tensors"
         what = f"{layout} of no model the trainers know (its tensors: {shown}{', ...' if len(names) > 3 else ''})"
     else:

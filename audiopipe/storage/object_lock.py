@@ -143,9 +143,9 @@ class PrefixLock:
                 if holder is not None and holder.get("token") != self.info["token"]:
                     self.lost = holder
                     return
-                if not self._rewrite(etag):
-                    self.lost, _ = self.read()
-                    self.lost = self.lost or {}
+                if not self._rewrite(etag):  # another job's write landed between the read and the rewrite
+                    holder, _ = self.read()
+                    self.lost = holder or {}
                     return
             except ObjectStoreError:
                 pass  # a server blip: the next beat tries again, and the lock only goes stale after stale_after
