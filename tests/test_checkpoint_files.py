@@ -4,6 +4,7 @@ into a model with a report of what matched."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +84,38 @@ def test_load_matching_loads_reports_and_refuses_shape_mismatch():
     with pytest.raises(ShapeMismatch, match=r"'1.weight' is \[3, 8\] in the checkpoint but \[5, 8\].*--vocab"):
         load_matching(wrong, state, hints={"1.": "give --vocab with the checkpoint's vocab.txt"})
     assert torch.equal(wrong[0].weight, before)  # nothing is loaded when any tensor mismatches
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file behind the memory mapping that holds `address` in this process, or None (anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= address < hi:
+            return parts[5] if len(parts) == 6 else None
+    return None
+
+
+def test_weight_names_looks_at_names_without_reading_the_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    from audiopipe.checkpoints.files import weight_names
+
+    zipped = tmp_path / "ckpt.pt"
+    torch.save({"model": {"a.weight": torch.ones(1 << 16)}, "step": 7}, zipped)
+    got = weight_names(zipped)
+    assert got["step"] == 7 and list(got["model"]) == ["a.weight"]
+    # the tensor is a view of the file, mapped: none of its bytes were read into the process's own memory
+    assert _mapped_file(got["model"]["a.weight"].data_ptr()) == str(zipped)
+    assert _mapped_file(read_weights(zipped)["model"]["a.weight"].data_ptr()) != str(zipped)
+
+    legacy = tmp_path / "old.pt"  # torch's legacy format cannot be mapped: read whole, same answer
+    torch.save({"b": torch.zeros(2)}, legacy, _use_new_zipfile_serialization=False)
+    assert list(weight_names(legacy)) == ["b"]
+
+    st = tmp_path / "model.safetensors"  # names from the header alone
+    save_file({"w": torch.ones(2), "v": torch.zeros(3)}, st)
+    assert weight_names(st) == {"v": None, "w": None}
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        weight_names(tmp_path / "bad.safetensors")

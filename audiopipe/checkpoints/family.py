@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from audiopipe.checkpoints.files import CheckpointError, read_weights
+from audiopipe.checkpoints.files import CheckpointError, weight_names
 
 
 class ForeignCheckpoint(CheckpointError):
@@ -99,7 +99,7 @@ def expect_family(path: str | Path, family: str, trainer: str) -> None:
     if f is None:
         return
     try:
-        obj = read_weights(f)
+        obj = weight_names(f)  # names only: the trainer's own reader reads the weights once, after this
     except CheckpointError:
         return
     found = family_of(obj)

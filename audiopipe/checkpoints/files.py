@@ -37,9 +37,12 @@ def _refusal_reason(err: Exception) -> str:
     return line.strip().rstrip(".")
 
 
-def read_weights(path: str | Path) -> dict[str, Any]:
+def read_weights(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """The dictionary stored in a weights file: {name: tensor} from `.safetensors`, or whatever (nested) dict of
     tensors and plain values a torch file holds. Tensors are on the CPU.
+
+    mmap: map a torch file's tensors instead of reading them (a look at names or shapes costs no read of the
+    weights; a file in torch's legacy format, which cannot be mapped, is read whole).
 
     Raises CheckpointError (one line) for a missing or unreadable file, a file that is not a dict, and a torch
     file that holds Python objects beyond tensors and plain containers (it is refused, never unpickled).
@@ -64,7 +67,7 @@ def read_weights(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{p}: unknown weights file type {suffix or '(none)'!r}; expected .safetensors or "
                               f"one of {', '.join(TORCH_SUFFIXES)}")
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        obj = _torch_load(p, mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{p}: refused: the file holds Python objects beyond tensors and plain containers "
@@ -77,6 +80,27 @@ def read_weights(path: str | Path) -> dict[str, Any]:
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{p}: holds a {type(obj).__name__}, not a dictionary of weights")
     return dict(obj)
+
+
+def _torch_load(p: Path, mmap: bool) -> Any:
+    if mmap and zipfile.is_zipfile(p):  # only the zip format maps; the legacy one is read whole
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def weight_names(path: str | Path) -> dict[str, Any]:
+    """A weights file's dictionary for a look at its names and plain values, without reading the weights: a
+    `.safetensors` file's names from its header (values None), a torch file mapped (read_weights(mmap=True))."""
+    p = Path(path)
+    if p.suffix.lower() != SAFETENSORS_SUFFIX or not p.is_file():
+        return read_weights(p, mmap=True)
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            return dict.fromkeys(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
 
 
 def tensors_only(state: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
