@@ -73,7 +73,7 @@ test: sysdeps venv upstream
 	  $(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 bench: venv
-	$(BIN)/python benchmarks/bench_features.py --json benchmarks/results/features.json
+	$(BIN)/python benchmarks/bench_features.py --json bench_features.json  # docs/features.md#speed-and-f0-accuracy
 
 clean-demo:
 	rm -rf demo
