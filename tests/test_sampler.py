@@ -579,6 +579,22 @@ def test_automatic_passes_fill_a_corpus_whose_one_pass_leaves_its_batches_mostly
     assert auto.diagnostics.fill_ratio >= 0.9 and auto.diagnostics.padding_efficiency >= 0.75
 
 
+def test_automatic_passes_count_a_corpus_in_batches_the_item_cap_fills():
+    """With max_items, a batch is full at max_items items even far below max_frames: 2,000 crops of 200 frames fill
+    only 10 budgets of 38,400 frames but 125 batches of 16 items, so passes=None keeps one pass (its batches are
+    full), where counting frames alone would plan several; a corpus of 40 such crops (2.5 batches) gets several."""
+    lengths = np.full(2000, 200, dtype=np.int64)
+    assert lengths.sum() < 64 * 38400  # in frames alone: a small corpus
+    auto = BucketBatchSampler(lengths, 38400, max_items=16, seed=0, rank=0, world_size=2, passes=None)
+    one = BucketBatchSampler(lengths, 38400, max_items=16, seed=0, rank=0, world_size=2)
+    assert auto.passes == 1 and list(auto) == list(one)
+    assert one.one_pass_frame_fill() == pytest.approx(1.0)  # every batch closed by the item cap
+    few = BucketBatchSampler(lengths[:40], 38400, max_items=16, seed=0, rank=0, world_size=2, passes=None)
+    assert few.passes == 13  # ceil(16 epoch budgets x 2 ranks / 2.5 batches of items)
+    sizes = [len(b) for b in few]  # all full but one, split so that both ranks get as many batches
+    assert sizes.count(16) >= len(sizes) - 1
+
+
 passes_configs = configs.filter(lambda c: c["max_items"] != 1).map(lambda c: {**c, "passes": 3})
 
 

@@ -248,16 +248,24 @@ class BucketBatchSampler(EpochPasses):
         """The passes passes=None would choose for this corpus (repeat.auto_passes): several below 4 budgets of
         kept frames, or below 64 when one pass's batches would carry less than half the budget; else 1."""
         frames = int((self._order.values * self._order.counts).sum())
-        return auto_passes(frames, self.budget.max_frames, self.world_size, self.one_pass_frame_fill)
+        return auto_passes(frames, self.budget.max_frames, self.world_size, self.one_pass_frame_fill,
+                           items=int(self._order.counts.sum()), max_items=getattr(self.budget, "max_items", None))
 
     def one_pass_frame_fill(self) -> float:
-        """Mean data frames per batch / max_frames of epoch 0's one-pass plan, efficiency splits included (what
-        passes=None weighs on a corpus of a few dozen budgets; planned here, outside the cache)."""
+        """Mean fill per batch of epoch 0's one-pass plan, efficiency splits included: data frames / max_frames, or
+        items / max_items where that is larger (a batch the item cap closed is full). What passes=None weighs on a
+        corpus of a few dozen budgets; planned here, outside the cache."""
         plan = EpochPlan(self._order, self.budget, self.pools, self._rng(_PLAN, 0) if self.shuffle else None)
         if self.shapes is None:
             plan.split_to_efficiency(self.min_efficiency)
-        frames = plan.stats(plan.table)[2]
-        return float(frames.mean()) / self.budget.max_frames if frames.size else 0.0
+        n, _, frames = plan.stats(plan.table)
+        if not frames.size:
+            return 0.0
+        fill = frames / self.budget.max_frames
+        max_items = getattr(self.budget, "max_items", None)
+        if max_items:
+            fill = np.maximum(fill, n / max_items)
+        return float(fill.mean())
 
     def __len__(self) -> int:
         """Batches this rank gets in the next pass (or the pass in progress)."""

@@ -36,17 +36,23 @@ EPOCH_BUDGETS = 16
 
 
 def auto_passes(frames: int, max_frames: int, world_size: int,
-                one_pass_fill: Callable[[], float] | None = None) -> int:
-    """Passes per epoch for a corpus of `frames` kept frames: several below SMALL_CORPUS_BUDGETS budgets, or below
-    CHECK_FILL_BELOW_BUDGETS when one_pass_fill() (data frames per batch / budget of the one-pass plan) is under
-    MIN_FRAME_FILL; else 1."""
+                one_pass_fill: Callable[[], float] | None = None, items: int = 0,
+                max_items: int | None = None) -> int:
+    """Passes per epoch for a corpus of `frames` kept frames in `items` items: several below SMALL_CORPUS_BUDGETS
+    budgets, or below CHECK_FILL_BELOW_BUDGETS when one_pass_fill() (per batch, the larger of data frames / budget
+    and items / max_items, in the one-pass plan) is under MIN_FRAME_FILL; else 1. With max_items, a budget is
+    filled by max_frames frames or by max_items items, whichever comes first: many short items fill batches by
+    their count."""
     if frames <= 0:
         return 1
-    several = max(2, int(-(-EPOCH_BUDGETS * world_size * max_frames // frames)))
-    if frames < SMALL_CORPUS_BUDGETS * max_frames:
+    # the corpus in budgets, num / den: by frames, or by items where the item cap fills batches first
+    num, den = frames, max_frames
+    if max_items and items * max_frames > frames * max_items:
+        num, den = items, max_items
+    several = max(2, int(-(-EPOCH_BUDGETS * world_size * den // num)))
+    if num < SMALL_CORPUS_BUDGETS * den:
         return several
-    if frames < CHECK_FILL_BELOW_BUDGETS * max_frames and one_pass_fill is not None \
-            and one_pass_fill() < MIN_FRAME_FILL:
+    if num < CHECK_FILL_BELOW_BUDGETS * den and one_pass_fill is not None and one_pass_fill() < MIN_FRAME_FILL:
         return several
     return 1
 
