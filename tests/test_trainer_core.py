@@ -435,3 +435,11 @@ def test_passes_follow_the_corpus_size_by_default_and_the_log_says_so(mel_shards
     # a budget of the longest utterance: 4 batches of frames or more, and one pass fills them over half
     assert big.sampler.lengths.sum() >= 4 * longest and big.sampler.one_pass_frame_fill() >= 0.5
     assert big.sampler.passes == 1 and capsys.readouterr().out == ""
+    # with an item cap, the line also counts the corpus in batches of items, and the plan's fill of that cap
+    cap_cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--batch-frames", "120000", "--max-items", "4"))
+    capped = core._make_loader(cap_cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
+    core.say_passes(capped, cap_cfg, "t")
+    cd = capped.sampler.diagnostics
+    said = capsys.readouterr().out
+    assert capped.sampler.passes > 1 and "12 utterances" in said and ", 3.0 batches of 4 items:" in said, said
+    assert f"and {cd.kept / cd.num_batches / 4:.0%} of the 4-item cap\n" in said and cd.kept / cd.num_batches > 3.5

@@ -614,6 +614,10 @@ def say_passes(loader: Loader, cfg: RunConfig, log_name: str) -> None:
     kept = n[(n > 0) & sampler.budget.fits_alone(n)]
     size = f"{kept.size} utterances, {kept.sum() / sampler.budget.max_frames:.1f} batches of frames"
     plan = f"{diag.batches_per_rank} batches per rank an epoch, planned fill {diag.fill_ratio:.0%} of the budget"
+    cap = getattr(sampler.budget, "max_items", None)
+    if cap:  # a batch is also full at the item cap: short items fill batches by count long before the frames
+        size += f", {kept.size / cap:.1f} batches of {cap} items"
+        plan += f" and {diag.kept / max(diag.num_batches, 1) / cap:.0%} of the {cap}-item cap"
     if sampler.passes > 1:
         how = "--passes 0: by corpus size" if cfg.passes == 0 else f"--passes {cfg.passes}"
         print(f"[{log_name}] {size}: an epoch is {sampler.passes} passes over them ({how}), {plan}", flush=True)
