@@ -172,6 +172,9 @@ def test_normalize_zh(text, normalized):
     ("打开GPU", "打开"),  # upper-case letters are never units
     # arithmetic signs
     ("1+1=2", "一加一等于二"),
+    # deliberately as spoken, where GPT-SoVITS writes 两月 and 二公斤
+    ("2月3日开学", "二月三日开学"),
+    ("买了2公斤", "买了两公斤"),
     ("连上Wi-Fi", "连上减"),  # a hyphen left between letters is a minus
     ("他说——算了", "他说算了"),  # the Chinese dash is dropped
 ])

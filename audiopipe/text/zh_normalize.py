@@ -63,10 +63,11 @@ _CLOCK = r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?"
 _TIME = re.compile(rf"(?<!\d){_CLOCK}(?:[~-]{_CLOCK})?(?!\d)")
 _TEMPERATURE = re.compile(r"(-?)(\d+(?:\.\d+)?)(°C|℃|摄氏度|度)")
 _MOBILE = re.compile(r"(?<!\d)((?:\+?86 ?)?1(?:[38]\d|5[0-35-9]|7[678]|9[89])\d{8})(?!\d)")
-# Unit abbreviations written in Latin letters, read as the Chinese unit: a prefix (c 厘, k 千, m 毫, d 分) and a base
-# unit (m 米, g 克, l 升, s 秒, b 贝 as in decibel), m2 / m3 as square / cubic. Lower case only, and anywhere in the
-# text, inside English words too (Zoom's m reads 米, "ms" 米秒), as GPT-SoVITS's normaliser reads them before it drops
-# letters; its own choices kept for the same sequences: mm is two metres (米米) and ds reads 毫秒.
+# Unit abbreviations written in Latin letters, read as the Chinese unit (cm 厘米, km 千米, kg 千克, ml 毫升, db 分贝,
+# m 米, s 秒; a 2 or 3 after cm / m makes it square / cubic). Lower case only, anywhere in the text, inside English
+# words too (Zoom's m reads 米, "ms" 米秒), the leftmost abbreviation first: GPT-SoVITS's normaliser reads them so
+# before it drops letters. Two of its readings are kept for the same sequences although they are not the units'
+# names: mm is two metres (米米), and ds reads 毫秒.
 _UNIT_LETTERS = re.compile(r"cm[23²³]?|d[bs]|k[gm]|m[23²³l]?|s")
 _POWER = {"2": "平方", "²": "平方", "3": "立方", "³": "立方"}
 _UNIT_BASE = {"cm": "厘米", "db": "分贝", "ds": "毫秒", "kg": "千克", "km": "千米", "m": "米", "ml": "毫升", "s": "秒"}
@@ -100,6 +101,8 @@ _MINUS = re.compile(r"(?<=[\dA-Za-z])-(?=-?\.?\d)")
 _TILDE_RANGE = re.compile(r"(?<=\d)[~～](?=-?\d)")
 # A lone 2 counting something is 两, not 二 (两个, 两万, 两斤): before a measure word or a large-number unit. Ordinal
 # and clock uses (2号, 2楼, 第2个, 2点) and 2 inside longer numbers (12斤, 2.5万) stay 二, as GPT-SoVITS reads them.
+# Where the two lists part, this one follows speech: a month stays 二月 (GPT-SoVITS: 两月), and 两公斤, 两种, 两星期
+# (GPT-SoVITS: 二).
 _COUNTED_TWO = re.compile(r"(?<![\d.第~-])2(?![\d.])(?=(?:万|千|亿|个|只|本|张|条|件|位|辆|家|杯|层|岁|天|年(?!\d)|"
                           r"斤|元|块|人|种|句|双|对|把|台|部|首|篇|份|节|门|片|棵|朵|匹|头|口|间|所|座|架|艘|"
                           r"小时|分钟|周|星期|米|公斤))")
@@ -129,8 +132,9 @@ def _time(m: re.Match) -> str:
 
 
 def read_patterns(text: str) -> str:
-    """Dates written 2024-03-05, clock times, temperatures and mobile numbers, read the way GPT-SoVITS's normaliser
-    reads them (rule 1a): 二零二四年三月五日, 十二点半 / 十二点零五分, 零下五度, 幺三八... (digits, 一 as 幺)."""
+    """Dates written 2024-03-05, clock times, temperatures, minus signs, ~ ranges, mobile numbers and codes, read
+    the way GPT-SoVITS's normaliser reads them (rule 1a): 二零二四年三月五日, 十二点半 / 十二点零五分, 零下五度,
+    一减二, 三-五 (for cn2an: 三到五), 幺三八... and 幺幺零 (digits, 一 as 幺)."""
     text = _ISO_DATE.sub(lambda m: f"{_digits(m.group(1))}年{_an2cn()(str(int(m.group(3))), 'an2cn')}月"
                                    f"{_an2cn()(str(int(m.group(4))), 'an2cn')}日", text)
     text = _TIME.sub(_time, text)
@@ -152,8 +156,8 @@ def read_numbers(text: str) -> str:
 
 # Arithmetic signs. `=` between two operands (digits or a letter) reads 等于 (1+1=2 -> 一加一等于二); what is left of
 # + - × ÷ = / once numbers, ranges, dates and phone numbers are read is read as a word: 加 减 乘 除 等, and / as 每
-# (5km/h -> 五千米每, h dropped). A hyphen between letters is a minus too (Wi-Fi -> 减), and the
-# Chinese dash —— is dropped, as GPT-SoVITS's normaliser reads them.
+# (5km/h -> 五千米每, h dropped). A hyphen between letters is a minus too (Wi-Fi -> 减), and the Chinese dash ——
+# is dropped, as GPT-SoVITS's normaliser reads them.
 _EQUALS = re.compile(r"(?<=[\dA-Za-z])=(?=-?[\dA-Za-z.])")
 _SIGNS = str.maketrans({"+": "加", "-": "减", "×": "乘", "÷": "除", "=": "等", "/": "每", "—": None})
 
