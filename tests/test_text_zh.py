@@ -124,7 +124,7 @@ def test_non_pinyin_syllable_is_refused():
 
 @pytest.mark.parametrize("text, normalized", [
     ("今天是2024年3月5日，涨了50%！", "今天是二零二四年三月五日,涨了百分之五十!"),  # year digit by digit, percent
-    ("价格是3.5元/斤", "价格是三点五元,斤"),  # decimal; '/' folds into ','
+    ("价格是3.5元/斤", "价格是三点五元每斤"),  # decimal; a slash left after numbers reads 每 (per)
     ("一共123个", "一共一百二十三个"),
     ("嗯……好的~", "恩…好的…"),  # 嗯 -> 恩; a run of punctuation keeps its first mark
     ("现在是12:30，8:05出发", "现在是十二点半,八点零五分出发"),  # clock times: 30 -> 半, a leading zero is read
@@ -136,6 +136,55 @@ def test_non_pinyin_syllable_is_refused():
 ])
 def test_normalize_zh(text, normalized):
     assert normalize_zh(text) == normalized
+
+
+@pytest.mark.parametrize("text, normalized", [
+    # 3+ digits with no classifier or unit after them are a code: digit by digit, 一 as 幺
+    ("请拨打110报警", "请拨打幺幺零报警"),
+    ("坐303路公交", "坐三零三路公交"),
+    ("跑了100次", "跑了幺零零次"),  # 次 counts events, not things: not in the list
+    ("大约1200公里", "大约幺二零零公里"),  # 公里 is not in the list either
+    # ... and a number when one follows, also after 多/余/几
+    ("一共300多人", "一共三百多人"),
+    ("花了1500元", "花了一千五百元"),
+    ("长250厘米", "长二百五十厘米"),
+    ("第100名", "第一百名"),
+    # a decimal, a percentage or a negative number is never a code
+    ("圆周率3.14159", "圆周率三点一四一五九"),
+    ("增长120%", "增长百分之一百二十"),
+    ("降到-100", "降到负一百"),
+    # a hyphen between numbers is a minus (so the 100 before it is a code), ~ a range
+    ("100-200元", "幺零零减二百元"),
+    ("1-2天", "一减两天"),
+    ("3~5天", "三到五天"),
+    ("电话010-12345678", "电话零幺零减幺二三四五六七八"),
+    ("8:00-9:30上课", "八点至九点三十分上课"),  # a clock-time range: 至, the end's minutes in full
+    # years of 2 or more digits digit by digit
+    ("工作了10年", "工作了一零年"),
+    ("有300年历史", "有三零零年历史"),
+    # unit letters become Chinese units, inside English words too; the rest of the letters is dropped
+    ("重5kg，长20cm", "重五千克,长二十厘米"),
+    ("面积30m²", "面积三十平方米"),
+    ("喝了500ml水", "喝了五百毫升水"),
+    ("时速60km/h", "时速六十千米每"),
+    ("开个Zoom会", "开个米会"),
+    ("发email给我", "发米给我"),
+    ("打开GPU", "打开"),  # upper-case letters are never units
+    # arithmetic signs
+    ("1+1=2", "一加一等于二"),
+    # deliberately as spoken, where GPT-SoVITS writes 两月 and 二公斤
+    ("2月3日开学", "二月三日开学"),
+    ("买了2公斤", "买了两公斤"),
+    ("连上Wi-Fi", "连上减"),  # a hyphen left between letters is a minus
+    ("他说——算了", "他说算了"),  # the Chinese dash is dropped
+])
+def test_normalize_zh_reads_numbers_units_and_signs_as_gpt_sovits(text, normalized):
+    assert normalize_zh(text) == normalized
+
+
+def test_keep_latin_leaves_letters_and_signs_alone():
+    # the English front end reads these words: no unit letters, the hyphen stays punctuation
+    assert normalize_zh("开个Zoom会,Wi-Fi", keep_latin=True) == "开个Zoom会,Wi-Fi"
 
 
 @pytest.mark.parametrize("text, phones", [
@@ -159,6 +208,10 @@ def test_normalize_zh(text, normalized):
     ("买了2斤", "m ai3 l e5 l iang3 j in1"),  # a lone 2 counting something is 两
     ("第2个", "d i4 EE er4 g e5"),  # an ordinal 2 stays 二 (个 after a number is neutral)
     ("故事", "g u4 sh ir5"),  # neutral by usage
+    ("是多少", "sh ir4 d uo1 sh ao5"),  # neutral by usage
+    ("鸟儿", "n iao3 EE er2"),  # the lyrical diminutive of a small creature: 儿 keeps its syllable and tone
+    ("马儿", "m a3 EE er2"),
+    ("请拨打110", "q ing3 b o1 d a3 y ao1 y ao1 l ing2"),  # a doubled digit keeps its tone: 幺幺 is two digits
 ])
 def test_gpt_sovits_chinese_phones(text, phones):
     assert " ".join(zh_g2p(text)) == phones

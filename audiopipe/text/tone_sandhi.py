@@ -15,9 +15,9 @@ Tone changes, in order:
   - 不: in X不Y (three characters) it is neutral; elsewhere it is rising (2) before a falling (4) tone;
   - 一: unchanged in a number (一零一); neutral in X一X; first tone in 第一; else rising before a fourth tone and
     falling (4) before any other syllable (not before punctuation);
-  - neutral tone: the second of a doubled character in a noun, verb or adjective (奶奶, 看看); modal particles at
-    the end (吧 呢 啊 ...); 的 地 得 at the end; the aspect particles 了 着 过; plural/noun suffixes 们 子 on
-    pronouns and nouns; 上 下 里 after a place noun; directional 来 去 after 上 下 进 出 回 过 起 开; the measure
+  - neutral tone: the second of a doubled character in a noun, verb or adjective (奶奶, 看看; not a doubled digit,
+    幺幺零); modal particles at the end (吧 呢 啊 ...); 的 地 得 at the end; the aspect particles 了 着 过;
+    plural/noun suffixes 们 子 on pronouns and nouns; 上 下 里 after a place noun; directional 来 去 after 上 下 进 出 回 过 起 开; the measure
     word 个 after a number or 几 有 两 半 多 各 整 每 做 是; and words that are neutral by usage (a short list
     here: the reference carries a longer one);
   - third tone: two third tones in a row -> the first becomes rising; in three-character words the word is split
@@ -37,11 +37,12 @@ NEUTRAL_BY_USAGE = frozenset("""
 东西 事情 地方 时候 朋友 衣服 明白 意思 知识 先生 学生 关系 消息 休息 告诉 喜欢 认识 清楚 漂亮 舒服 热闹 麻烦 客气
 什么 怎么 这么 那么 多么 这个 那个 名字 脑袋 眼睛 耳朵 头发 窗户 豆腐 萝卜 葡萄 玻璃 便宜 商量 打算 打听 收拾
 师傅 姑娘 媳妇 丈夫 兄弟 亲戚 买卖 生意 部分 功夫 力气 算盘 石头 木头 骨头 舌头 指头 枕头 馒头 月亮 太阳
-故事 笑话 主意 聪明 实在 粮食 意识 计划
+故事 笑话 主意 聪明 实在 粮食 意识 计划 多少
 """.split())
 # Words whose doubled characters or 们/子 endings keep their tone.
 KEEP_TONE = frozenset("男子 女子 分子 原子 电子 量子 瓜子 莲子 学子 人人 哈哈 想想 整整 家家户户".split())
 
+_DIGIT_CHARS = set("零一二三四五六七八九幺两")
 _MODAL = set("吧呢哈啊呐噻嘛吖嗨哦哒额滴哩哟喽啰耶喔诶")
 _AFTER_DIRECTION = set("上下进出回过起开")
 _BEFORE_GE = set("几有两半多各整每做是")
@@ -200,7 +201,8 @@ def _yi(word: str, finals: list[str]) -> list[str]:
 
 
 def _neutral(word: str, pos: str, finals: list[str]) -> list[str]:
-    if pos[:1] in ("n", "v", "a") and word not in KEEP_TONE:
+    # a doubled digit is two digits read one by one (幺幺零, a code), not a reduplicated word
+    if pos[:1] in ("n", "v", "a") and word not in KEEP_TONE and not set(word) <= _DIGIT_CHARS:
         for j in range(1, len(word)):
             if word[j] == word[j - 1]:
                 finals[j] = _set(finals[j], "5")
@@ -259,7 +261,10 @@ def _third(word: str, finals: list[str]) -> list[str]:
 
 
 # 儿 read as a syllable of its own (a child, a son) rather than as the r-colouring of the syllable before it.
-ER_SYLLABLE = frozenset("女儿 男儿 花儿 婴儿 幼儿 孤儿 患儿 少儿 儿童 孙儿 侄儿 健儿 宠儿 混血儿 流浪儿".split())
+# Two kinds: 儿 meaning a child or a son (女儿, 婴幼儿, 妻儿), and the lyrical diminutive of small creatures, where
+# 儿 keeps a syllable and its second tone (鸟儿, 马儿, 虫儿), as GPT-SoVITS's cleaner reads them.
+ER_SYLLABLE = frozenset("女儿 男儿 花儿 婴儿 幼儿 婴幼儿 孤儿 患儿 少儿 儿童 孙儿 侄儿 侄孙儿 健儿 宠儿 混血儿 流浪儿 妻儿 "
+                        "鸟儿 马儿 虫儿 猫儿 狗儿 猪儿".split())
 ER_SUFFIX = frozenset("小院儿 胡同儿 媳妇儿".split())  # r-coloured although their part of speech says otherwise
 
 

@@ -1,5 +1,5 @@
 """GPT-SoVITS v2's own Chinese front end (its `text.cleaner.clean_text(text, "zh", "v2")`), run in the upstream
-venv over a list of sentences: the oracle of tests/test_text_zh_oracle.py and benchmarks/zh_front_end.py.
+venv over a list of sentences: the oracle of tests/test_text_zh_oracle.py.
 
 Usage: python gpt_sovits_zh.py GPT_SOVITS_DIR SENTENCES.json OUT.json
 GPT_SOVITS_DIR is a GPT-SoVITS checkout's `GPT_SoVITS` folder (the one holding `text/`). Writes
