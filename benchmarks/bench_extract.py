@@ -17,8 +17,7 @@ Per corpus (a WAV one and a compressed one) and per round, side by side and in r
 
 audiopipe's runs write `--timings`, from which each run's extraction phase is split into the shard tasks' own
 time, idle workers, and what comes before the first task and after the last (a table of its own).
-`--repeat K` makes each corpus K times bigger by linking its speaker folders again under new names (same audio,
-new ids and speakers), for a representative corpus from the same real files; `--corpora OGG` runs one corpus.
+`--corpora OGG` runs one corpus.
 
 Throughput is audio seconds per wall second (x real time). Ratios are taken within a round (the machine is
 shared: other processes come and go between rounds) and reported with their range over rounds.
@@ -41,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
-from results_io import pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import pyplot, save, spread  # benchmarks/ (the script's own folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -264,15 +263,15 @@ def summarise_whole(rounds: list[dict], workers: list[int], engines: list[str]) 
                 for tar in ("tar", "notar"):
                     ap = [r[f"{eng}_w{w}_{tar}"] for r in rs]
                     d[f"{eng}_w{w}_{tar}"] = {
-                        "whole_run_vs_handwritten": _ratio_stats([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
-                        "extraction_vs_handwritten_pool": _ratio_stats(
+                        "whole_run_vs_handwritten": spread([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
+                        "extraction_vs_handwritten_pool": spread(
                             [h["pool_s"] / a["extract_s"] for h, a in zip(hw, ap)]),
-                        "audiopipe_wall_s": _ratio_stats([a["wall_s"] for a in ap]),
-                        "handwritten_wall_s": _ratio_stats([h["wall_s"] for h in hw]),
-                        "first_decode_s": _ratio_stats([a.get("first_decode_s", float("nan")) for a in ap]),
-                        "startup_s": _ratio_stats([a["startup_s"] for a in ap]),
+                        "audiopipe_wall_s": spread([a["wall_s"] for a in ap]),
+                        "handwritten_wall_s": spread([h["wall_s"] for h in hw]),
+                        "first_decode_s": spread([a.get("first_decode_s", float("nan")) for a in ap]),
+                        "startup_s": spread([a["startup_s"] for a in ap]),
                     }
-        d["load_1m"] = _ratio_stats([r["load_1m"] for r in rs])
+        d["load_1m"] = spread([r["load_1m"] for r in rs])
         out[c] = d
     return out
 
@@ -503,19 +502,6 @@ def subset(root: Path, n: int, dest: Path) -> Path:
     return dest
 
 
-def repeat_corpus(dest: Path, times: int) -> None:
-    """Make `dest` `times` as big: every speaker folder is linked again as `r<k>-<speaker>` (same audio, new
-    ids and new speakers), so a bigger corpus keeps the real files' mix of rates, lengths and codecs."""
-    speakers = [d for d in sorted(dest.iterdir()) if d.is_dir()]
-    for k in range(1, times):
-        for d in speakers:
-            for f in sorted(d.rglob("*")):
-                if f.is_file():
-                    q = dest / f"r{k}-{d.name}" / f.relative_to(d)
-                    q.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(f.resolve(), q)
-
-
 def make_ogg(src: Path, dst: Path) -> None:
     for f in corpus_files(src):
         q = (dst / f.relative_to(src)).with_suffix(".ogg")
@@ -529,40 +515,36 @@ def make_ogg(src: Path, dst: Path) -> None:
 
 # ------------------------------------------------------------------ report
 
-def _ratio_stats(values: list[float]) -> dict[str, float]:
-    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
-
-
 def summarise(rounds: list[dict], corpora: list[str], workers: list[int]) -> dict:
     out: dict = {}
     for c in corpora:
         rs = [r[c] for r in rounds]
-        d: dict = {"floor_x_rt": _ratio_stats([r["floor"]["x_rt"] for r in rs])}
+        d: dict = {"floor_x_rt": spread([r["floor"]["x_rt"] for r in rs])}
         for w in workers:
             for tar in ("tar", "notar"):
                 key = f"w{w}_{tar}"
                 ap = [r[f"audiopipe_{key}"]["x_rt"] for r in rs]
                 base = [r[f"handwritten_w{w}"]["x_rt"] for r in rs]
                 d[key] = {
-                    "audiopipe_x_rt": _ratio_stats(ap),
-                    "handwritten_x_rt": _ratio_stats(base),
-                    "vs_handwritten": _ratio_stats([a / b for a, b in zip(ap, base)]),
-                    "vs_floor_per_core": _ratio_stats([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
+                    "audiopipe_x_rt": spread(ap),
+                    "handwritten_x_rt": spread(base),
+                    "vs_handwritten": spread([a / b for a, b in zip(ap, base)]),
+                    "vs_floor_per_core": spread([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
                 }
                 parts = [r[f"audiopipe_{key}"] for r in rs if "tasks_busy_s" in r[f"audiopipe_{key}"]]
                 if parts:
-                    d[key]["extraction_s"] = {k: _ratio_stats([p[k] for p in parts]) for k in
+                    d[key]["extraction_s"] = {k: spread([p[k] for p in parts]) for k in
                                               ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")}
         for tar in ("tar", "notar"):
             if 1 in workers and 2 in workers:
-                d[f"scaling_1_to_2_{tar}"] = _ratio_stats(
+                d[f"scaling_1_to_2_{tar}"] = spread(
                     [r[f"audiopipe_w2_{tar}"]["x_rt"] / (2 * r[f"audiopipe_w1_{tar}"]["x_rt"]) for r in rs])
         if 1 in workers and 2 in workers:
-            d["scaling_1_to_2_handwritten"] = _ratio_stats(
+            d["scaling_1_to_2_handwritten"] = spread(
                 [r["handwritten_w2"]["x_rt"] / (2 * r["handwritten_w1"]["x_rt"]) for r in rs])
-        d["startup_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["startup_s"]
+        d["startup_s"] = spread([r[f"audiopipe_w{w}_{t}"]["startup_s"]
                                        for r in rs for w in workers for t in ("tar", "notar")])
-        d["discovery_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["discovery_s"]
+        d["discovery_s"] = spread([r[f"audiopipe_w{w}_{t}"]["discovery_s"]
                                          for r in rs for w in workers for t in ("tar", "notar")])
         out[c] = d
     return out
@@ -650,9 +632,6 @@ def main() -> int:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="make each corpus this many times bigger by linking its speaker folders again under new "
-                        "names (same audio, new ids and speakers)")
     p.add_argument("--corpora", default="WAV,OGG", help="which corpora to run (WAV, OGG or both)")
     p.add_argument("--shard-size", default="4MB", help="audiopipe's --shard-size (default 4MB)")
     p.add_argument("--whole-run", action="store_true",
@@ -696,8 +675,6 @@ def main() -> int:
         if not root.is_dir():
             raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
         corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
-        if a.repeat > 1:
-            repeat_corpus(corpora[name], a.repeat)
     audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
     if a.whole_run:
         engines = [e.strip() for e in a.engines.split(",") if e.strip()]
@@ -706,7 +683,7 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         summary = summarise_whole(rounds_w, workers, engines)
-        dump({"files_per_corpus": a.files, "repeat": a.repeat, "engines": engines,
+        dump({"files_per_corpus": a.files, "engines": engines,
               "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds_w})
         print(whole_table(summary, workers, engines))
         if a.plot != p.get_default("plot"):
@@ -742,7 +719,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds, list(corpora), workers)
-    dump({"files_per_corpus": a.files, "repeat": a.repeat,
+    dump({"files_per_corpus": a.files, 
           "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds})
     print(table(summary, workers))
     print(breakdown_table(summary, workers))

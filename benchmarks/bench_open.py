@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from results_io import MACHINE, host, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import MACHINE, child_result, host, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 ROWS_PER_SHARD = 10_000
 FEATURE = "voiced"
@@ -114,11 +113,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_child(args: list[str]) -> dict:
     """This file in a fresh process."""
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"child {args} failed:\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return child_result([sys.executable, __file__, *args], what=f"child {args}")
 
 
 def child_index(root: str) -> dict:

@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from results_io import write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import child_result, host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 CHUNK = 1_000_000
 
@@ -115,13 +112,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = [r["utterances"] for r in rows]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_m) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for key, label in (("build_s", "build"), ("first_batch_s", "first batch (after build)"),
                        ("resume_s", "resume: load_state_dict + next"),
                        ("resume_with_build_s", "resume incl. a fresh build")):
@@ -141,18 +133,13 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         ax.legend(fontsize=7)
     ranks = rows[0]["world_size"] if rows else 0
     fig.suptitle(f"bench_plan_scale: BucketBatchSampler, {ranks:,} ranks; {machine}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def run_child(n: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", str(n), str(args.world_size), args.kind, str(args.max_frames),
            str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"case {n} failed:\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return child_result(cmd, what=f"case {n}")
 
 
 def measure(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
@@ -172,10 +159,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per case; the median is reported")
     p.add_argument("--quick", action="store_true", help="1M utterances only")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other engineers' jobs running)",
-                   help="label for the JSON and the plot")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    output_args(p)
     p.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -186,8 +170,7 @@ def main() -> None:
     rows = measure(args, sizes)
     result = {
         "command": " ".join(["python", "benchmarks/bench_plan_scale.py", *sys.argv[1:]]),
-        "machine": {"label": args.machine, "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "load_average": os.getloadavg()},
+        "machine": host(args.machine),
         "budget_frames": args.max_frames,
         "kind": args.kind,
         "targets_at_50M": {"first_batch_s": 10, "resume_s": 2, "peak_rss_mb": 2048},

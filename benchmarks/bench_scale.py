@@ -54,6 +54,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_chaos import Cluster, descendants, job_env  # noqa: E402
+from results_io import pyplot, save  # noqa: E402
 from scale_corpus import build as build_corpus  # noqa: E402
 
 PY = sys.executable
@@ -537,12 +538,7 @@ def plot(results: list[Path], png: Path) -> None:
     """Left: shard throughput per decile of each run's shards (x real time per CPU-second). Right: the driver's
     memory through planning, before and after the plan fix (a bench_plan_memory.py results file among them), and
     the driver's peak of a shard run stopped at its deadline (to plan.json, and until stopped)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(11, 4))
     for path in results:
         r = json.loads(path.read_text())
         if "rows" in r:  # scale_plan_memory.json
@@ -566,8 +562,7 @@ def plot(results: list[Path], png: Path) -> None:
     a.legend(fontsize=8)
     b.set(xlabel="utterances", ylabel="MB", title="driver through discovery + plan + plan.json", ylim=(0, None))
     b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save(fig, png)
 
 
 def stage_compare(a, corpus, out, res) -> dict[str, Any]:
