@@ -554,33 +554,29 @@ def _cell(s: dict, fmt: str = ".2f") -> str:
     return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
 
-def table(summary: dict, workers: list[int]) -> str:
-    lines = ["| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
-             "| audiopipe per core / floor |", "|---|---|---|---|---|---|---|"]
+def _cases(summary: dict, workers: list[int]):
+    """Each corpus, worker count and tar setting: the row's first three cells and the summary's entry."""
     for c, d in summary.items():
         for w in workers:
             for tar in ("tar", "notar"):
-                e = d[f"w{w}_{tar}"]
-                lines.append(f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | "
-                             f"{e['audiopipe_x_rt']['median']:.0f} | {e['handwritten_x_rt']['median']:.0f} | "
-                             f"{_cell(e['vs_handwritten'])} | {_cell(e['vs_floor_per_core'])} |")
-    return "\n".join(lines)
+                yield f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | ", d[f"w{w}_{tar}"]
+
+
+def table(summary: dict, workers: list[int]) -> str:
+    return "\n".join(["| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
+                      "| audiopipe per core / floor |", "|---|---|---|---|---|---|---|"]
+                     + [f"{row}{e['audiopipe_x_rt']['median']:.0f} | {e['handwritten_x_rt']['median']:.0f} | "
+                        f"{_cell(e['vs_handwritten'])} | {_cell(e['vs_floor_per_core'])} |"
+                        for row, e in _cases(summary, workers)])
 
 
 def breakdown_table(summary: dict, workers: list[int]) -> str:
     """Where audiopipe's extraction phase went (medians over rounds, seconds; from --timings)."""
-    lines = ["| corpus | workers | tars | extraction phase | tasks busy (worker-s) | workers idle (worker-s) "
-             "| before the first task | after the last task |", "|---|---|---|---|---|---|---|---|"]
-    for c, d in summary.items():
-        for w in workers:
-            for tar in ("tar", "notar"):
-                x = d[f"w{w}_{tar}"].get("extraction_s")
-                if x:
-                    lines.append(f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | "
-                                 + " | ".join(f"{x[k]['median']:.2f}" for k in
-                                              ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s"))
-                                 + " |")
-    return "\n".join(lines)
+    parts = ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")
+    return "\n".join(["| corpus | workers | tars | extraction phase | tasks busy (worker-s) | workers idle (worker-s) "
+                      "| before the first task | after the last task |", "|---|---|---|---|---|---|---|---|"]
+                     + [row + " | ".join(f"{e['extraction_s'][k]['median']:.2f}" for k in parts) + " |"
+                        for row, e in _cases(summary, workers) if e.get("extraction_s")])
 
 
 def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
