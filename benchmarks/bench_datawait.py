@@ -14,8 +14,6 @@ time.sleep(step), `gemm` repeats a 256 x 256 float32 torch.mm on one thread unti
   prefetch2   make_loader(num_workers=0, prefetch=2): built by a background thread while the step runs
   workers2    make_loader(num_workers=2, prefetch=0): two DataLoader worker processes, one batch ready each
               (torch's prefetch_factor 1; the results in docs/bench-loader.md were measured with 2), no thread
-  prefetch2_baseline   with --baseline-prefetch FILE: prefetch2 with FILE's PrefetchIterator (another version of
-              audiopipe/reader/prefetch.py, e.g. from git history), measured side by side with prefetch2
 
 Per loader and step: `wait_share` = time spent in next(loader) / wall time of the loop, over --passes whole
 epochs, each epoch's first batch excluded (the start of a pass is reported apart: `first_batch_ms`).
@@ -27,8 +25,6 @@ wait_share < 0.5 % whenever loader_ms < the step's time.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -36,43 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import audiopipe.reader.loader as loader_module
 from audiopipe.reader.loader import make_loader
 from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 LOADERS = {"prefetch0": {"prefetch": 0, "num_workers": 0},
            "prefetch2": {"prefetch": 2, "num_workers": 0},
            "workers2": {"prefetch": 0, "num_workers": 2}}
-
-
-BASELINE: dict = {}  # {"iterator": PrefetchIterator class} once --baseline-prefetch is loaded
-
-
-def load_baseline(path: Path) -> None:
-    """The PrefetchIterator of another version of prefetch.py (Python source the user names, not data)."""
-    spec = importlib.util.spec_from_file_location("audiopipe_prefetch_baseline", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"bench_datawait: error: cannot load {path} as Python source")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "PrefetchIterator"):
-        raise SystemExit(f"bench_datawait: error: {path} defines no PrefetchIterator")
-    BASELINE["iterator"] = module.PrefetchIterator
-    LOADERS["prefetch2_baseline"] = {"prefetch": 2, "num_workers": 0}
-
-
-@contextlib.contextmanager
-def iterator_of(name: str):
-    """make_loader's Loader uses the baseline's PrefetchIterator while `name` is prefetch2_baseline."""
-    if name != "prefetch2_baseline":
-        yield
-        return
-    current = loader_module.PrefetchIterator
-    loader_module.PrefetchIterator = BASELINE["iterator"]
-    try:
-        yield
-    finally:
-        loader_module.PrefetchIterator = current
 
 
 class Step:
@@ -104,11 +69,6 @@ class Step:
 
 
 def loader_alone(shards: Path, name: str, budget: int, seed: int) -> tuple[float, int]:
-    with iterator_of(name):
-        return _loader_alone(shards, name, budget, seed)
-
-
-def _loader_alone(shards: Path, name: str, budget: int, seed: int) -> tuple[float, int]:
     """Mean seconds per batch of one pass with no step (first batch excluded), and the pass' batch count."""
     loader = make_loader(shards, ["mel"], max_frames=budget, seed=seed, **LOADERS[name])
     loader.set_epoch(0)
@@ -120,11 +80,6 @@ def _loader_alone(shards: Path, name: str, budget: int, seed: int) -> tuple[floa
 
 
 def run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int) -> dict:
-    with iterator_of(name):
-        return _run(shards, name, step, budget, seed, passes)
-
-
-def _run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int) -> dict:
     loader = make_loader(shards, ["mel"], max_frames=budget, seed=seed, **LOADERS[name])
     waits, wall, firsts, batches, stepping, each = 0.0, 0.0, [], 0, 0.0, []
     for epoch in range(passes):
@@ -203,9 +158,6 @@ def main() -> None:
     p.add_argument("--steps-ms", default="20,50,200")
     p.add_argument("--kinds", default="sleep,gemm")
     p.add_argument("--loaders", default=",".join(LOADERS))
-    p.add_argument("--baseline-prefetch", type=Path, default=None,
-                   help="another version's prefetch.py (git show REV:audiopipe/reader/prefetch.py > FILE): adds the "
-                        "loader prefetch2_baseline, measured side by side with prefetch2")
     p.add_argument("--budget", type=int, default=38_400)
     p.add_argument("--passes", type=int, default=2, help="epochs per measurement")
     p.add_argument("--rounds", type=int, default=2, help="all measurements this many times, interleaved")
@@ -218,14 +170,9 @@ def main() -> None:
         args.steps_ms, args.kinds, args.passes, args.rounds = "20", "sleep", 1, 1
     torch.set_num_threads(1)  # the step uses one core, the loader's thread (or workers) the other
     names = args.loaders.split(",")
-    if args.baseline_prefetch:
-        load_baseline(args.baseline_prefetch)
-        if "prefetch2_baseline" not in names:
-            names.append("prefetch2_baseline")
     unknown = [n for n in names if n not in LOADERS]
     if unknown:
-        p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)} "
-                "(prefetch2_baseline needs --baseline-prefetch)")
+        p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     alone = {}
     for name in names:
         per, n = loader_alone(args.shards, name, args.budget, args.seed)

@@ -25,7 +25,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
-from results_io import pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import child_result, pyplot, save, spread  # benchmarks/ (the script's own folder is on sys.path)
 
 PROMPTS = Path("/usr/share/asterisk/sounds/en")  # Debian asterisk-core-sounds-en-wav (Makefile DEBS)
 SPEAKERS = 1000
@@ -217,9 +216,8 @@ def measure(root: Path, expected: dict, rounds: int, cold: bool) -> list[dict]:
 
 
 def _run_child(what: str, root: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", what, str(root)], check=True,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_result([sys.executable, __file__, "--child", what, str(root)], what=what,
+                        env={**os.environ, "PYTHONPATH": _pythonpath()})
 
 
 def _pythonpath() -> str:
@@ -227,17 +225,13 @@ def _pythonpath() -> str:
     return os.pathsep.join([repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def _stats(v: list[float]) -> dict[str, float]:
-    return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
-
-
 def summarise(runs: dict) -> dict:
     out = {}
     for key, rs in runs.items():
         out[key] = {
-            "ratio_info": _stats([r["ratio_info"] for r in rs]),
-            "ratio_open": _stats([r["ratio_open"] for r in rs]),
-            **{f"{w}_s": _stats([r[w]["seconds"] for r in rs]) for w in ("discover", "info", "open")},
+            "ratio_info": spread([r["ratio_info"] for r in rs]),
+            "ratio_open": spread([r["ratio_open"] for r in rs]),
+            **{f"{w}_s": spread([r[w]["seconds"] for r in rs]) for w in ("discover", "info", "open")},
             **{f"{w}_peak_rss_mb": max(r[w]["peak_rss_mb"] for r in rs) for w in ("discover", "info", "open")},
         }
     return out
@@ -296,7 +290,7 @@ def main() -> int:
     p.add_argument("--child", nargs=2, metavar=("WHAT", "ROOT"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        print(json.dumps(child(*a.child)))
+        print("RESULT " + json.dumps(child(*a.child)))
         return 0
     if a.quick:
         a.files, a.rounds, a.cold = "10000,100000", 1, ""

@@ -15,13 +15,9 @@ Per corpus (a WAV one and a compressed one) and per round, side by side and in r
 - audiopipe: `audiopipe shard --preset f5tts --workers N`, tars on and `--no-tar`, each in a fresh process
   with a fresh local Ray; its summary gives extraction time and start-up (Ray start, discovery) apart.
 
-- before (`--before TREE`): the same `audiopipe shard` runs from another source tree, e.g. the commit a change
-  started from (`git archive <commit> | tar -x -C TREE`), in the same rounds;
-
 audiopipe's runs write `--timings`, from which each run's extraction phase is split into the shard tasks' own
 time, idle workers, and what comes before the first task and after the last (a table of its own).
-`--repeat K` makes each corpus K times bigger by linking its speaker folders again under new names (same audio,
-new ids and speakers), for a representative corpus from the same real files; `--corpora OGG` runs one corpus.
+`--corpora OGG` runs one corpus.
 
 Throughput is audio seconds per wall second (x real time). Ratios are taken within a round (the machine is
 shared: other processes come and go between rounds) and reported with their range over rounds.
@@ -44,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
-from results_io import pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import pyplot, save, spread  # benchmarks/ (the script's own folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -129,7 +125,7 @@ def measure_floor(files: list[Path]) -> dict[str, float]:
 
 _SUMMARY_MARK = "BENCH-SUMMARY "
 # `audiopipe shard` as the command line runs it, printing its Summary's unrounded figures too (the summary
-# line rounds to 0.1 s, too coarse for an extraction phase of a few seconds); works on older trees as well.
+# line rounds to 0.1 s, too coarse for an extraction phase of a few seconds).
 _EXACT_SUMMARY = f"""
 import dataclasses, json, sys
 import audiopipe.cli, audiopipe.shard.run as run
@@ -143,11 +139,10 @@ sys.exit(audiopipe.cli.main())  # as the program: it ends the process itself
 """
 
 
-def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path = ROOT,
-                  shard_size: str = "4MB", engine: str | None = None) -> dict[str, float]:
-    """One `audiopipe shard` run from source tree `tree` (this checkout, or an older one exported with
-    `git archive` for a before/after comparison in the same run)."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, shard_size: str = "4MB",
+                  engine: str | None = None) -> dict[str, float]:
+    """One `audiopipe shard` run of this checkout in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
            "--preset", "f5tts", "--workers", str(workers), "--shard-size", shard_size, "--no-progress",
            "--nice", "0"]
@@ -156,14 +151,11 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
     if engine:
         cmd += ["--engine", engine]
     timings = out.parent / "timings.json"
-    has_timings = "--timings" in (tree / "audiopipe" / "cli.py").read_text()
-    if has_timings:
-        cmd += ["--timings", str(timings)]
+    cmd += ["--timings", str(timings)]
     launched = time.time()
     t0 = time.perf_counter()
-    # cwd: `python -c` puts the working folder first on sys.path, ahead of PYTHONPATH, and Ray gives its workers
-    # the driver's folder too; run from this checkout, a "before" run imported this checkout's audiopipe.
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    # cwd: `python -c` puts the working folder first on sys.path, and Ray gives its workers the driver's folder
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
@@ -175,12 +167,11 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, tree: Path =
     # discovery); the index and the manifest stay in, they are part of the job.
     res = {"wall_s": wall, "job_s": total, "startup_s": startup, "discovery_s": disc, "ray_start_s": ray_s,
            "warmup_s": warm, "extract_s": total - startup}
-    if has_timings:
-        tl = json.loads(timings.read_text())
-        res.update(extraction_breakdown(tl, workers))
-        if "clock" in tl and tl["tasks"]:  # from the launch of the command to its first shard's first decode
-            res["first_decode_s"] = tl["clock"] + min(t["start"] for t in tl["tasks"]) - launched
-        timings.unlink()
+    tl = json.loads(timings.read_text())
+    res.update(extraction_breakdown(tl, workers))
+    if "clock" in tl and tl["tasks"]:  # from the launch of the command to its first shard's first decode
+        res["first_decode_s"] = tl["clock"] + min(t["start"] for t in tl["tasks"]) - launched
+    timings.unlink()
     return res
 
 
@@ -272,15 +263,15 @@ def summarise_whole(rounds: list[dict], workers: list[int], engines: list[str]) 
                 for tar in ("tar", "notar"):
                     ap = [r[f"{eng}_w{w}_{tar}"] for r in rs]
                     d[f"{eng}_w{w}_{tar}"] = {
-                        "whole_run_vs_handwritten": _ratio_stats([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
-                        "extraction_vs_handwritten_pool": _ratio_stats(
+                        "whole_run_vs_handwritten": spread([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
+                        "extraction_vs_handwritten_pool": spread(
                             [h["pool_s"] / a["extract_s"] for h, a in zip(hw, ap)]),
-                        "audiopipe_wall_s": _ratio_stats([a["wall_s"] for a in ap]),
-                        "handwritten_wall_s": _ratio_stats([h["wall_s"] for h in hw]),
-                        "first_decode_s": _ratio_stats([a.get("first_decode_s", float("nan")) for a in ap]),
-                        "startup_s": _ratio_stats([a["startup_s"] for a in ap]),
+                        "audiopipe_wall_s": spread([a["wall_s"] for a in ap]),
+                        "handwritten_wall_s": spread([h["wall_s"] for h in hw]),
+                        "first_decode_s": spread([a.get("first_decode_s", float("nan")) for a in ap]),
+                        "startup_s": spread([a["startup_s"] for a in ap]),
                     }
-        d["load_1m"] = _ratio_stats([r["load_1m"] for r in rs])
+        d["load_1m"] = spread([r["load_1m"] for r in rs])
         out[c] = d
     return out
 
@@ -511,19 +502,6 @@ def subset(root: Path, n: int, dest: Path) -> Path:
     return dest
 
 
-def repeat_corpus(dest: Path, times: int) -> None:
-    """Make `dest` `times` as big: every speaker folder is linked again as `r<k>-<speaker>` (same audio, new
-    ids and new speakers), so a bigger corpus keeps the real files' mix of rates, lengths and codecs."""
-    speakers = [d for d in sorted(dest.iterdir()) if d.is_dir()]
-    for k in range(1, times):
-        for d in speakers:
-            for f in sorted(d.rglob("*")):
-                if f.is_file():
-                    q = dest / f"r{k}-{d.name}" / f.relative_to(d)
-                    q.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(f.resolve(), q)
-
-
 def make_ogg(src: Path, dst: Path) -> None:
     for f in corpus_files(src):
         q = (dst / f.relative_to(src)).with_suffix(".ogg")
@@ -537,48 +515,36 @@ def make_ogg(src: Path, dst: Path) -> None:
 
 # ------------------------------------------------------------------ report
 
-def _ratio_stats(values: list[float]) -> dict[str, float]:
-    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
-
-
 def summarise(rounds: list[dict], corpora: list[str], workers: list[int]) -> dict:
     out: dict = {}
     for c in corpora:
         rs = [r[c] for r in rounds]
-        d: dict = {"floor_x_rt": _ratio_stats([r["floor"]["x_rt"] for r in rs])}
+        d: dict = {"floor_x_rt": spread([r["floor"]["x_rt"] for r in rs])}
         for w in workers:
             for tar in ("tar", "notar"):
                 key = f"w{w}_{tar}"
                 ap = [r[f"audiopipe_{key}"]["x_rt"] for r in rs]
                 base = [r[f"handwritten_w{w}"]["x_rt"] for r in rs]
                 d[key] = {
-                    "audiopipe_x_rt": _ratio_stats(ap),
-                    "handwritten_x_rt": _ratio_stats(base),
-                    "vs_handwritten": _ratio_stats([a / b for a, b in zip(ap, base)]),
-                    "vs_floor_per_core": _ratio_stats([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
+                    "audiopipe_x_rt": spread(ap),
+                    "handwritten_x_rt": spread(base),
+                    "vs_handwritten": spread([a / b for a, b in zip(ap, base)]),
+                    "vs_floor_per_core": spread([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)]),
                 }
                 parts = [r[f"audiopipe_{key}"] for r in rs if "tasks_busy_s" in r[f"audiopipe_{key}"]]
                 if parts:
-                    d[key]["extraction_s"] = {k: _ratio_stats([p[k] for p in parts]) for k in
+                    d[key]["extraction_s"] = {k: spread([p[k] for p in parts]) for k in
                                               ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")}
-                if f"before_{key}" in rs[0]:
-                    bf = [r[f"before_{key}"]["x_rt"] for r in rs]
-                    d[key]["before_x_rt"] = _ratio_stats(bf)
-                    d[key]["before_vs_handwritten"] = _ratio_stats([a / b for a, b in zip(bf, base)])
-                    d[key]["after_vs_before"] = _ratio_stats([a / b for a, b in zip(ap, bf)])
         for tar in ("tar", "notar"):
             if 1 in workers and 2 in workers:
-                d[f"scaling_1_to_2_{tar}"] = _ratio_stats(
+                d[f"scaling_1_to_2_{tar}"] = spread(
                     [r[f"audiopipe_w2_{tar}"]["x_rt"] / (2 * r[f"audiopipe_w1_{tar}"]["x_rt"]) for r in rs])
-                if f"before_w1_{tar}" in rs[0]:
-                    d[f"scaling_1_to_2_before_{tar}"] = _ratio_stats(
-                        [r[f"before_w2_{tar}"]["x_rt"] / (2 * r[f"before_w1_{tar}"]["x_rt"]) for r in rs])
         if 1 in workers and 2 in workers:
-            d["scaling_1_to_2_handwritten"] = _ratio_stats(
+            d["scaling_1_to_2_handwritten"] = spread(
                 [r["handwritten_w2"]["x_rt"] / (2 * r["handwritten_w1"]["x_rt"]) for r in rs])
-        d["startup_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["startup_s"]
+        d["startup_s"] = spread([r[f"audiopipe_w{w}_{t}"]["startup_s"]
                                        for r in rs for w in workers for t in ("tar", "notar")])
-        d["discovery_s"] = _ratio_stats([r[f"audiopipe_w{w}_{t}"]["discovery_s"]
+        d["discovery_s"] = spread([r[f"audiopipe_w{w}_{t}"]["discovery_s"]
                                          for r in rs for w in workers for t in ("tar", "notar")])
         out[c] = d
     return out
@@ -588,41 +554,29 @@ def _cell(s: dict, fmt: str = ".2f") -> str:
     return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
 
-def table(summary: dict, workers: list[int]) -> str:
-    before = any("before_x_rt" in e for d in summary.values() for e in d.values() if isinstance(e, dict))
-    head = ("| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
-            "| audiopipe per core / floor |")
-    if before:
-        head += " before x RT | before / hand-written | after / before |"
-    lines = [head, "|---|---|---|---|---|---|---|" + ("---|---|---|" if before else "")]
+def _cases(summary: dict, workers: list[int]):
+    """Each corpus, worker count and tar setting: the row's first three cells and the summary's entry."""
     for c, d in summary.items():
         for w in workers:
             for tar in ("tar", "notar"):
-                e = d[f"w{w}_{tar}"]
-                line = (f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | {e['audiopipe_x_rt']['median']:.0f} | "
-                        f"{e['handwritten_x_rt']['median']:.0f} | {_cell(e['vs_handwritten'])} | "
-                        f"{_cell(e['vs_floor_per_core'])} |")
-                if before:
-                    line += (f" {e['before_x_rt']['median']:.0f} | {_cell(e['before_vs_handwritten'])} | "
-                             f"{_cell(e['after_vs_before'])} |")
-                lines.append(line)
-    return "\n".join(lines)
+                yield f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | ", d[f"w{w}_{tar}"]
+
+
+def table(summary: dict, workers: list[int]) -> str:
+    return "\n".join(["| corpus | workers | tars | audiopipe x RT | hand-written x RT | audiopipe / hand-written "
+                      "| audiopipe per core / floor |", "|---|---|---|---|---|---|---|"]
+                     + [f"{row}{e['audiopipe_x_rt']['median']:.0f} | {e['handwritten_x_rt']['median']:.0f} | "
+                        f"{_cell(e['vs_handwritten'])} | {_cell(e['vs_floor_per_core'])} |"
+                        for row, e in _cases(summary, workers)])
 
 
 def breakdown_table(summary: dict, workers: list[int]) -> str:
     """Where audiopipe's extraction phase went (medians over rounds, seconds; from --timings)."""
-    lines = ["| corpus | workers | tars | extraction phase | tasks busy (worker-s) | workers idle (worker-s) "
-             "| before the first task | after the last task |", "|---|---|---|---|---|---|---|---|"]
-    for c, d in summary.items():
-        for w in workers:
-            for tar in ("tar", "notar"):
-                x = d[f"w{w}_{tar}"].get("extraction_s")
-                if x:
-                    lines.append(f"| {c} | {w} | {'on' if tar == 'tar' else 'off'} | "
-                                 + " | ".join(f"{x[k]['median']:.2f}" for k in
-                                              ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s"))
-                                 + " |")
-    return "\n".join(lines)
+    parts = ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")
+    return "\n".join(["| corpus | workers | tars | extraction phase | tasks busy (worker-s) | workers idle (worker-s) "
+                      "| before the first task | after the last task |", "|---|---|---|---|---|---|---|---|"]
+                     + [row + " | ".join(f"{e['extraction_s'][k]['median']:.2f}" for k in parts) + " |"
+                        for row, e in _cases(summary, workers) if e.get("extraction_s")])
 
 
 def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
@@ -631,12 +585,9 @@ def plot(summary: dict, workers: list[int], path: Path, machine: str) -> None:
     fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4.8), squeeze=False)
     for ax, (c, d) in zip(axes[0], summary.items()):
         labels, vals, lo, hi, colors = [], [], [], [], []
-        before = "before_x_rt" in d[f"w{workers[0]}_tar"]
         for w in workers:
             bars = [("hand-written", "handwritten_x_rt", "#999999"), ("audiopipe, tars", "audiopipe_x_rt", "#1f77b4"),
                     ("audiopipe, no tar", "audiopipe_x_rt", "#6baed6")]
-            if before:
-                bars += [("before, tars", "before_x_rt", "#ff7f0e"), ("before, no tar", "before_x_rt", "#fdae6b")]
             for name, field, color in bars:
                 e = d[f"w{w}_{'notar' if 'no tar' in name else 'tar'}"]
                 s = e[field]
@@ -677,12 +628,6 @@ def main() -> int:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in under 2 minutes: 40 files, 1 round (figures are indicative only)")
     p.add_argument("--machine", default="2-core shared CPU VM, no GPU; other engineers used the CPU at the same time")
-    p.add_argument("--before", type=Path, default=None, metavar="TREE",
-                   help="also run `audiopipe shard` from this source tree (e.g. `git archive 48425f0 | tar -x -C "
-                        "TREE`), side by side in every round: before/after in one run")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="make each corpus this many times bigger by linking its speaker folders again under new "
-                        "names (same audio, new ids and speakers)")
     p.add_argument("--corpora", default="WAV,OGG", help="which corpora to run (WAV, OGG or both)")
     p.add_argument("--shard-size", default="4MB", help="audiopipe's --shard-size (default 4MB)")
     p.add_argument("--whole-run", action="store_true",
@@ -726,8 +671,6 @@ def main() -> int:
         if not root.is_dir():
             raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
         corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
-        if a.repeat > 1:
-            repeat_corpus(corpora[name], a.repeat)
     audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
     if a.whole_run:
         engines = [e.strip() for e in a.engines.split(",") if e.strip()]
@@ -736,7 +679,7 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         summary = summarise_whole(rounds_w, workers, engines)
-        dump({"files_per_corpus": a.files, "repeat": a.repeat, "engines": engines,
+        dump({"files_per_corpus": a.files, "engines": engines,
               "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds_w})
         print(whole_table(summary, workers, engines))
         if a.plot != p.get_default("plot"):
@@ -749,8 +692,6 @@ def main() -> int:
             for c, root in corpora.items():
                 files = corpus_files(root)
                 kinds = [("handwritten", None), ("audiopipe", True), ("audiopipe", False)]
-                if a.before:
-                    kinds += [("before", True), ("before", False)]
                 steps = [("floor", 1, None)] + [(kind, w, tar) for w in workers for kind, tar in kinds]
                 k = rnd % len(steps)
                 steps = steps[k:] + steps[:k]  # rotate the order from round to round
@@ -765,8 +706,7 @@ def main() -> int:
                         shutil.rmtree(tmp / "npy", ignore_errors=True)
                         r[f"handwritten_w{w}"] = {"wall_s": wall, "x_rt": audio_s[c] / wall}
                     else:
-                        t = run_audiopipe(root, tmp / "out", w, tar, tree=a.before if kind == "before" else ROOT,
-                                          shard_size=a.shard_size)
+                        t = run_audiopipe(root, tmp / "out", w, tar, shard_size=a.shard_size)
                         r[f"{kind}_w{w}_{'tar' if tar else 'notar'}"] = {**t, "x_rt": audio_s[c] / t["extract_s"]}
                     print(f"round {rnd} {c} {kind} w{w} {'' if tar is None else ('tar' if tar else 'notar')}: "
                           f"{json.dumps({k2: round(v, 3) for k2, v in list(r.values())[-1].items()})}", flush=True)
@@ -775,7 +715,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds, list(corpora), workers)
-    dump({"files_per_corpus": a.files, "repeat": a.repeat, "before": str(a.before) if a.before else None,
+    dump({"files_per_corpus": a.files, 
           "audio_hours": {c: s / 3600 for c, s in audio_s.items()}, "summary": summary, "rounds": rounds})
     print(table(summary, workers))
     print(breakdown_table(summary, workers))

@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE))
 import build_f0_reference as ref_builder  # noqa: E402
 import f0_speech  # noqa: E402
 from audiopipe.features.f0 import F0, interpolate_unvoiced  # noqa: E402
-from results_io import cpu_name, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import cpu_name, pyplot, save, spread  # benchmarks/ (the script's own folder is on sys.path)
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 SR, HOP = ref_builder.SR, ref_builder.HOP
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             res["sensitivity"] = sensitivity(d["z"], d["bounds"], tr, d["splits"], names)
         if "yin" in names and "praat 75-600" in names:
             ratios = [p_ / y for y, p_ in zip(cpu[m, "yin"], cpu[m, "praat 75-600"])]
-            res["yin_over_praat75_speed"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+            res["yin_over_praat75_speed"] = spread(ratios)
             res["goal"] = {split: goal(res, m, split) for split in SPLITS[m]}
         results[m] = res
     info["load_after"] = os.getloadavg()

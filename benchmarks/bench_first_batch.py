@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from results_io import child_result  # benchmarks/ (the script's own folder is on sys.path)
 
 TAG = "FIRST_BATCH "
 
@@ -87,8 +87,7 @@ def main() -> None:
     for r in range(a.rounds):
         for way in runs:
             cmd = [sys.executable, __file__, "--child", json.dumps([a.shards, way, a.batch_frames])]
-            got = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            res = json.loads(next(ln for ln in got.splitlines() if ln.startswith(TAG))[len(TAG):])
+            res = child_result(cmd, TAG, what=way)
             runs[way].append(res)
             loads.append(os.getloadavg()[0])
             print(f"[{r + 1}/{a.rounds}] {way:<10} first batch {res['first_batch_s']:.3f} s"

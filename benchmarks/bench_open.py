@@ -9,10 +9,6 @@ fresh process per size: ShardDataset open, make_loader (which plans the first ep
 first batch, and 200 more; wall time of each step and the process' resident memory (RSS, and its private
 part: what is not page cache of the mapped files).
 
---baseline COMMIT: the same children also run on that commit's code (exported with `git archive` to a temporary
-folder, imported through PYTHONPATH), alternating with this checkout's round by round so that both see the same
-machine load; the JSON then holds both, and the ratio baseline / this checkout per round.
-
 --index-sizes: the length index alone at a scale no shard folder here can hold (50M utterances). An
 index.arrow with build_index's schema (id, speaker, duration, voiced_frames, shard, row; one record batch) is
 written directly from arrays, then in a fresh process: LengthIndex.open (memory-mapped: no column is read),
@@ -25,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from results_io import MACHINE, host, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import MACHINE, child_result, host, pyplot, save  # benchmarks/ (the script's own folder is on sys.path)
 
 ROWS_PER_SHARD = 10_000
 FEATURE = "voiced"
@@ -118,30 +111,9 @@ def build_index_only(out: Path, n: int, seed: int = 0) -> Path:
 REPO = Path(__file__).resolve().parent.parent
 
 
-def export_commit(commit: str) -> Path:
-    """The audiopipe package of `commit`, exported (git archive) to a fresh temporary folder; the caller
-    removes it. Its benchmarks are not used: the children are this file's, importing that folder's audiopipe."""
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
-                         capture_output=True, text=True)
-    if sha.returncode:
-        raise SystemExit(f"--baseline {commit!r}: not a commit of {REPO} ({sha.stderr.strip()})")
-    out = Path(tempfile.mkdtemp(prefix="audiopipe-baseline-"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", sha.stdout.strip(), "audiopipe"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
-
-
-def run_child(args: list[str], src: Path | None) -> dict:
-    """This file in a fresh process, importing audiopipe from `src` (a baseline export) or as this one does."""
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env)
-    if proc.returncode:
-        raise SystemExit(f"child {args} ({'baseline' if src else 'this checkout'}) failed:\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+def run_child(args: list[str]) -> dict:
+    """This file in a fresh process."""
+    return child_result([sys.executable, __file__, *args], what=f"child {args}")
 
 
 def child_index(root: str) -> dict:
@@ -229,10 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per size; the median is reported")
     p.add_argument("--index-sizes", default="", help="comma-separated utterance counts of index-only folders")
-    p.add_argument("--baseline", default=None, metavar="COMMIT",
-                   help="also run every round on this commit's audiopipe (git archive), alternating, for a "
-                        "before/after in one run")
-    p.add_argument("--plot", default=None, help="PNG of make_loader -> first batch per size (and the baseline's)")
+    p.add_argument("--plot", default=None, help="PNG of make_loader -> first batch per size")
     p.add_argument("--quick", action="store_true",
                    help="1,000,000 utterances only, no index-only sizes (< 2 min once the folder exists)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -246,34 +215,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.child_index:
         print("RESULT " + json.dumps(child_index(args.child_index)))
         return
-    baseline = export_commit(args.baseline) if args.baseline else None
-    try:
-        results, index_results = measure(args, baseline)
-    finally:
-        if baseline is not None:
-            shutil.rmtree(baseline, ignore_errors=True)
+    results, index_results = measure(args)
     if args.json:
         report = {"command": "python benchmarks/bench_open.py " + " ".join(argv or sys.argv[1:]),
                   "machine": host(MACHINE),
-                  "baseline": args.baseline, "results": results, "index_only": index_results}
+                  "results": results, "index_only": index_results}
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.plot and results:
-        plot(results, args.baseline, Path(args.plot))
+        plot(results, Path(args.plot))
 
 
-def plot(results: list[dict], baseline: str | None, path: Path) -> None:
+def plot(results: list[dict], path: Path) -> None:
     plt = pyplot()
 
     n = [r["utterances"] for r in results]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    series = [("this checkout", results)]
-    if baseline:
-        series.append((f"baseline {baseline}", [r["baseline"] for r in results]))
-    for label, rows in series:
-        y = [r["loader_and_first_batch_s"] for r in rows]
-        lo = [v - r["loader_and_first_batch_s_range"][0] for v, r in zip(y, rows)]
-        hi = [r["loader_and_first_batch_s_range"][1] - v for v, r in zip(y, rows)]
-        ax.errorbar(n, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    y = [r["loader_and_first_batch_s"] for r in results]
+    lo = [v - r["loader_and_first_batch_s_range"][0] for v, r in zip(y, results)]
+    hi = [r["loader_and_first_batch_s_range"][1] - v for v, r in zip(y, results)]
+    ax.errorbar(n, y, yerr=[lo, hi], marker="o", capsize=3, label="make_loader -> first batch")
     ax.axhline(0.1, color="grey", linestyle="dashed", label="target 0.1 s (issue 10.2)")
     ax.set_xscale("log")
     ax.set_xlabel("utterances")
@@ -295,14 +255,14 @@ def median_of(runs: list[dict]) -> dict:
     return r
 
 
-def measure(args: argparse.Namespace, baseline: Path | None) -> tuple[list[dict], list[dict]]:
+def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     results = []
     index_results = []
     for n in [int(s) for s in args.index_sizes.split(",") if s]:
         t0 = time.perf_counter()
         root = build_index_only(Path(args.out), n)
         built = time.perf_counter() - t0
-        runs = [run_child(["--out", args.out, "--child-index", str(root)], None) for _ in range(args.rounds)]
+        runs = [run_child(["--out", args.out, "--child-index", str(root)]) for _ in range(args.rounds)]
         opens = [x["open_s"] for x in runs]
         r = dict(runs[int(np.argsort(opens)[len(opens) // 2])])
         r["open_s_range"] = [min(opens), max(opens)]
@@ -320,18 +280,8 @@ def measure(args: argparse.Namespace, baseline: Path | None) -> tuple[list[dict]
         t0 = time.perf_counter()
         root = build(Path(args.out), n)
         built = time.perf_counter() - t0
-        runs, base_runs = [], []
-        for _ in range(args.rounds):
-            runs.append(run_child(["--out", args.out, "--child", str(root)], None))
-            if baseline is not None:
-                base_runs.append(run_child(["--out", args.out, "--child", str(root)], baseline))
-        r = median_of(runs)
+        r = median_of([run_child(["--out", args.out, "--child", str(root)]) for _ in range(args.rounds)])
         r["build_s"] = built
-        if base_runs:
-            r["baseline"] = median_of(base_runs)
-            ratios = [b["loader_and_first_batch_s"] / a["loader_and_first_batch_s"] for a, b in zip(runs, base_runs)]
-            r["baseline_over_this_first_batch"] = float(np.median(ratios))
-            r["baseline_over_this_first_batch_range"] = [min(ratios), max(ratios)]
         results.append(r)
         firsts = r["loader_and_first_batch_s_range"]
         print(f"{n:>9,} utterances: open {r['open_s']:.3f} s, make_loader {r['make_loader_s']:.3f} s, loader + "
@@ -339,13 +289,6 @@ def measure(args: argparse.Namespace, baseline: Path | None) -> tuple[list[dict]
               f"kernel ready: {r['kernel_ready_at_first_batch']}), 200 batches {r['next_200_batches_s']:.2f} s, "
               f"RSS {r['rss_open_mb']:.0f} MB after open ({r['private_open_mb']:.0f} private), "
               f"{r['rss_after_mb']:.0f} MB after 201 batches ({r['private_after_mb']:.0f} private)", flush=True)
-        if base_runs:
-            b = r["baseline"]
-            lo, hi = r["baseline_over_this_first_batch_range"]
-            print(f"{'':>9}  baseline {args.baseline}: make_loader {b['make_loader_s']:.3f} s, loader + first batch "
-                  f"{b['loader_and_first_batch_s']:.3f} s (range {b['loader_and_first_batch_s_range'][0]:.3f}-"
-                  f"{b['loader_and_first_batch_s_range'][1]:.3f}), 200 batches {b['next_200_batches_s']:.2f} s; "
-                  f"baseline / this {r['baseline_over_this_first_batch']:.1f}x ({lo:.1f}-{hi:.1f}x)", flush=True)
     return results, index_results
 
 

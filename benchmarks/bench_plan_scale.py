@@ -11,8 +11,6 @@ Each case (corpus size x world size, default 1,024 ranks) runs in a FRESH proces
   first batch  iter() + next(): plans epoch 0 and computes this rank's first batch
   resume       a second, fresh sampler (its build timed apart) + load_state_dict(state at the middle step of
                the epoch) + next(): the batch is checked equal to the one the first sampler yielded there
---baseline COMMIT runs every round on that commit's audiopipe too (bench_open.export_commit), alternating with
-this checkout's, and reports both with the ratio of build + first batch per round.
 Targets (issue 11.3, 50M x 1,024 ranks): first batch < 10 s, resume < 2 s, peak RSS < 2 GB. The median round
 is reported with the range over rounds.
 """
@@ -22,19 +20,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import resource
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench_open import export_commit  # benchmarks/ (the script's own folder is on sys.path)
-from results_io import write_results
+from results_io import child_result, host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 CHUNK = 1_000_000
 
@@ -119,13 +112,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = [r["utterances"] for r in rows]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_m) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for key, label in (("build_s", "build"), ("first_batch_s", "first batch (after build)"),
                        ("resume_s", "resume: load_state_dict + next"),
                        ("resume_with_build_s", "resume incl. a fresh build")):
@@ -145,41 +133,21 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         ax.legend(fontsize=7)
     ranks = rows[0]["world_size"] if rows else 0
     fig.suptitle(f"bench_plan_scale: BucketBatchSampler, {ranks:,} ranks; {machine}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
-def run_child(n: int, args: argparse.Namespace, src: Path | None) -> dict:
+def run_child(n: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", str(n), str(args.world_size), args.kind, str(args.max_frames),
            str(args.seed)]
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode:
-        raise SystemExit(f"case {n} ({'baseline' if src else 'this checkout'}) failed:\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return child_result(cmd, what=f"case {n}")
 
 
-def measure(args: argparse.Namespace, sizes: list[int], baseline: Path | None) -> tuple[list[dict], list[dict]]:
-    rows, base_rows = [], []
+def measure(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
+    rows = []
     for n in sizes:
-        runs, base_runs = [], []
-        for _ in range(args.rounds):
-            runs.append(run_child(n, args, None))
-            if baseline is not None:
-                base_runs.append(run_child(n, args, baseline))
-        rows.append(median_round(runs))
+        rows.append(median_round([run_child(n, args) for _ in range(args.rounds)]))
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-        if base_runs:
-            base_rows.append(median_round(base_runs))
-            ratios = [b["build_and_first_batch_s"] / a["build_and_first_batch_s"] for a, b in zip(runs, base_runs)]
-            rows[-1]["baseline_over_this_build_and_first"] = float(np.median(ratios))
-            rows[-1]["baseline_over_this_build_and_first_range"] = [min(ratios), max(ratios)]
-            print(markdown(base_rows[-1:]).splitlines()[-1] + f" <- baseline {args.baseline}; baseline / this "
-                  f"(build + first) {np.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)", flush=True)
-    return rows, base_rows
+    return rows
 
 
 def main() -> None:
@@ -191,12 +159,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per case; the median is reported")
     p.add_argument("--quick", action="store_true", help="1M utterances only")
-    p.add_argument("--machine", default="2-core shared CPU VM, no GPU (other engineers' jobs running)",
-                   help="label for the JSON and the plot")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
-    p.add_argument("--baseline", default=None, metavar="COMMIT",
-                   help="also run every round on this commit's audiopipe (git archive), alternating")
+    output_args(p)
     p.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -204,27 +167,16 @@ def main() -> None:
         print("RESULT " + json.dumps(child(int(n), int(world), kind, int(max_frames), int(seed))))
         return
     sizes = [1_000_000] if args.quick else [int(x) for x in args.sizes.split(",")]
-    baseline = export_commit(args.baseline) if args.baseline else None
-    try:
-        rows, base_rows = measure(args, sizes, baseline)
-    finally:
-        if baseline is not None:
-            shutil.rmtree(baseline, ignore_errors=True)
+    rows = measure(args, sizes)
     result = {
         "command": " ".join(["python", "benchmarks/bench_plan_scale.py", *sys.argv[1:]]),
-        "machine": {"label": args.machine, "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "load_average": os.getloadavg()},
+        "machine": host(args.machine),
         "budget_frames": args.max_frames,
         "kind": args.kind,
         "targets_at_50M": {"first_batch_s": 10, "resume_s": 2, "peak_rss_mb": 2048},
         "rows": rows,
-        "baseline": args.baseline,
-        "baseline_rows": base_rows,
     }
     print(markdown(rows))
-    if base_rows:
-        print(f"baseline {args.baseline}:")
-        print(markdown(base_rows))
     write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 
 

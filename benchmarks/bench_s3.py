@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from results_io import output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import output_args, pyplot, save, spread, write_results  # benchmarks/ (the script's own folder is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 MODES = ("local", "s3_rows", "s3_blocks")
@@ -324,10 +324,6 @@ def main(argv: list[str] | None = None) -> int:
         for proc in procs:
             proc.kill()
             proc.wait()
-
-    def spread(values) -> dict:
-        values = [v for v in values if v is not None]
-        return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
 
     summary: dict = {}
     for mode in MODES:

@@ -17,7 +17,6 @@ growth shows), the files and bytes it wrote, and the load average before and aft
 - verify, inspect: the commands, verify's rate in bytes per second per CPU-second;
 - plan_read: plan.json's fields and unit names as a no-op rerun reads them, against json.load of the whole file
   (CPU and peak RSS of a fresh process each; runs on a stopped shard stage's output too);
-- verify_ab: verify() of --baseline COMMIT and of this checkout, alternating, --rounds times (CPU ratio per round);
 - loader: make_loader open + first batch, rank 0 of 1 and rank 0 of a simulated 64 (no process group);
 - resume: take K batches, state_dict, a new loader loads it: open + first batch after the resume;
 - export: export-lhotse and export-hf of the shard set (run it on a subset size);
@@ -55,6 +54,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_chaos import Cluster, descendants, job_env  # noqa: E402
+from results_io import pyplot, save  # noqa: E402
 from scale_corpus import build as build_corpus  # noqa: E402
 
 PY = sys.executable
@@ -341,8 +341,7 @@ import json, sys, time
 from audiopipe.shard.verify import verify
 t, c = time.perf_counter(), time.process_time()
 rep = verify(sys.argv[1], tars=sys.argv[2] == "1")
-import audiopipe
-print("RESULT " + json.dumps({"audiopipe": audiopipe.__file__, "verify_wall_s": round(time.perf_counter() - t, 3), "verify_cpu_s":
+print("RESULT " + json.dumps({"verify_wall_s": round(time.perf_counter() - t, 3), "verify_cpu_s":
       round(time.process_time() - c, 3), "ok": rep.ok, "records": rep.records, "shards": rep.shards}))
 """
 
@@ -365,49 +364,6 @@ def stage_verify(a, corpus, out, res) -> dict[str, Any]:
     cmd = [PY, "-m", "audiopipe.cli", "verify", str(out)] + (["--no-tar"] if a.no_tar else [])
     r["command"] = run_stage(cmd, None)
     return r
-
-
-def stage_verify_ab(a, corpus, out, res) -> dict[str, Any]:
-    """verify() of --baseline COMMIT's audiopipe and of this checkout's, alternating, --rounds times on the page
-    cache: CPU-seconds of each and their ratio per round (the same files, the same process layout)."""
-    from bench_open import export_commit
-
-    if not a.baseline:
-        raise SystemExit("the verify_ab stage needs --baseline COMMIT")
-    for dirpath, _, names in os.walk(out):
-        for n in names:
-            with open(os.path.join(dirpath, n), "rb") as f:
-                while f.read(1 << 24):
-                    pass
-    _, nbytes = tree_size(out)
-    base = export_commit(a.baseline)
-    rounds = []
-    try:
-        for _ in range(a.rounds):
-            row = {}
-            for label, src in (("baseline", base), ("this", ROOT)):
-                r = run_stage([PY, "-c", _VERIFY, str(out), "0" if a.no_tar else "1"], None,
-                              env=dict(os.environ, PYTHONPATH=str(src)), cwd=src)
-                if r["rc"]:
-                    raise SystemExit(f"verify ({label}) failed: {r.get('stderr_tail', '')[-500:]}")
-                got = next(json.loads(x[7:]) for x in r["stdout_tail"].splitlines() if x.startswith("RESULT "))
-                if not got["ok"]:
-                    raise SystemExit(f"verify of {out} failed ({label})")
-                if not got["audiopipe"].startswith(str(src)):
-                    raise SystemExit(f"{label}: imported {got['audiopipe']}, not the one under {src}")
-                row[label] = {"verify_cpu_s": got["verify_cpu_s"], "verify_wall_s": got["verify_wall_s"],
-                              "load": r["load_before"][0]}
-            row["cpu_ratio"] = round(row["baseline"]["verify_cpu_s"] / row["this"]["verify_cpu_s"], 2)
-            rounds.append(row)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    ratios = [x["cpu_ratio"] for x in rounds]
-    recs = got["records"]
-    best = {k: min(x[k]["verify_cpu_s"] for x in rounds) for k in ("baseline", "this")}
-    return {"baseline": a.baseline, "rounds": rounds, "cpu_ratio_median": sorted(ratios)[len(ratios) // 2],
-            "cpu_ratio_range": [min(ratios), max(ratios)], "bytes_checked": nbytes, "records": recs,
-            "us_per_record_best": {k: round(v / recs * 1e6, 1) for k, v in best.items()},
-            "gb_per_cpu_s_best": {k: round(nbytes / v / 1e9, 3) for k, v in best.items()}}
 
 
 _PLAN_READ = r"""
@@ -582,12 +538,7 @@ def plot(results: list[Path], png: Path) -> None:
     """Left: shard throughput per decile of each run's shards (x real time per CPU-second). Right: the driver's
     memory through planning, before and after the plan fix (a bench_plan_memory.py results file among them), and
     the driver's peak of a shard run stopped at its deadline (to plan.json, and until stopped)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(11, 4))
     for path in results:
         r = json.loads(path.read_text())
         if "rows" in r:  # scale_plan_memory.json
@@ -611,8 +562,7 @@ def plot(results: list[Path], png: Path) -> None:
     a.legend(fontsize=8)
     b.set(xlabel="utterances", ylabel="MB", title="driver through discovery + plan + plan.json", ylim=(0, None))
     b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save(fig, png)
 
 
 def stage_compare(a, corpus, out, res) -> dict[str, Any]:
@@ -630,7 +580,6 @@ def stage_compare(a, corpus, out, res) -> dict[str, Any]:
 
 
 STAGES = {"shard": stage_shard, "noop": stage_noop, "plan_read": stage_plan_read, "verify": stage_verify,
-          "verify_ab": stage_verify_ab,
           "inspect": stage_inspect,
           "loader": stage_loader, "resume": stage_resume, "export": stage_export, "kill9": stage_kill9,
           "ray": stage_ray, "compare": stage_compare}
@@ -657,8 +606,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default="shard,noop,verify,inspect,loader,resume")
     p.add_argument("--tag", help="names this run's output folder (default from size and features)")
     p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--baseline", metavar="COMMIT", help="verify_ab: the audiopipe to compare verify() with")
-    p.add_argument("--rounds", type=int, default=3, help="verify_ab: alternating rounds")
     p.add_argument("--shard-deadline", metavar="HH:MM",
                    help="UTC time (or +SECONDS from now) at which the shard stage is killed (SIGKILL of its process group) if still "
                         "running; what it finished is recorded (done shards, deciles of audio per wall-second, "

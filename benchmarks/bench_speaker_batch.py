@@ -41,7 +41,7 @@ import speaker  # noqa: E402
 import speaker_data  # noqa: E402
 import train_campplus  # noqa: E402
 from audiopipe.reader.loader import make_loader  # noqa: E402
-from results_io import host, pyplot, save, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from results_io import host, pyplot, save, spread, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 PATHS = ("cpu", "device")
 
@@ -124,7 +124,7 @@ def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, ba
         print(f"  round {r}: " + ", ".join(f"{p} {per_round[p][-1]:.1f} ms" for p in loaders), flush=True)
     ratios = [c / d for c, d in zip(per_round["cpu"], per_round["device"])]
     return {"cpu_ms_per_batch": {p: {"median": float(np.median(v)), "per_round": v} for p, v in per_round.items()},
-            "ratio_cpu_over_device": {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)},
+            "ratio_cpu_over_device": spread(ratios),
             "device_side_ms_on_cpu": {"augment": float(np.median(device_ms)), "fbank": float(np.median(fbank_ms))},
             "crops_per_batch": 64, "batches_per_round": batches, "rounds": rounds}
 

@@ -1,5 +1,6 @@
-"""What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, its
-JSON (benchmarks/results/) and its PNG (docs/img/), each when asked for."""
+"""What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, a
+figure's median and range over rounds, a child process's result line, its JSON (benchmarks/results/) and its PNG
+(docs/img/), each when asked for."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 MACHINE = "2-core shared CPU VM, no GPU (other jobs running)"
 
@@ -35,6 +39,22 @@ def host(label: str, **versions: str) -> dict[str, Any]:
     machine is shared: a figure is read with its load)."""
     return {"label": label, "cpu": cpu_name(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "platform": platform.platform(), "load_average": list(os.getloadavg()), **versions}
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float]:
+    """A figure over rounds: its median with the range (rounds that have no value, None, left out)."""
+    v = [x for x in values if x is not None]
+    return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+
+
+def child_result(cmd: list[str], tag: str = "RESULT ", what: str = "child", **run: Any) -> dict[str, Any]:
+    """Run a benchmark's child process (a fresh interpreter: its own imports, peak memory and caches) and return
+    the JSON it printed on the line starting with `tag`; a child that fails stops the benchmark with its stderr."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **run)
+    if proc.returncode:
+        raise SystemExit(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(tag))
+    return json.loads(line[len(tag):])
 
 
 def pyplot():  # noqa: ANN201 - matplotlib.pyplot, imported on demand (only plots need it)

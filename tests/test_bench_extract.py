@@ -93,33 +93,3 @@ def test_scaling_ceiling_runs_every_file_in_every_process(tmp_path):
     assert [p["files"] for p in procs] == [3, 3, 3]  # 1 alone, then 2 at once: each ran every file
     assert len({p["pid"] for p in procs}) == 3  # three processes of their own
     assert all(0 < p["floor_s"] <= max(rnd["t1_s"], rnd["t2_s"]) for p in procs)  # the stages were timed inside
-
-
-def test_a_before_run_imports_the_before_tree_in_the_driver_and_in_the_workers(asterisk_corpus, tmp_path,
-                                                                              monkeypatch):
-    """`--before TREE` must measure TREE: the run's driver and its Ray workers import audiopipe from TREE, also
-    when the benchmark is started from this checkout, as documented (`python -c` puts the working folder ahead
-    of PYTHONPATH, and Ray hands the driver's folder to its workers)."""
-    import shutil
-
-    from bench_extract import ROOT, run_audiopipe
-
-    tree = tmp_path / "before"
-    shutil.copytree(ROOT / "audiopipe", tree / "audiopipe", ignore=shutil.ignore_patterns("__pycache__"))
-    log = tmp_path / "imports.log"
-    init = tree / "audiopipe" / "__init__.py"
-    # The copy says who imported it: pid, the program (the driver runs `python -c`, a Ray worker
-    # default_worker.py) and the file it was imported from.
-    init.write_text(init.read_text() + "\nimport os as _os, sys as _sys\n"
-                    f"with open({str(log)!r}, 'a') as _f:\n"
-                    "    _f.write(f'{_os.getpid()} {_os.path.basename(_sys.argv[0])} {__file__}\\n')\n")
-    monkeypatch.chdir(ROOT)
-    # engine ray: a job this small would run on local processes forked from the driver, and Ray's workers are
-    # the ones that could import another tree
-    res = run_audiopipe(asterisk_corpus.root, tmp_path / "out", 1, False, tree=tree, engine="ray")
-    assert res["tasks"] >= 1
-    lines = [line.split(" ") for line in log.read_text().splitlines()]
-    assert {path for _, _, path in lines} == {str(init)}
-    programs = {prog for _, prog, _ in lines}
-    assert "-c" in programs, lines  # the driver
-    assert "default_worker.py" in programs, lines  # the worker that ran the shard tasks
