@@ -261,7 +261,7 @@ def test_the_narrow_models_gradients_equal_amphions_on_equal_weights(ours_narrow
     """At the fixture's width 4, where float32 rounding is amplified most (module docstring), steps 1 and 2 (on
     weights equal on both sides: step 1 has LR 0) within 1e-4 of a tensor's largest entry; measured 1.4e-5. With
     nn.MultiheadAttention's scaled_dot_product_attention path instead of Amphion's softmax path the duration
-    predictor's and phone encoder's were 1 % apart, on the same forward within 2.4e-7."""
+    predictor's and phone encoder's are 1 % apart, on a forward equal within 2.4e-7."""
     gradients_agree(ours_narrow, 2, 1e-4)
 
 
