@@ -80,7 +80,7 @@ def step_model(width: int) -> dict:
     return m
 
 
-def step_config(width: int) -> "ns2.NS2Config":
+def step_config(width: int) -> ns2.NS2Config:
     return fixture_config(**config_from_upstream(step_model(width)))
 
 
@@ -269,7 +269,7 @@ def test_the_attention_key_bias_gradient_is_rounding_on_both_sides(ours):
     """Why the keys' bias is kept apart: its exact gradient is 0, and both trainers' are float32 noise, below 1e-6
     of the same tensor's largest entry; AdamW still moves it (normalised noise), differently on each side."""
     noise = []
-    for k, (mine, theirs) in enumerate(zip(ours["grads"], ours["amphion_grads"])):
+    for mine, theirs in zip(ours["grads"], ours["amphion_grads"]):
         for name, g in theirs.items():
             if key_bias(name, g) is not None:
                 scale = g.abs().max().item()
