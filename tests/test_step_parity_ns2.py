@@ -3,16 +3,27 @@
 Amphion is not on the package registry, so, as the NS2 checkpoint oracle does, this runs only where
 AUDIOPIPE_AMPHION_SRC names a checkout (tests/skips.py allows that skip). tests/upstream/ns2_steps.py runs
 Amphion's NS2Trainer._train_step (its loss terms, AdamW, diffusers' cosine schedule, clipping at 0.5), its
-dataset's prompt cut and its collator, from its source, for 3 steps on Amphion's NaturalSpeech2 class at the
-fixture's small config, fp32, deterministic. Our trainer's pieces take the same 3 steps in core.train's order
-(tests/step_parity.py): the model at the config's default rules (Amphion's: phones prompt rule, Amphion's phone
-table and forward), loss_fn on batches as the loader gives them (the shards' phone ids, MFA durations, word
-boundaries, through PhoneRemap and PromptSplit), core's AdamW at the NS2 run defaults, amphion_lr and clip 0.5.
-Steps 1 and 2 give Amphion's loss terms within 1e-5. Step 3 and the weights after it do not yet: the duration
-loss's gradient differs from Amphion's (its forward agrees), an open difference kept as a strict expected failure
-with its figures, so the test fails the day it is fixed and must then become a plain test.
+dataset's prompt cut and its collator, from its source, for 3 steps on Amphion's NaturalSpeech2 class, fp32,
+deterministic. Our trainer's pieces take the same 3 steps in core.train's order (tests/step_parity.py): the model
+at the config's default rules (Amphion's: phones prompt rule, Amphion's phone table and forward), loss_fn on
+batches as the loader gives them (the shards' phone ids, MFA durations, word boundaries, through PhoneRemap and
+PromptSplit), core's AdamW at the NS2 run defaults, amphion_lr and clip 0.5. Every step's loss terms and the
+weights after step 3 equal Amphion's within 1e-5, every step's clipped gradients within 1e-4 of each tensor's
+largest entry.
 
-Deliberate differences, pinned here (docs/trainers/ns2.md says why):
+The model is the checkpoint fixture's config at width 16 (every hidden size 16). At the fixture's own width 4
+the predictors' layer norms see four features, of which ReLU often leaves one or two: float32 rounding
+differences of 1e-7 become gradient differences of 1e-3 relative there, and AdamW turns those into weight
+differences of 1.2e-5 by step 3, whichever implementation rounds. At width 16 the 3 steps agree within 1.7e-6.
+The width-4 run still checks the rounding path: with scaled_dot_product_attention in place of Amphion's softmax
+path in nn.MultiheadAttention, its first step's gradients were 1 % apart on a forward equal within 2.4e-7.
+
+Differences pinned here (docs/trainers/ns2.md says why):
+  - the attention keys' bias (the middle third of each in_proj_bias): adding a constant to every key of a query
+    leaves its softmax unchanged, so its exact gradient is 0. What either trainer computes there is float32
+    rounding (below 3e-7 of the tensor's largest gradient entry); AdamW divides it by its own root mean square
+    and moves the bias by up to a step's LR on noise the two trainers do not share. Those entries are checked to
+    be noise on both sides and kept apart from the 1e-5 comparison; their weights differ by 1.1e-4 after step 3.
   - the prompt size: Amphion draws it from numpy's global RNG in its dataset; PromptSplit draws it from (seed,
     utterance indices), so --resume draws it again. The replay takes Amphion's draw; ours lies in the same range.
   - the RNG: core reseeds it at every step from (seed, rank, step); the replay restores the state Amphion's
@@ -33,7 +44,7 @@ import torch
 import core
 import train_ns2 as ns2
 from audiopipe.checkpoints.load import load_matching
-from audiopipe.checkpoints.ns2 import amphion_phone_map, from_upstream
+from audiopipe.checkpoints.ns2 import amphion_phone_map, config_from_upstream, from_upstream
 from audiopipe.text.en_phones import PHONES
 from step_parity import max_gap, replay
 from test_checkpoint_ns2 import META, amphion_source, fixture_config
@@ -42,6 +53,7 @@ from upstream_oracle import run_upstream
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS, LR, WARMUP, TOTAL = 3, 1e-2, 2, 4  # LRs 0 (Amphion's first warmup step), LR / 2, LR
+WIDE, NARROW = 16, 4  # the fixture's model at width 16, and at its own width 4 (module docstring)
 SCHEDULE = {"lr": 1e-3, "warmup": 5, "total": 20, "steps": 24}
 # (phones as the shards hold them, MFA frames per phone): word boundaries "|" hold no frame, punctuation is
 # Amphion's "sp", a 0-frame first phone as MFA can give
@@ -53,6 +65,36 @@ UTTERANCES = [
     (["S", "IY1", "|", "Y", "UW1", "|", "S", "UW1", "N", "!"], [3, 2, 0, 1, 4, 0, 2, 3, 2, 2]),
 ]
 BATCHES = [[0, 1], [2, 3], [4, 1]]
+
+
+def step_model(width: int) -> dict:
+    """The checkpoint fixture's Amphion config with every hidden size `width` and every FFN filter 2 * width."""
+    m = json.loads(json.dumps(META["model"]))
+    pe = m["prior_encoder"]
+    for enc in (pe["encoder"], m["prompt_encoder"]):
+        enc.update(encoder_hidden=width, conv_filter_size=2 * width)
+    for pred in (pe["duration_predictor"], pe["pitch_predictor"]):
+        pred.update(input_size=width, filter_size=width)
+    m["diffusion"]["wavenet"]["hidden_size"] = width
+    m["query_emb"]["hidden_size"] = width
+    return m
+
+
+def step_config(width: int) -> ns2.NS2Config:
+    return fixture_config(**config_from_upstream(step_model(width)))
+
+
+def key_bias(name: str, t: torch.Tensor) -> torch.Tensor | None:
+    """The attention keys' bias in an in_proj_bias (query, key, value thirds); None for other tensors."""
+    if not name.endswith("in_proj_bias"):
+        return None
+    h = t.numel() // 3
+    return t[h:2 * h]
+
+
+def without_key_bias(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([v[:v.numel() // 3], v[2 * v.numel() // 3:]]) if key_bias(k, v) is not None else v
+            for k, v in state.items()}
 
 
 def utterances() -> list[dict]:
@@ -95,25 +137,29 @@ def our_batch(utts: list[dict], indices: list[int]) -> dict:
     return batch
 
 
-@pytest.fixture(scope="module")
-def amphion_steps(tmp_path_factory):
+def run_amphion(tmp_path_factory, width: int):
     src = amphion_source(tmp_path_factory)
     d = tmp_path_factory.mktemp("ns2_steps")
     utts = utterances()
     inputs = [{"code": u["code"].tolist(), "pitch": u["pitch"].tolist(),
                **dict(zip(("phones", "duration"), amphion_symbols(u["phones"], u["duration"])))} for u in utts]
-    (d / "inputs.json").write_text(json.dumps({"utterances": inputs, "batches": BATCHES, "lr": LR,
-                                               "warmup": WARMUP, "total": TOTAL, "schedule": SCHEDULE}))
+    (d / "inputs.json").write_text(json.dumps({"model": step_model(width), "utterances": inputs, "batches": BATCHES,
+                                               "lr": LR, "warmup": WARMUP, "total": TOTAL, "schedule": SCHEDULE}))
     run_upstream("ns2_steps.py", src, d, timeout=300)
-    return d, utts
+    return d, utts, width
 
 
-def replayed(d, utts) -> dict:
+@pytest.fixture(scope="module")
+def amphion_steps(tmp_path_factory):
+    return run_amphion(tmp_path_factory, WIDE)
+
+
+def replayed(d, utts, width: int) -> dict:
     """Our trainer's 3 steps on Amphion's batches, from its initial weights."""
     steps = torch.load(d / "steps.pt", weights_only=True)
     assert len(steps) == STEPS
     cfg = core.RunConfig(**{**ns2.RUN_DEFAULTS, "lr": LR, "warmup_steps": WARMUP, "max_steps": TOTAL})
-    mcfg = fixture_config()  # the NS2Config defaults: Amphion's rules
+    mcfg = step_config(width)  # the NS2Config defaults: Amphion's rules
     assert {k: getattr(mcfg, k) for k in ns2.AMPHION_RULES} == ns2.AMPHION_RULES
     model = ns2.NaturalSpeech2(mcfg)
     init = ns2.make_init_reader(None, mcfg.n_codebooks)(str(d / "init"))
@@ -139,6 +185,9 @@ def replayed(d, utts) -> dict:
         torch.set_rng_state(steps[k]["torch_rng"])
 
     terms: list[dict] = []
+    grads: list[dict] = []  # what each optimizer step stepped with (after clipping), as Amphion's record
+    opt.register_step_pre_hook(lambda *_: grads.append({k: p.grad.detach().clone()
+                                                        for k, p in model.named_parameters() if p.grad is not None}))
 
     def loss_fn(m, batch):
         loss, logs = ns2.loss_fn(m, batch)
@@ -156,12 +205,18 @@ def replayed(d, utts) -> dict:
     assert sorted(online) == sorted(k for k in start if not k.startswith("align_proj."))
     return {"losses": losses, "steps": steps, "terms": [{k: t[k] for k in names} for t in terms],
             "amphion_terms": [{k: s["terms"][v] for k, v in names.items()} for s in steps],
-            "align": [t["align"] for t in terms], "online": online, "start": start, "final": theirs}
+            "align": [t["align"] for t in terms], "online": online, "start": start, "final": theirs,
+            "grads": grads, "amphion_grads": [from_upstream(s["grads"]) for s in steps]}
 
 
 @pytest.fixture(scope="module")
 def ours(amphion_steps):
     return replayed(*amphion_steps)
+
+
+@pytest.fixture(scope="module")
+def ours_narrow(tmp_path_factory):
+    return replayed(*run_amphion(tmp_path_factory, NARROW))
 
 
 def test_steps_one_and_two_equal_amphions_trainer(ours):
@@ -174,21 +229,62 @@ def test_steps_one_and_two_equal_amphions_trainer(ours):
     assert ours["losses"][:2] == pytest.approx([s["loss"] for s in ours["steps"][:2]], abs=1e-5, rel=0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the duration loss's gradient differs from Amphion's (up to 1 % of a "
-                                       "tensor's largest entry in the phone encoder and the duration predictor) "
-                                       "while its forward agrees within 2.4e-7, so after step 2's update the step-3 "
-                                       "duration term is off by 4.0e-4 and pitch by 6.3e-5; x0 and noise still agree")
 def test_step_three_and_the_weights_equal_amphions_trainer(ours):
+    """Step 3 runs on weights both trainers updated (step 2 at LR / 2): its loss terms, and every weight after
+    it, within 1e-5 of Amphion's, the attention keys' bias apart (module docstring)."""
+    assert ours["terms"][2] == pytest.approx(ours["amphion_terms"][2], abs=1e-5, rel=0)
     assert ours["losses"] == pytest.approx([s["loss"] for s in ours["steps"]], abs=1e-5, rel=0)
-    gap, where = max_gap(ours["online"], ours["final"])
+    gap, where = max_gap(without_key_bias(ours["online"]), without_key_bias(ours["final"]))
     assert gap < 1e-5, (where, gap)
     moved = max(((ours["online"][k] - ours["start"][k]).abs().max().item(), k) for k in ours["online"])
     assert moved[0] > 100 * 1e-5, moved  # the steps moved the weights far beyond the tolerance
 
 
+def gradients_agree(ours: dict, steps: int, tol: float) -> None:
+    """The clipped gradients of the first `steps` steps, tensor by tensor, within tol of the tensor's largest
+    entry."""
+    for k, (mine, theirs) in enumerate(zip(ours["grads"][:steps], ours["amphion_grads"][:steps])):
+        assert sorted(theirs) == sorted(n for n in mine if not n.startswith("align_proj.")), k
+        for name, g in theirs.items():
+            scale = g.abs().max().item()
+            assert scale > 0, (k, name)  # every tensor trains here
+            gap = (mine[name] - g).abs().max().item()
+            assert gap <= tol * scale, (k, name, gap, scale)
+
+
+def test_every_steps_gradients_equal_amphions(ours):
+    """Measured: within 2.3e-5 of a tensor's largest entry at every step."""
+    gradients_agree(ours, STEPS, 1e-4)
+
+
+def test_the_narrow_models_gradients_equal_amphions_on_equal_weights(ours_narrow):
+    """At the fixture's width 4, where float32 rounding is amplified most (module docstring), steps 1 and 2 (on
+    weights equal on both sides: step 1 has LR 0) within 1e-4 of a tensor's largest entry; measured 1.4e-5. With
+    nn.MultiheadAttention's scaled_dot_product_attention path instead of Amphion's softmax path the duration
+    predictor's and phone encoder's are 1 % apart, on a forward equal within 2.4e-7."""
+    gradients_agree(ours_narrow, 2, 1e-4)
+
+
+def test_the_attention_key_bias_gradient_is_rounding_on_both_sides(ours):
+    """Why the keys' bias is kept apart: its exact gradient is 0, and both trainers' are float32 noise, below 1e-6
+    of the same tensor's largest entry; AdamW still moves it (normalised noise), differently on each side."""
+    noise = []
+    for mine, theirs in zip(ours["grads"], ours["amphion_grads"]):
+        for name, g in theirs.items():
+            if key_bias(name, g) is not None:
+                scale = g.abs().max().item()
+                noise += [key_bias(name, g).abs().max().item() / scale,
+                          key_bias(name, mine[name]).abs().max().item() / scale]
+    assert len(noise) == 2 * STEPS * sum(1 for n in ours["final"] if n.endswith("in_proj_bias"))
+    assert max(noise) < 1e-6, max(noise)
+    gaps = [(key_bias(n, ours["online"][n]) - key_bias(n, ours["final"][n])).abs().max().item()
+            for n in ours["final"] if n.endswith("in_proj_bias")]
+    assert 1e-5 < max(gaps) < 5e-4, max(gaps)  # measured 1.1e-4: beyond the tolerance, far below the LR (1e-2)
+
+
 def test_amphion_schedule_is_diffusers_cosine(amphion_steps):
     """amphion_lr against the scheduler Amphion's trainer builds, over warmup, decay and past the end."""
-    d, _ = amphion_steps
+    d = amphion_steps[0]
     theirs = json.loads((d / "schedule.json").read_text())
     s = SCHEDULE
     ours = [ns2.amphion_lr(k, s["lr"], s["warmup"], s["total"]) for k in range(s["steps"])]

@@ -19,7 +19,12 @@ for parameter, so Amphion's checkpoints load (--init-from) and ours export to Am
     layers) predicting x0 under Amphion's VP-SDE (beta 0.05..20, t ~ U(0, 1));
   - losses: L1 on log-pitch, L1 on log(1 + duration), L1 on x0, L1 on the noise implied by x0,
     0.5 x cross-entropy of the RVQ indices from the predicted latent (distances to each codebook, residual
-    after each layer, as Amphion's latent_to_code).
+    after each layer, as Amphion's latent_to_code);
+  - attention: nn.MultiheadAttention called as Amphion calls it (need_weights left on), which takes PyTorch's
+    explicit softmax path rather than scaled_dot_product_attention. Both compute the same function, but their
+    float32 rounding differs, and layer norms over a few nearly equal features (a predictor position where
+    ReLU leaves little variance) turn that rounding into gradients up to 1 % apart: the same path keeps a
+    step equal to Amphion's (tests/test_step_parity_ns2.py).
 Amphion's rules are the defaults (its prompt rule, phone table, forward and its trainer's LR schedule), so a new
 run exports to Amphion with no difference; audiopipe's own are options:
   - `--forward audiopipe` masks padding everywhere (conv inputs, attention keys, style statistics), gives the
@@ -429,7 +434,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x, mask, cond=None, cond_mask=None):
         y = self._norm(self.ln1, x, cond, cond_mask)
-        y, _ = self.attn(y, y, y, key_padding_mask=~mask, need_weights=False)
+        y, _ = self.attn(y, y, y, key_padding_mask=~mask, need_weights=True)  # Amphion's path (docstring)
         x = x + self.drop(y)
         y = self._norm(self.ln2, x, cond, cond_mask)
         if self.masked:
@@ -487,7 +492,8 @@ class Predictor(nn.Module):
             res = x
             if i % self.every == 0:
                 k = i // self.every
-                y, _ = self.attns[k](self.attn_lns[k](x), ref, ref, key_padding_mask=~ref_mask, need_weights=False)
+                # need_weights: Amphion's softmax path, so the rounding, and the gradient, are its own (docstring)
+                y, _ = self.attns[k](self.attn_lns[k](x), ref, ref, key_padding_mask=~ref_mask, need_weights=True)
                 x = (self.attn_drop(y) + x) / math.sqrt(2.0)
                 if self.masked:
                     x = x * m
@@ -535,7 +541,7 @@ class ResidualBlock(nn.Module):
         y = (x + self.step_proj(step)[..., None]) * m
         z = self.dilated(y) + self.cond_proj(cond)
         if self.cross_attn:
-            a, _ = self.attn(self.ln(y.transpose(1, 2)), query, query, need_weights=False)
+            a, _ = self.attn(self.ln(y.transpose(1, 2)), query, query, need_weights=True)  # Amphion's path
             z = self.film(z.transpose(1, 2), a).transpose(1, 2)
         gate, filt = z.chunk(2, dim=1)
         res, skip = self.out_proj(torch.sigmoid(gate) * torch.tanh(filt)).chunk(2, dim=1)
@@ -707,7 +713,8 @@ class NaturalSpeech2(nn.Module):
             ref = self.prompt_lin(ref)
         ref = self.prompt_encoder(ref, prompt_mask)
         query = self.query_emb.weight[None].expand(ref.shape[0], -1, -1)
-        query, _ = self.query_attn(query, ref, ref, key_padding_mask=~prompt_mask, need_weights=False)
+        query, _ = self.query_attn(query, ref, ref, key_padding_mask=~prompt_mask,
+                                   need_weights=True)  # Amphion's path (module docstring)
         return ref, query
 
     def align(self, enc, phones_mask, z, frames_mask, durations=None, durations_lengths=None):

@@ -166,13 +166,14 @@ def run(model, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             **{f"loss.{k}": v.reshape(()) for k, v in terms.items()}}
 
 
-def build(amphion: Path):
+def build(amphion: Path, model: dict | None = None):
+    """Amphion's NaturalSpeech2 at `model` (default: the fixture's MODEL), seeded."""
     sys.path.insert(0, str(amphion))
     small_codec_factory()
     from models.tts.naturalspeech2.ns2 import NaturalSpeech2
 
     torch.manual_seed(SEED)
-    model = NaturalSpeech2(Cfg(MODEL)).eval()
+    model = NaturalSpeech2(Cfg(model or MODEL)).eval()
     # Trained-looking values where Amphion's init leaves constants (LayerNorm gains, the WaveNet's zeroed output
     # projection), so that every tensor's mapping is exercised by the outputs.
     g = torch.Generator().manual_seed(SEED + 3)

@@ -9,8 +9,9 @@ _build_scheduler (diffusers' get_scheduler with the config's lr_scheduler, warmu
 _train_step (the model's forward, its loss terms from ns2_loss.py, zero_grad, backward, clipping at 0.5, the
 optimizer step, the scheduler step), and NS2Dataset's align_length, get_target_and_reference (the prompt cut,
 clip_mode "start") and get_phone_map, and NS2Collator.__call__. The model is ns2_fixture.build's (Amphion's
-NaturalSpeech2 class at the fixture's small config), wrapped in DistributedDataParallel as accelerate wraps it
-for Amphion's training (one gloo process here), in train mode, fp32, deterministic algorithms, one thread.
+NaturalSpeech2 class, seeded, at DIR/inputs.json "model"), wrapped in DistributedDataParallel as accelerate
+wraps it for Amphion's training (one gloo process here), in train mode, fp32, deterministic algorithms, one
+thread.
 
 For each step in DIR/inputs.json "batches" (utterance indices), every utterance (codes, pitch, durations, phone
 symbols) goes through align_length and get_target_and_reference (numpy's global RNG seeded once, as Amphion's
@@ -19,7 +20,8 @@ records the torch RNG state the forward starts from. Writes:
   DIR/init/pytorch_model.bin   the weights before step 1
   DIR/final/pytorch_model.bin  the weights after the last step
   DIR/steps.pt                 per step: the collated batch, each utterance's prompt phones and first prompt
-                               phone, the RNG state, the LR the step used, its loss and loss terms
+                               phone, the RNG state, the LR the step used, its loss and loss terms, and the
+                               gradients the optimizer stepped with (after clipping)
   DIR/schedule.json            the LR diffusers' scheduler gives over a longer run (DIR/inputs.json "schedule")
 """
 
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from ns2_fixture import MODEL, SEED, TRAIN, Cfg, build
+from ns2_fixture import SEED, TRAIN, Cfg, build
 
 
 def functions(path: Path, cls: str, names: tuple[str, ...], scope: dict) -> dict:
@@ -72,10 +74,10 @@ def main(amphion: Path, d: Path) -> None:
     collate = functions(src / "ns2_dataset.py", "NS2Collator", ("__call__",), scope)["__call__"]
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{d / 'pg'}", rank=0, world_size=1)
-    model = build(amphion)  # Amphion's class, seeded, at the fixture's config
+    model = build(amphion, inp["model"])  # Amphion's class, seeded, at the test's config
     (d / "init").mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), d / "init" / "pytorch_model.bin")
-    cfg = Cfg({"model": MODEL, "preprocess": {"clip_mode": "start"},
+    cfg = Cfg({"model": inp["model"], "preprocess": {"clip_mode": "start"},
                "train": {**TRAIN, "adam": {"lr": inp["lr"]}, "lr_scheduler": "cosine",
                          "lr_warmup_steps": inp["warmup"], "num_train_steps": inp["total"],
                          "gradient_accumulation_step": 1}})
@@ -117,6 +119,7 @@ def main(amphion: Path, d: Path) -> None:
         lr = trainer.optimizer.param_groups[0]["lr"]
         loss, terms, _ = trainer._train_step(batch)
         steps.append({"batch": {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)},
+                      "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
                       "prompt_phones": [c[0] for c in cuts], "prompt_start": [c[1] for c in cuts],
                       "torch_rng": rng_at_forward[-1], "lr": lr, "loss": loss,
                       "terms": {k: float(v) for k, v in terms.items()}})
