@@ -67,6 +67,8 @@ SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first on
 GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
 SPEAKER_STEPS = {"full": (5, 30), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
 SPEAKER_PATHS = ("device", "cpu")  # speakers: --augment-on, where the crops are finished
+# --quick: 4 crops of 1 s a batch (ERes2Net is slow on a CPU; calibrate_batches' quick crops are 1 s too)
+QUICK_SPEAKER_FLAGS = ["--batch-frames", str(4 * 16000), "--crop-seconds", "1"]
 SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
 HOLD_ROUNDS = {"full": 3, "quick": 1}  # calibrate: rounds over every bucket's largest shapes (8 on F5)
 HOLD_S = 30.0  # calibrate: the seconds kept for them (24 steps of ~1 s at ~100,000 frames on an H200)
@@ -407,7 +409,7 @@ def speaker_setup(a: argparse.Namespace, copies: int) -> dict[str, Any]:
     dirs = grown(a, a.bundle / "shards" / "speakers", copies)
     argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default",
             "--out", str(a.work / "speaker_cores"), "--seed", "0", "--heldout-speakers", "0",
-            *(["--batch-frames", str(4 * 16000), "--crop-seconds", "1"] if a.quick else [])]
+            *(QUICK_SPEAKER_FLAGS if a.quick else [])]
     cfg, args = core.parse_args("speaker_cores", defaults=speaker.run_defaults(er.RECIPE),
                                 extra=lambda p: speaker.add_speaker_args(p, er.RECIPE), argv=argv,
                                 flag_help=speaker.FLAG_HELP)
@@ -521,6 +523,9 @@ def part_speaker_cores(a: argparse.Namespace) -> dict[str, Any]:
     rule = SpeakerlabRule(export_wavs(a, folder), split.label_of, len(split.train_speakers), seed=0, crop=s["crop"])
     res["fbank_code"] = rule.fbank_code
     features = [core.default_to_device(speakerlab_collate([rule[g] for g in r]), dev) for r in rows]
+    pcm = ShardDataset(str(folder), ["pcm"]).lengths("pcm")
+    g1.ensure([b["decoded"] for b in features] == [int(sum(pcm[g % per_copy] for g in r)) for r in rows],
+              "3D-Speaker's rule read other files than the rows audiopipe's batches hold")
     for fn, batches in ((speaker.loss_for(s["data"]), on_device), (speakerlab_loss, features)):
         speaker_steps(s, iter(batches), len(batches), fn)  # every kernel and shape seen once before any timing
     ours = speaker.loss_for(s["data"])
@@ -609,7 +614,7 @@ def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
         argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default", "--out", str(out),
                 "--max-steps", str(warm + timed), "--log-every", str(warm), "--ckpt-every", str(10 ** 9),
                 "--prefetch", "2", "--seed", "0", "--augment-on", path,
-                *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
+                *(QUICK_SPEAKER_FLAGS if a.quick else [])]
         t0 = time.perf_counter()
         importlib.import_module(f"train_{name}").main(argv)
         res.setdefault(name, {})[path] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
