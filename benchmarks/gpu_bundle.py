@@ -13,7 +13,7 @@ What it writes (docs/gpu-proof.md):
   tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
                               stay here)
   shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages),
-                              re-sliced per voice the same way to VoxCeleb-like lengths (median 6.5 s)
+                              re-sliced per voice the same way to VoxCeleb-like lengths (8.0 s on average)
   wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and julius (pure
                               Python), which the GPU image lacks (the reader and trainers import without them;
                               F5's loading rule, the clips and speed perturbation use them)
@@ -55,7 +55,9 @@ SIZES = {  # seconds of audio per part: (default, --quick)
     "gpt_sovits": (0.0, 40.0),  # 0: every usable English prompt (~0.7 h)
     "speaker": (60.0, 12.0),  # per voice
 }
-SPEAKER_MEDIAN_S = (6.5, 2.5)  # the speakers' item lengths: (default, --quick); VoxCeleb2's mean is ~7.8 s
+# The speakers' target median (default, --quick): cut at prompt ends, the items average 8.0 s (median 6.0 s), about
+# VoxCeleb's 8.2 s (VoxCeleb1) and 7.8 s (VoxCeleb2)
+SPEAKER_MEDIAN_S = (5.0, 2.5)
 
 
 def wav_seconds(path: Path) -> float:
@@ -255,7 +257,7 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
         doc["parts"]["gpt_sovits"] = {"files": len(gs), "audio_s": round(secs, 1), "shards": "tokens/gpt_sovits",
                                       "tokens": f"k-means of fbank, {k} units"}
         # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device).
-        # Re-sliced per voice to VoxCeleb-like lengths (median SPEAKER_MEDIAN_S, mean ~1.2x that): 3D-Speaker's
+        # Re-sliced per voice to VoxCeleb-like lengths (SPEAKER_MEDIAN_S): 3D-Speaker's
         # rule decodes and speed-perturbs the whole file for each 3 s crop (gpu_proof2.py, speaker_cores), so the
         # file's length is its cost; the prompts (~2-3 s, most shorter than a crop) would flatter it.
         total, files, median = 0.0, 0, SPEAKER_MEDIAN_S[1 if quick else 0]
