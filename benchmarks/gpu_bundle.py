@@ -272,7 +272,7 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
         doc["parts"]["speakers"] = {"voices": list(VOICES), "files": files, "audio_s": round(total, 1),
                                     "shards": "shards/speakers", "features": "pcm",
                                     "resliced": "each voice's prompts joined in a seeded order, cut at prompt ends "
-                                                f"into 1-20 s items (log-normal, median {median} s)"}
+                                                f"into 1-20 s items (log-normal, target median {median} s)"}
     finally:
         import ray
 
