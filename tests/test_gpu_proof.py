@@ -257,8 +257,9 @@ def test_refuses_a_missing_bundle_and_unknown_parts(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quick_round_two_runs_every_part_on_cpu(bundle, tmp_path):
-    """benchmarks/gpu_proof2.py (full batches mid-epoch, cores per GPU, equal-length features, budgets that hold)
-    on the CPU, on the same quick bundle, with what the GPU image lacks made unimportable."""
+    """benchmarks/gpu_proof2.py (full batches mid-epoch, the cores F5-TTS's and ERes2Net's feeds need, equal-length
+    features, budgets that hold) on the CPU, on the same quick bundle, with what the GPU image lacks made
+    unimportable. Its trainers keep the one thread env() gives them (core.setup_dist follows OMP_NUM_THREADS)."""
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_proof2.py"), "--bundle", str(bundle), "--out",
                         str(out), "--work", str(tmp_path / "work"), "--device", "cpu", "--quick", "--without", ABSENT,
