@@ -12,7 +12,8 @@ What it writes (docs/gpu-proof.md):
   shards/ns2                  the ns2 preset (EnCodec codes from random-init weights, F0, energy, phones)
   tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
                               stay here)
-  shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages)
+  shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages),
+                              re-sliced per voice the same way to VoxCeleb-like lengths (8.0 s on average)
   wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and julius (pure
                               Python), which the GPU image lacks (the reader and trainers import without them;
                               F5's loading rule, the clips and speed perturbation use them)
@@ -54,6 +55,9 @@ SIZES = {  # seconds of audio per part: (default, --quick)
     "gpt_sovits": (0.0, 40.0),  # 0: every usable English prompt (~0.7 h)
     "speaker": (60.0, 12.0),  # per voice
 }
+# The speakers' target median (default, --quick): cut at prompt ends, the items average 8.0 s (median 6.0 s), about
+# VoxCeleb's 8.2 s (VoxCeleb1) and 7.8 s (VoxCeleb2)
+SPEAKER_MEDIAN_S = (5.0, 2.5)
 
 
 def wav_seconds(path: Path) -> float:
@@ -109,7 +113,8 @@ def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int =
         with wave.open(str(d / f"slice_{count:05d}.wav"), "wb") as w:
             w.setparams(params)
             w.writeframes(b"".join(frames))
-        (d / f"slice_{count:05d}.txt").write_text(" ".join(texts) + "\n", encoding="utf-8")
+        if any(texts):  # the speakers' items have no transcripts
+            (d / f"slice_{count:05d}.txt").write_text(" ".join(texts) + "\n", encoding="utf-8")
         total += sum(len(f) for f in frames) / (params.sampwidth * params.nchannels) / params.framerate
         count, frames, texts = count + 1, [], []
 
@@ -252,17 +257,22 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
         doc["parts"]["gpt_sovits"] = {"files": len(gs), "audio_s": round(secs, 1), "shards": "tokens/gpt_sovits",
                                       "tokens": f"k-means of fbank, {k} units"}
         # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device).
-        total, files = 0.0, 0
+        # Re-sliced per voice to VoxCeleb-like lengths (SPEAKER_MEDIAN_S): 3D-Speaker's
+        # rule decodes and speed-perturbs the whole file for each 3 s crop (gpu_proof2.py, speaker_cores), so the
+        # file's length is its cost; the prompts (3.3 s on average, 71 % shorter than a crop) would flatter it.
+        total, files, median = 0.0, 0, SPEAKER_MEDIAN_S[1 if quick else 0]
         for voice in VOICES:
             wavs = sorted((SOUNDS / voice).glob("*.wav"))
             if not wavs:
                 raise SystemExit(f"gpu_bundle: no WAV prompts in {SOUNDS / voice} (make sysdeps installs them)")
             chosen = pick([(w, "") for w in wavs if 0.5 <= wav_seconds(w) <= 30], size["speaker"], seed=3)
-            total += write_corpus(scratch / "speakers", voice, chosen, copy=False)
-            files += len(chosen)
+            n, secs = reslice(scratch / "speakers", voice, chosen, seed=3, median_s=median)
+            total, files = total + secs, files + n
         shard_pcm16k(scratch / "speakers", out / "shards" / "speakers", workers)
         doc["parts"]["speakers"] = {"voices": list(VOICES), "files": files, "audio_s": round(total, 1),
-                                    "shards": "shards/speakers", "features": "pcm"}
+                                    "shards": "shards/speakers", "features": "pcm",
+                                    "resliced": "each voice's prompts joined in a seeded order, cut at prompt ends "
+                                                f"into 1-20 s items (log-normal, target median {median} s)"}
     finally:
         import ray
 

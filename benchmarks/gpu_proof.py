@@ -60,8 +60,8 @@ CAPS = {"cuda_tests": (60, 25, 180, 10), "trainers": (300, 60, 300, 20), "f5_fee
 # that fit the tiny bundle. Steps: `warm` untimed, then `timed`; the log window is `warm` steps long.
 TRAINERS = {
     "f5tts": ("train_f5tts", "shards/f5tts", 60, ["--batch-frames", "2000"]),
-    "eres2net": ("train_eres2net", "shards/speakers", 45, ["--batch-frames", str(4 * 48000)]),
-    "campplus": ("train_campplus", "shards/speakers", 45, ["--batch-frames", str(4 * 48000)]),
+    "eres2net": ("train_eres2net", "shards/speakers", 45, ["--batch-frames", str(4 * 16000), "--crop-seconds", "1"]),
+    "campplus": ("train_campplus", "shards/speakers", 45, ["--batch-frames", str(4 * 16000), "--crop-seconds", "1"]),
     "gpt_sovits": ("train_gpt_sovits", "tokens/gpt_sovits", 50, ["--batch-frames", "1500"]),
     "ns2": ("train_ns2", "shards/ns2", 100, ["--batch-frames", "500"]),
 }

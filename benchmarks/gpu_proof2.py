@@ -19,6 +19,11 @@ Parts, in order of value; each in its own process under its own cap:
                 2, no workers) against F5's own rule (decode + resample + mel per item, workers = cores), against
                 the same batches already on the device. Headline: the fewest cores at which each keeps the step
                 within 3 % of the on-device step
+  speaker_cores ERes2Net `default` the same way, on the bundle's speaker shards grown the same way: audiopipe
+                (prefetch 2, no workers; speed perturbation and fbank of the crops in the step, on the device)
+                against 3D-Speaker's rule (SpeakerlabRule: decode the whole file, speed-perturb it, crop 3 s,
+                Kaldi fbank per item on the CPU, workers = cores), each against its own batches already on the
+                device, same rows, same speeds, 1, 2, 4 and 8 cores; the same headline
   calibrate     calibrate_batches.py for F5-TTS, then whether the budget holds: every bucket's largest shapes
                 trained in turn 3 times (no out-of-memory error, peak reserved memory <= 92 % of the device),
                 and F5's frames/s with it against one global budget's (>= 1x)
@@ -48,18 +53,22 @@ from typing import Any, Callable
 import gpu_proof as g1  # the machinery of the first round (benchmarks/, this script's folder); it puts the
 # repository and trainers/ on sys.path
 
-PARTS = ("full_batches", "cores", "features", "calibrate", "speakers", "shapes")
+PARTS = ("full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers", "shapes")
 # Seconds per part, as in gpu_proof.CAPS: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step, the
-# calibrate part of round 1), then (cap, floor) with --quick. Together with start-up: under 8 minutes of device time.
+# calibrate part of round 1), then (cap, floor) with --quick. The default budget (420 s) with the machine's start-up and
+# the device read (~50 s): under 8 minutes of device time.
 # shapes compiles F5-TTS and GPT-SoVITS: it does not fit the 8 minutes with the rest, so the default call skips it
 # (its floor is more than the budget leaves) and a second call runs it: --parts shapes --budget-s 300.
-CAPS = {"full_batches": (115, 60, 150, 10), "cores": (110, 60, 200, 10), "features": (40, 15, 150, 8),
-        "calibrate": (80, 30, 200, 8), "speakers": (50, 20, 150, 8), "shapes": (290, 200, 250, 8)}
+CAPS = {"full_batches": (115, 60, 150, 10), "cores": (95, 50, 200, 10), "speaker_cores": (60, 25, 200, 10),
+        "features": (40, 15, 150, 8), "calibrate": (80, 30, 200, 8), "speakers": (35, 20, 150, 8),
+        "shapes": (290, 200, 250, 8)}
 SHAPES = 8  # shapes: --shapes K, the batch shapes a run meets at most
 SHAPE_STEPS = {"full": 60, "quick": 4}  # shapes: F5 steps per run (the first ones meet each shape first)
 GPT_STEPS = {"full": (20, 60), "quick": (1, 2)}  # shapes: GPT-SoVITS warm-up (one log window), timed
 SPEAKER_STEPS = {"full": (5, 30), "quick": (1, 2)}  # speakers: warm-up (one log window), timed
 SPEAKER_PATHS = ("device", "cpu")  # speakers: --augment-on, where the crops are finished
+# --quick: 4 crops of 1 s a batch (ERes2Net is slow on a CPU; calibrate_batches' quick crops are 1 s too)
+QUICK_SPEAKER_FLAGS = ["--batch-frames", str(4 * 16000), "--crop-seconds", "1"]
 SPEAKER_COPIES = 20  # speakers: the bundle's five voices listed as 20 corpora: tens of batches an epoch
 HOLD_ROUNDS = {"full": 3, "quick": 1}  # calibrate: rounds over every bucket's largest shapes (8 on F5)
 HOLD_S = 30.0  # calibrate: the seconds kept for them (24 steps of ~1 s at ~100,000 frames on an H200)
@@ -67,7 +76,10 @@ PEAK_SHARE = 0.92  # calibrate: the peak (reserved) memory the budget may reach,
 STEPS = {"full": (10, 200), "quick": (1, 2)}  # full_batches: warm-up, timed mid-epoch
 BOUNDARY = {"full": 5, "quick": 1}  # steps timed on each side of the epoch's end
 CORES = (1, 2, 4, 8)
-CORE_STEPS = {"full": (3, 15), "quick": (1, 2)}  # cores: per feed, warm-up then timed, on the same batches
+# --quick: one count runs every code path of the sweep (pinning, both feeds, the ratio, the headline); a second
+# one on a shared 2-core test machine only adds oversubscribed steps
+QUICK_CORES = (1,)
+CORE_STEPS = {"full": (3, 12), "quick": (1, 2)}  # cores, speaker_cores: per feed, warm-up then timed, same batches
 WITHIN = 0.03  # the headline: a loader keeps up when its step is within 3 % of the on-device step
 OUT_FILES = ("gpu_proof2.json", "gpu_proof2.log")
 
@@ -125,14 +137,13 @@ def per_step(clock) -> list[tuple[float, float]]:
     return [(a.elapsed_time(b), w0.elapsed_time(w1)) for (a, b), (w0, w1) in zip(clock.steps, clock.waits)]
 
 
-def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | None = None
-                ) -> tuple[list[tuple[float, float]], list[dict[str, Any]]]:
-    """n F5 training steps fed by `feed` through core's clock: each step's (ms, wait ms) and its batch's size."""
-    import torch
-
+def clocked(dev, feed, n: int, step: Callable[[dict[str, Any]], Any],
+            describe: Callable[[dict[str, Any], Any], dict[str, Any]]
+            ) -> tuple[list[tuple[float, float]], list[dict[str, Any]], Any]:
+    """n training steps fed by `feed` through core's clock: each step's (ms, wait ms), `describe(batch, where)` of
+    each batch (no batch is kept: they stay on the device), the last loss. `feed` yields batches or (batch, where)."""
     import core
 
-    dev, model, opt = s["dev"], s["model"], s["opt"]
     clock = core._Clock(dev)
     it = iter(feed)
     info = []
@@ -143,11 +154,22 @@ def train_steps(s: dict[str, Any], feed, n: int, tag: Callable[[Any], Any] | Non
         batch, where = (item if isinstance(item, tuple) else (item, None))
         batch = core.default_to_device(batch, dev)
         clock.wait_end()
-        loss = g1.f5_step(model, opt, s["autocast"], batch)
+        loss = step(batch)
         clock.step_end()
-        info.append({"where": where, "shape": tuple(batch["mel"].shape), "items": int(batch["mel"].shape[0]), "frames": int(batch["mel_lengths"].sum()),
-                     "padded": int(batch["mel"].shape[0] * batch["mel"].shape[-1])})
-    steps = per_step(clock)
+        info.append(describe(batch, where))
+    return per_step(clock), info, loss
+
+
+def train_steps(s: dict[str, Any], feed, n: int) -> tuple[list[tuple[float, float]], list[dict[str, Any]]]:
+    """n F5 training steps fed by `feed` through core's clock: each step's (ms, wait ms) and its batch's size."""
+    import torch
+
+    def describe(b: dict[str, Any], where: Any) -> dict[str, Any]:
+        return {"where": where, "shape": tuple(b["mel"].shape), "items": int(b["mel"].shape[0]),
+                "frames": int(b["mel_lengths"].sum()), "padded": int(b["mel"].shape[0] * b["mel"].shape[-1])}
+
+    steps, info, loss = clocked(s["dev"], feed, n, lambda b: g1.f5_step(s["model"], s["opt"], s["autocast"], b),
+                                describe)
     g1.ensure(bool(torch.isfinite(loss)), "the loss is not finite")
     return steps, info
 
@@ -238,7 +260,7 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
     dev, cpu = s["dev"], torch.device("cpu")
     allowed = sorted(os.sched_getaffinity(0))
     available = len(allowed)
-    counts = [c for c in CORES if c <= available] if not a.quick else [c for c in (1, 2) if c <= available]
+    counts = [c for c in (QUICK_CORES if a.quick else CORES) if c <= available]
     res: dict[str, Any] = {"model": "tiny" if a.quick else "default", "precision": s["precision"],
                            "batch_frames": s["cfg"].batch_frames, "cores_available": available,
                            "warmup_steps": warm, "timed_steps": timed, "within": WITHIN, "by_cores": {}}
@@ -288,6 +310,265 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+# ----------------------------------------------------------------------------- part: speaker_cores
+
+
+def kaldi_fbank_cpu() -> tuple[str, Callable[[Any], Any]]:
+    """3D-Speaker's FBank(80, mean_nor=True) for one crop on the CPU: (which code, wav [N] -> [T, 80]).
+    torchaudio.compliance.kaldi.fbank where it imports (speakerlab's own call), else audiopipe's kaldi_fbank_torch
+    (the same Kaldi fbank; tests/test_features_fbank.py holds it to kaldi-native-fbank)."""
+    try:
+        import torchaudio.compliance.kaldi as kaldi
+
+        def fbank(wav):  # noqa: ANN001, ANN202 - torch tensors
+            feat = kaldi.fbank(wav[None], num_mel_bins=80, sample_frequency=16000, dither=0.0)
+            return feat - feat.mean(0, keepdim=True)
+
+        return "torchaudio.compliance.kaldi.fbank", fbank
+    except ImportError:
+        from audiopipe.features.fbank import kaldi_fbank_torch
+
+        def fbank(wav):  # noqa: ANN001, ANN202
+            feat = kaldi_fbank_torch(wav[None], sample_rate=16000, num_mel_bins=80)[0]
+            return feat - feat.mean(0, keepdim=True)
+
+        return "audiopipe.features.fbank.kaldi_fbank_torch", fbank
+
+
+class SpeakerlabRule:
+    """3D-Speaker's training item, as speakerlab's WavSVDataset.__getitem__ builds it with WavReader(duration 3,
+    speed_pertub=True), SpkLabelEncoder and FBank(80, mean_nor=True), one item at a time in DataLoader workers:
+    read the whole file; speed-perturb the whole waveform (speed 1.0, 0.9 or 1.1: sox's `speed` then `rate 16000`);
+    a random 3 s crop of it (a shorter one zero-padded); Kaldi fbank 80 (dither 0) minus its mean over time, on the
+    CPU; the class speaker + speakers * speed index.
+
+    Written plainly, step for step, because speakerlab's WavReader cannot run on the GPU image: it calls
+    torchaudio.load (torchcodec in torchaudio >= 2.9, absent there) and torchaudio.sox_effects (removed in 2.9;
+    the image has 2.11, as has the upstream venv here). The same steps: soundfile reads the whole file (what
+    torchaudio.load returns), soxr, SoX's own resampler, does sox's speed + rate, and the fbank is speakerlab's call
+    where torchaudio imports (kaldi_fbank_cpu). The draws (speed index, then crop start) come from
+    np.random.default_rng([seed, 0, index]) in SpeakerCrops' order: each item gets audiopipe's speed for it, so both
+    feeds train on the same classes. Items are the global indices of the grown corpus (copy c's item i is
+    c * len(files) + i, as the links list one folder). Each item also says how many samples it decoded and
+    speed-perturbed: the work the rule does for one 3 s crop."""
+
+    def __init__(self, files: list[str], speaker: Any, num_speakers: int, *, seed: int = 0, crop: int = 48000,
+                 speeds: tuple[float, ...] = (1.0, 0.9, 1.1)):
+        self.files, self.speaker, self.num_speakers = list(files), speaker, int(num_speakers)
+        self.seed, self.crop, self.speeds = int(seed), int(crop), tuple(speeds)
+        self.fbank_code, self.fbank = kaldi_fbank_cpu()
+
+    def __len__(self) -> int:
+        return len(self.speaker)
+
+    def __getitem__(self, g: int) -> dict[str, Any]:
+        import numpy as np
+        import soundfile as sf
+        import soxr
+        import torch
+
+        wav, sr = sf.read(self.files[g % len(self.files)], dtype="float32", always_2d=True)
+        wav = wav[:, 0]  # the first channel, as speakerlab's wav[0]
+        decoded = len(wav)
+        rng = np.random.default_rng([self.seed, 0, g])
+        k = int(rng.integers(len(self.speeds)))
+        if self.speeds[k] != 1.0:  # the whole file, as sox's effects chain runs over the whole tensor
+            wav = soxr.resample(wav, self.speeds[k] * sr, sr)
+        perturbed = len(wav)
+        if len(wav) >= self.crop:
+            start = int(rng.integers(0, len(wav) - self.crop + 1))
+            wav = wav[start:start + self.crop]
+        else:
+            wav = np.pad(wav, (0, self.crop - len(wav)))
+        label = int(self.speaker[g]) + self.num_speakers * k
+        return {"fbank": self.fbank(torch.from_numpy(np.ascontiguousarray(wav))), "label": label, "index": g,
+                "decoded": decoded, "perturbed": perturbed}
+
+
+def speakerlab_collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """DataLoader's default collate of speakerlab's (feat, spkid) pairs: [B, T, 80] and [B]; the counts summed."""
+    import torch
+
+    return {"fbank": torch.stack([i["fbank"] for i in items]),
+            "label": torch.tensor([i["label"] for i in items], dtype=torch.int64),
+            "index": [i["index"] for i in items], "decoded": sum(i["decoded"] for i in items),
+            "perturbed": sum(i["perturbed"] for i in items)}
+
+
+def speaker_setup(a: argparse.Namespace, copies: int) -> dict[str, Any]:
+    """ERes2Net as train_eres2net builds it (its flags' defaults, speaker_data's crops and loader arguments, the
+    AAM head, SGD), over `copies` corpora of the speaker shards, every speaker training (no EER hold-out)."""
+    import torch
+
+    import core
+    import speaker
+    import train_eres2net as er
+    from speaker_data import speaker_data
+
+    dev = torch.device(a.device)
+    dirs = grown(a, a.bundle / "shards" / "speakers", copies)
+    argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default",
+            "--out", str(a.work / "speaker_cores"), "--seed", "0", "--heldout-speakers", "0",
+            *(QUICK_SPEAKER_FLAGS if a.quick else [])]
+    cfg, args = core.parse_args("speaker_cores", defaults=speaker.run_defaults(er.RECIPE),
+                                extra=lambda p: speaker.add_speaker_args(p, er.RECIPE), argv=argv,
+                                flag_help=speaker.FLAG_HELP)
+    d = core.Dist(device=dev)
+    data = speaker_data(cfg, args, d, "eres2net")
+    core.seed_all(0)
+    mcfg = er.CONFIGS[cfg.config]
+    margin = er.RECIPE.margin
+    model = speaker.SpeakerModel(er.ERes2Net(mcfg), mcfg.embedding_size, data.num_classes, lambda step: margin,
+                                 scale=args.scale).to(dev)
+    precision, autocast = core.autocast_for(cfg.precision, dev)
+    return {"dev": dev, "cfg": cfg, "data": data, "model": model, "opt": speaker.sgd(model, cfg),
+            "precision": precision, "autocast": autocast, "dirs": dirs, "crop": data.crops.crop_samples}
+
+
+def speaker_loader(s: dict[str, Any], prefetch: int, device: Any):
+    """audiopipe's loader of the speaker crops exactly as core.train builds it for train_eres2net."""
+    from dataclasses import replace
+
+    import core
+
+    cfg = replace(s["cfg"], prefetch=prefetch)
+    return core._make_loader(cfg, core.Dist(device=device), ["pcm"], None, None, s["data"].loader_kw,
+                             Path(cfg.out))
+
+
+def speaker_steps(s: dict[str, Any], feed, n: int, fn) -> tuple[list[tuple[float, float]], list[dict[str, Any]]]:
+    """n ERes2Net steps (3D-Speaker's: SGD, no clipping) fed by `feed`, `fn(model, batch)` the loss."""
+    import torch
+
+    def step(batch: dict[str, Any]) -> Any:
+        with s["autocast"]:
+            loss, _ = fn(s["model"], batch)
+        loss.backward()
+        s["opt"].step()
+        s["opt"].zero_grad(set_to_none=True)
+        return loss
+
+    crop = s["crop"]
+
+    def describe(b: dict[str, Any], where: Any) -> dict[str, Any]:
+        m = len(b["label"])
+        return {"items": m, "frames": m * crop, "padded": m * crop, "rows": [int(i) for i in b["index"]]}
+
+    steps, info, loss = clocked(s["dev"], feed, n, step, describe)
+    g1.ensure(bool(torch.isfinite(loss)), "the loss is not finite")
+    return steps, info
+
+
+def speakerlab_loss(model, batch: dict[str, Any]):  # noqa: ANN001, ANN201 - torch objects
+    """The step 3D-Speaker's trainer takes on its loader's batch: fbank already made, ERes2Net and the AAM head."""
+    emb = model.encoder(batch["fbank"])
+    loss, _ = model.head(emb, batch["label"], model.margin(0))
+    return loss, {}
+
+
+def export_wavs(a: argparse.Namespace, folder: Path) -> list[str]:
+    """The speaker shards' utterances as 16 kHz 16-bit WAV files (what 3D-Speaker's recipes read), in row order:
+    the very samples audiopipe's feed crops. Not timed."""
+    import soundfile as sf
+
+    from audiopipe.reader.arrow_dataset import ShardDataset
+
+    ds = ShardDataset(str(folder), ["pcm"])
+    out = a.work / "speaker_wavs"
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(len(ds)):
+        path = out / f"{i:06d}.wav"
+        sf.write(path, ds[i]["pcm"].reshape(-1), 16000, subtype="PCM_16")
+        files.append(str(path))
+    return files
+
+
+def part_speaker_cores(a: argparse.Namespace) -> dict[str, Any]:
+    """ERes2Net `default` fed two ways on the same batches, the process pinned to 1, 2, 4, 8 cores: audiopipe
+    (prefetch 2, no workers; the crops' speed perturbation and fbank in the step, on the device) against
+    3D-Speaker's rule (SpeakerlabRule: whole-file decode, speed perturbation, crop and fbank per item on the CPU,
+    DataLoader workers = cores). Each against its own batches already on the device."""
+    import numpy as np
+    import torch
+
+    import core
+    import speaker
+    from audiopipe.reader.arrow_dataset import ShardDataset
+
+    warm, timed = CORE_STEPS["quick" if a.quick else "full"]
+    k = warm + timed
+    folder = a.bundle / "shards" / "speakers"
+    per_copy = len(ShardDataset(str(folder), ["pcm"]))
+    batch = 4 if a.quick else 64
+    s = speaker_setup(a, max(2, int(np.ceil((k + 2) * batch / per_copy)) + 1))
+    dev, cpu = s["dev"], torch.device("cpu")
+    allowed = sorted(os.sched_getaffinity(0))
+    counts = [c for c in (QUICK_CORES if a.quick else CORES) if c <= len(allowed)]
+    res: dict[str, Any] = {"model": "tiny" if a.quick else "default", "precision": s["precision"],
+                           "batch_frames": s["cfg"].batch_frames, "crop_samples": s["crop"], "copies": len(s["dirs"]),
+                           "cores_available": len(allowed), "warmup_steps": warm, "timed_steps": timed,
+                           "within": WITHIN, "by_cores": {}}
+    # The K batches every feed trains on: audiopipe's first K of epoch 0, and the rows they hold.
+    src = speaker_loader(s, 0, cpu)
+    src.set_epoch(0)
+    s["data"].crops.set_epoch(0)
+    # (copies: the loader's collate buffers are reused, and on a CPU the move to the device is no copy)
+    on_device = [core.default_to_device({x: v.clone() if torch.is_tensor(v) else v for x, v in b.items()}, dev)
+                 for b, _ in zip(src, range(k))]
+    rows = [[int(i) for i in b["index"]] for b in on_device]
+    del src
+    # 3D-Speaker's rule over the same rows: the files the shards hold, in row order.
+    split = s["data"].split
+    rule = SpeakerlabRule(export_wavs(a, folder), split.label_of, len(split.train_speakers), seed=0, crop=s["crop"])
+    res["fbank_code"] = rule.fbank_code
+    features = [core.default_to_device(speakerlab_collate([rule[g] for g in r]), dev) for r in rows]
+    pcm = ShardDataset(str(folder), ["pcm"]).lengths("pcm")
+    g1.ensure([b["decoded"] for b in features] == [int(sum(pcm[g % per_copy] for g in r)) for r in rows],
+              "3D-Speaker's rule read other files than the rows audiopipe's batches hold")
+    for fn, batches in ((speaker.loss_for(s["data"]), on_device), (speakerlab_loss, features)):
+        speaker_steps(s, iter(batches), len(batches), fn)  # every kernel and shape seen once before any timing
+    ours = speaker.loss_for(s["data"])
+    steps, info = speaker_steps(s, iter(on_device), k, ours)
+    res["on_device"] = summary(steps[warm:], info[warm:])
+    steps, _ = speaker_steps(s, iter(features), k, speakerlab_loss)
+    res["on_device_features"] = summary(steps[warm:], info[warm:])
+    res["rule_per_item"] = {"decoded_s": sum(b["decoded"] for b in features) / sum(map(len, rows)) / 16000,
+                            "perturbed_s": sum(b["perturbed"] for b in features) / sum(map(len, rows)) / 16000,
+                            "crop_s": s["crop"] / 16000}
+    del on_device, features
+    g1.save_partial(a, res)
+    refs = {"audiopipe": "on_device", "speakerlab_rule": "on_device_features"}
+    for c in counts:
+        chosen = pin(c, allowed)
+        row: dict[str, Any] = {"cpus": chosen}
+        loader = speaker_loader(s, 2, dev)
+        loader.set_epoch(0)
+        s["data"].crops.set_epoch(0)
+        steps, info = speaker_steps(s, iter(loader), k, ours)
+        g1.ensure([i["rows"] for i in info] == rows, "audiopipe's batches differ from the on-device ones")
+        row["audiopipe"] = summary(steps[warm:], info[warm:])
+        del loader
+        dl = torch.utils.data.DataLoader(rule, batch_sampler=rows, num_workers=c, pin_memory=dev.type == "cuda",
+                                         collate_fn=speakerlab_collate)
+        steps, info = speaker_steps(s, iter(dl), k, speakerlab_loss)
+        g1.ensure([i["rows"] for i in info] == rows, "3D-Speaker's rule's batches differ from the on-device ones")
+        row["speakerlab_rule"] = summary(steps[warm:], info[warm:])
+        del dl
+        for feed, ref in refs.items():
+            row[feed]["vs_on_device"] = row[feed]["step_ms"] / res[ref]["step_ms"]
+        res["by_cores"][str(c)] = row
+        g1.save_partial(a, res)
+        print(f"[speaker_cores] {c}: audiopipe {row['audiopipe']['step_ms']:.1f} ms (on the device "
+              f"{res['on_device']['step_ms']:.1f}), 3D-Speaker's rule {row['speakerlab_rule']['step_ms']:.1f} ms "
+              f"(on the device {res['on_device_features']['step_ms']:.1f})", flush=True)
+    pin(len(allowed), allowed)
+    res["fewest_cores_within"] = {
+        feed: next((int(c) for c, r in res["by_cores"].items() if r[feed]["vs_on_device"] <= 1 + WITHIN), None)
+        for feed in refs}
+    return res
+
+
 # ----------------------------------------------------------------------------- part: features
 
 
@@ -333,7 +614,7 @@ def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
         argv = ["--shards", ",".join(map(str, dirs)), "--config", "tiny" if a.quick else "default", "--out", str(out),
                 "--max-steps", str(warm + timed), "--log-every", str(warm), "--ckpt-every", str(10 ** 9),
                 "--prefetch", "2", "--seed", "0", "--augment-on", path,
-                *(["--batch-frames", str(4 * 48000)] if a.quick else [])]
+                *(QUICK_SPEAKER_FLAGS if a.quick else [])]
         t0 = time.perf_counter()
         importlib.import_module(f"train_{name}").main(argv)
         res.setdefault(name, {})[path] = {"argv": argv, "wall_s": round(time.perf_counter() - t0, 1),
@@ -420,7 +701,8 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
 
 
 CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "full_batches": part_full_batches, "cores": part_cores, "features": part_features,
+    "full_batches": part_full_batches, "cores": part_cores, "speaker_cores": part_speaker_cores,
+    "features": part_features,
     "calibrate": part_calibrate, "speakers": part_speakers, "shapes": part_shapes,
     "info": lambda a: g1.device_info(a.device)}
 
@@ -446,6 +728,20 @@ def headline(part: str, res: dict[str, Any]) -> list[str]:
                              f"{r['f5_own_rule']['step_ms']:.1f} ms (wait {100 * r['f5_own_rule']['data_wait_share']:.2f} %)")
             if "fewest_cores_within" in res:
                 lines.append(f"  fewest cores within {100 * WITHIN:.0f} %: {res['fewest_cores_within']}")
+        elif part == "speaker_cores" and "on_device" in res:
+            lines.append(f"  on the device: {res['on_device']['step_ms']:.1f} ms/step with audiopipe's crops (speed "
+                         f"and fbank in the step), {res['on_device_features']['step_ms']:.1f} ms on ready fbank")
+            r = res["rule_per_item"]
+            lines.append(f"  3D-Speaker's rule per item: {r['decoded_s']:.2f} s decoded, {r['perturbed_s']:.2f} s "
+                         f"speed-perturbed for a {r['crop_s']:.0f} s crop")
+            for c, r in res["by_cores"].items():
+                lines.append(f"  {c} cores: audiopipe {r['audiopipe']['step_ms']:.1f} ms "
+                             f"(wait {100 * r['audiopipe']['data_wait_share']:.2f} %), 3D-Speaker's rule "
+                             f"{r['speakerlab_rule']['step_ms']:.1f} ms "
+                             f"(wait {100 * r['speakerlab_rule']['data_wait_share']:.2f} %)")
+            if "fewest_cores_within" in res:
+                lines.append(f"  fewest cores within {100 * WITHIN:.0f} % of its on-device step: "
+                             f"{res['fewest_cores_within']}")
         elif part == "calibrate" and "holds" in res:
             h = res["holds"]
             lines.append(f"  margin {h['margin']}: every bucket's largest shapes ran without OOM: {h['no_out_of_memory']}; "
@@ -481,7 +777,7 @@ class Report(g1.Report):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    g1.common_args(ap, PARTS, "gpu_proof2.json, gpu_proof2.log", "395; 900")
+    g1.common_args(ap, PARTS, "gpu_proof2.json, gpu_proof2.log", "420; 900")
     ap.add_argument("--shape-trainers", default="f5tts,gpt_sovits",
                     help="the trainers the shapes part runs (default f5tts,gpt_sovits)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
@@ -495,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         g1.CHILDREN.update(CHILDREN)  # gpu_proof's child runner, with this round's parts
         return g1.child_main(a)
     started = time.time()
-    budget = a.budget_s if a.budget_s is not None else (900.0 if a.quick else 395.0)
+    budget = a.budget_s if a.budget_s is not None else (900.0 if a.quick else 420.0)
 
     def run_child(a: argparse.Namespace, part: str, cap: float) -> dict[str, Any]:
         return g1.run_child(a, part, cap, script=Path(__file__).resolve(),

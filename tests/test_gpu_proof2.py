@@ -86,3 +86,42 @@ def test_a_grown_corpus_packs_full_batches_where_a_weight_on_one_folder_does_not
     assert sum(grown) == sum(weighted) == 8 * total  # the same frames an epoch either way
     assert len(grown) < len(weighted)  # ... in fewer, fuller batches
     assert np.mean(grown) > 1.2 * np.mean(weighted)
+
+
+def test_3d_speakers_rule_decodes_and_perturbs_the_whole_file_for_every_crop(tmp_path):
+    """The speaker_cores part's baseline takes 3D-Speaker's path per item: the whole file decoded and
+    speed-perturbed (not only the crop's samples), a 3 s crop (a short file zero-padded), speakerlab's own FBank
+    (the side venv's, as the oracle), class speaker + speakers * speed; each item at audiopipe's speed for it."""
+    import soundfile as sf
+
+    import gpu_proof2
+    from speaker_data import SpeakerCrops
+    from upstream_oracle import run_upstream
+
+    rng = np.random.default_rng(1)
+    lengths = (5 * 16000 + 123, 2 * 16000 - 7)  # one longer than a 3 s crop, one shorter
+    files = []
+    for i, n in enumerate(lengths):
+        files.append(str(tmp_path / f"{i}.wav"))
+        sf.write(files[-1], (0.1 * rng.standard_normal(n)).astype(np.float32), 16000, subtype="PCM_16")
+    speaker = np.array([0, 1] * 8)  # 16 items: the two files, eight times each (as the grown corpus lists them)
+    rule = gpu_proof2.SpeakerlabRule(files, speaker, 2, seed=0)
+    crops = SpeakerCrops(speaker, seed=0)
+    items = [rule[g] for g in range(len(speaker))]
+    speeds = [crops({"index": g, "pcm": np.zeros(lengths[g % 2], np.int16)})["speed"] for g in range(len(speaker))]
+    assert set(speeds) == {0, 1, 2}  # every path taken: 1.0 (no resampling), 0.9 and 1.1
+    for g, (item, k) in enumerate(zip(items, speeds)):
+        n = lengths[g % 2]
+        assert item["decoded"] == n  # the whole file, for every crop
+        assert abs(item["perturbed"] - n / rule.speeds[k]) <= 1  # the whole file perturbed, not the crop
+        assert item["label"] == speaker[g] + 2 * k
+        assert tuple(item["fbank"].shape) == (298, 80)  # 3 s at 25/10 ms
+    # speakerlab's FBank on the crops the rule cut: the unperturbed short file is the file itself, zero-padded.
+    short = [g for g, k in enumerate(speeds) if k == 0 and g % 2 == 1]
+    assert short
+    pcm, _ = sf.read(files[1], dtype="float32")
+    np.save(tmp_path / "crops.npy", np.pad(pcm, (0, 48000 - len(pcm)))[None])
+    run_upstream("speakerlab_fbank.py", tmp_path / "crops.npy", tmp_path / "fbank.npy")
+    want = np.load(tmp_path / "fbank.npy")[0]
+    for g in short:
+        np.testing.assert_allclose(items[g]["fbank"].numpy(), want, atol=2e-4)

@@ -256,8 +256,11 @@ def setup_dist(seed: int = 1234) -> Dist:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # Share the cores among ranks instead of every rank spawning one thread per core.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))))
+        # Share the cores among ranks instead of every rank spawning one thread per core. A single process whose
+        # caller set OMP_NUM_THREADS keeps it (torch already follows it), e.g. one thread beside other processes.
+        if world > 1 or not os.environ.get("OMP_NUM_THREADS"):
+            ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(rank, world, local, device)
