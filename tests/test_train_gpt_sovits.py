@@ -386,3 +386,14 @@ def test_refuses_a_folder_without_tokens(token_dir, tmp_path):
     shards, _ = token_dir
     with pytest.raises(SystemExit, match="no 'semantic' tokens.*audiopipe tokens"):
         main(["--shards", str(shards), "--config", "tiny", "--out", str(tmp_path / "x"), "--max-steps", "1"])
+
+
+def test_shapes_pads_phones_and_tokens_to_the_same_rows(token_dir, tmp_path, capsys):
+    """--shapes K: the tokens (the planned feature) pick each batch's shape, and the phones get the same rows
+    (empty rows after the items), so a run with shapes trains, and its batches take at most K shapes."""
+    _, tokens = token_dir
+    out = tmp_path / "shapes"
+    main(["--shards", str(tokens), "--out", str(out), "--config", "tiny", "--max-steps", "4", "--shapes", "2",
+          "--batch-frames", "1500", "--log-every", "1", "--prefetch", "0"])
+    rows = log(out)
+    assert [r["step"] for r in rows if "loss" in r][-1] == 4 and all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
