@@ -23,7 +23,11 @@ def main(argv: list[str]) -> None:
             raise SystemExit("jobs.py: an empty job (two '+' in a row, or a '+' at an end)")
         script = str(HERE / job[0])
         sys.argv = [script, *job[1:]]
-        runpy.run_path(script, run_name="__main__")
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:  # a script's sys.exit(0) ends its job, not the jobs after it
+            if e.code not in (0, None):
+                raise
         job = []
 
 
