@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from audiopipe.checkpoints import gpt_sovits as io
 from audiopipe.checkpoints.files import CheckpointError, write_torch
 from audiopipe.checkpoints.load import load_matching
-from upstream_oracle import run_upstream
+from upstream_oracle import run_upstream_jobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainers"))
 from train_gpt_sovits import CONFIGS, Text2Semantic  # noqa: E402
@@ -76,7 +76,6 @@ def oracle(tmp_path_factory):
     for rows in (512, 732):
         (tmp / f"cfg{rows}.json").write_text(json.dumps(upstream_cfg(rows)))
         args += [tmp / f"cfg{rows}.json", tmp / f"up{rows}.ckpt", rows]
-    run_upstream("gpt_sovits_s1.py", "write", *args)
     torch.manual_seed(3)
     ours = Text2Semantic(replace(CONFIGS["tiny"], dim=32, heads=4, ff=128, phone_vocab=512)).eval()
     with torch.no_grad():
@@ -89,8 +88,10 @@ def oracle(tmp_path_factory):
     b = batch()
     save_file(b, tmp / "batch.safetensors")
     names = ["up512", "up732", "ours_fp16", "ours_fp32"]
-    run_upstream("gpt_sovits_s1.py", "forward", tmp / "batch.safetensors",
-                 *[x for n in names for x in (tmp / f"{n}.ckpt", tmp / f"{n}.out")])
+    # upstream writes its two checkpoints, then runs all four: one side-venv process
+    run_upstream_jobs(("gpt_sovits_s1.py", "write", *args),
+                      ("gpt_sovits_s1.py", "forward", tmp / "batch.safetensors",
+                       *[x for n in names for x in (tmp / f"{n}.ckpt", tmp / f"{n}.out")]))
     return tmp, ours, b, {n: load_file(tmp / f"{n}.out") for n in names}
 
 

@@ -1,6 +1,7 @@
 """`audiopipe shard --out s3://...`, `verify s3://` and `inspect s3://` against a real S3 server on 127.0.0.1.
 
-The jobs run through the real CLI in subprocesses (each starts its own local Ray); the server is moto's
+A job that is watched or killed runs through the real CLI in a subprocess; reruns, `verify` and `inspect` run the
+same CLI in this process (`main`), which spares a Python and its imports each. The server is moto's
 ThreadedMotoServer in this process (tests/s3server.py), reached over TCP with the AWS_* environment.
 """
 
@@ -78,7 +79,8 @@ def reference(espeak_corpus, tmp_path_factory):
     return out, digest
 
 
-def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, reference, tmp_path):
+def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, reference, tmp_path, capsys):
+    from audiopipe.cli import main
     from audiopipe.shard.inspect import summarize
     from audiopipe.shard.verify import verify
 
@@ -93,9 +95,9 @@ def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, 
     assert verify(out).lines() == verify(local).lines() and verify(out).ok
 
     png = tmp_path / "d.png"
-    r = _cli("inspect", out, "--json", "--plot", str(png))
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout)
+    capsys.readouterr()
+    assert main(["inspect", out, "--json", "--plot", str(png)]) == 0
+    got = json.loads(capsys.readouterr().out)
     assert got.pop("plot") == str(png) and png.stat().st_size > 0
     assert got == json.loads(json.dumps(summarize(local)))
 
@@ -105,15 +107,17 @@ def test_shard_to_s3_is_byte_identical_verified_and_repaired(s3, espeak_corpus, 
     data = bytearray(_get(out, victim["arrow"]["path"]))
     data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
     _put(out, victim["arrow"]["path"], bytes(data))
-    r = _cli("verify", out, "--no-tar")
-    assert r.returncode == 1 and f"{victim['name']}: {victim['arrow']['path']} checksum mismatch" in r.stdout, r.stdout
-    assert r.stdout.count("checksum mismatch") == 1
+    assert main(["verify", out, "--no-tar"]) == 1
+    stdout = capsys.readouterr().out
+    assert f"{victim['name']}: {victim['arrow']['path']} checksum mismatch" in stdout, stdout
+    assert stdout.count("checksum mismatch") == 1
 
     # Put right again: a rerun on a finished prefix checks every object's checksum and has nothing to do
     # (test_kill_9_... shows a rerun rebuilding a corrupted shard).
     _put(out, victim["arrow"]["path"], (local / victim["arrow"]["path"]).read_bytes())
-    r = _cli("shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS)
-    assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+    assert main(["shard", "--corpus", str(espeak_corpus.root), "--out", out, *ARGS]) == 0
+    stdout = capsys.readouterr().out
+    assert "up to date" in stdout, stdout
 
     # How a rerun checks: by the checksum uploaded with each object (one HEAD), reading back only an object that
     # lacks it (the one rewritten above by another writer), and a rewrite with other bytes is still caught.

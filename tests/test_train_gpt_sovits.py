@@ -32,7 +32,7 @@ from train_gpt_sovits import (
 from corpora import make_asterisk_corpus
 from launch import run_group
 from shard_helpers import make_job
-from upstream_oracle import run_upstream
+from upstream_oracle import run_upstream_jobs
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 TINY = CONFIGS["tiny"]
@@ -182,19 +182,37 @@ def test_upstream_loss_sums_every_position_with_eos_on_padding():
     assert float(accum4) == pytest.approx(4 * float(total), rel=1e-6)
 
 
-def test_scaled_adam_steps_as_gpt_sovits_own(tmp_path):
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory) -> Path:
+    """The module's two upstream jobs in one side-venv process (GPT-SoVITS's imports cost seconds each start):
+    optim.safetensors, GPT-SoVITS's stage-1 optimizer stepped by its own code (tests/upstream/gpt_sovits_optim.py),
+    and s1-e1.ckpt, a small s1 model saved by its code (upstream_ckpt)."""
+    tmp = tmp_path_factory.mktemp("upstream_s1")
+    optim = {"optimizer": {"lr": 0.01, "lr_init": 0.00001, "lr_end": 0.0001, "warmup_steps": 2000,
+                           "decay_steps": 40000},
+             "model": {"vocab_size": 1025, "phoneme_vocab_size": 64, "embedding_dim": 16, "hidden_dim": 16,
+                       "head": 2, "linear_units": 64, "n_layer": 2, "dropout": 0, "EOS": 1024}}
+    (tmp / "optim.json").write_text(json.dumps(optim))
+    cfg = {"train": {"seed": 1234, "epochs": 1, "batch_size": 8, "save_every_n_epoch": 1, "precision": "32"},
+           "optimizer": {"lr": 0.01, "lr_init": 0.00001, "lr_end": 0.0001, "warmup_steps": 2000,
+                         "decay_steps": 40000},
+           "data": {"max_eval_sample": 8, "max_sec": 54, "num_workers": 4, "pad_val": 1024},
+           "model": {"vocab_size": 1025, "phoneme_vocab_size": 512, "embedding_dim": 32, "hidden_dim": 32,
+                     "head": 4, "linear_units": 128, "n_layer": 2, "dropout": 0, "EOS": 1024, "random_bert": 0},
+           "inference": {"top_k": 5}}
+    (tmp / "cfg.json").write_text(json.dumps(cfg))
+    run_upstream_jobs(("gpt_sovits_optim.py", tmp / "optim.json", tmp / "optim.safetensors"),
+                      ("gpt_sovits_s1.py", "write", tmp / "cfg.json", tmp / "s1-e1.ckpt", 7))
+    return tmp
+
+
+def test_scaled_adam_steps_as_gpt_sovits_own(upstream):
     """GPT-SoVITS's optimizer and scheduler (its configure_optimizers) and a short-period ScaledAdam that clips,
     against ours on the same parameters and gradients, step by step; and the LR each step ran with."""
     from safetensors.torch import load_file
     from scaled_adam import ScaledAdam, upstream_lr
 
-    cfg = {"optimizer": {"lr": 0.01, "lr_init": 0.00001, "lr_end": 0.0001, "warmup_steps": 2000,
-                         "decay_steps": 40000},
-           "model": {"vocab_size": 1025, "phoneme_vocab_size": 64, "embedding_dim": 16, "hidden_dim": 16,
-                     "head": 2, "linear_units": 64, "n_layer": 2, "dropout": 0, "EOS": 1024}}
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    run_upstream("gpt_sovits_optim.py", tmp_path / "cfg.json", tmp_path / "out.safetensors")
-    d = load_file(tmp_path / "out.safetensors")
+    d = load_file(upstream / "optim.safetensors")
     for run, kw in (("real", {}), ("clip", {"clipping_update_period": 4})):
         names = [k[len(run) + 6:] for k in d if k.startswith(run + ".init.")]
         params = {n: torch.nn.Parameter(d[f"{run}.init.{n}"].clone()) for n in names}
@@ -316,19 +334,9 @@ def test_overfitting_one_batch_drives_the_loss_down(token_dir, recipe):
 
 
 @pytest.fixture(scope="module")
-def upstream_ckpt(tmp_path_factory):
+def upstream_ckpt(upstream) -> Path:
     """A small GPT-SoVITS s1 model (v1 layout: 512 phone rows), saved by GPT-SoVITS's code as its WebUI saves it."""
-    tmp = tmp_path_factory.mktemp("up_s1")
-    cfg = {"train": {"seed": 1234, "epochs": 1, "batch_size": 8, "save_every_n_epoch": 1, "precision": "32"},
-           "optimizer": {"lr": 0.01, "lr_init": 0.00001, "lr_end": 0.0001, "warmup_steps": 2000,
-                         "decay_steps": 40000},
-           "data": {"max_eval_sample": 8, "max_sec": 54, "num_workers": 4, "pad_val": 1024},
-           "model": {"vocab_size": 1025, "phoneme_vocab_size": 512, "embedding_dim": 32, "hidden_dim": 32,
-                     "head": 4, "linear_units": 128, "n_layer": 2, "dropout": 0, "EOS": 1024, "random_bert": 0},
-           "inference": {"top_k": 5}}
-    (tmp / "cfg.json").write_text(json.dumps(cfg))
-    run_upstream("gpt_sovits_s1.py", "write", tmp / "cfg.json", tmp / "s1-e1.ckpt", 7)
-    return tmp / "s1-e1.ckpt"
+    return upstream / "s1-e1.ckpt"
 
 
 def test_init_from_a_gpt_sovits_checkpoint_fine_tunes_and_exports(token_dir, upstream_ckpt, tmp_path, capsys):

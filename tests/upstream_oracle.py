@@ -65,3 +65,13 @@ def run_upstream(script: str, *args: str | os.PathLike[str], timeout: float = 60
     if r.returncode != 0:
         pytest.fail(f"upstream oracle {script} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r
+
+
+def run_upstream_jobs(*jobs: tuple[str | os.PathLike[str], ...], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Several `run_upstream(script, *args)` jobs, each a (script, *args) tuple, in order in one side-venv process
+    (tests/upstream/jobs.py): the upstream imports are paid once."""
+    args: list[str | os.PathLike[str]] = []
+    for job in jobs:
+        assert "+" not in map(str, job), job  # jobs.py's separator
+        args += [*(["+"] if args else []), *job]
+    return run_upstream("jobs.py", *args, timeout=timeout)
