@@ -610,7 +610,10 @@ def say_passes(loader: Loader, cfg: RunConfig, log_name: str) -> None:
     Other corpora say nothing here."""
     sampler = loader.sampler
     small = getattr(sampler, "small_corpus_passes", None)  # the bucket sampler's (not block windows')
-    if loader.mix is not None or small is None or (sampler.passes == 1 and small() == 1):
+    if loader.mix is not None or small is None:
+        return
+    # passes=None already chose by corpus size (sampler.passes is small()'s answer): no second one-pass plan
+    if sampler.passes == 1 and (sampler.requested_passes is None or small() == 1):
         return
     diag = sampler.diagnostics  # the epoch's plan, which the first step builds anyway (a small corpus: cheap)
     n = sampler.lengths

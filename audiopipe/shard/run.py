@@ -292,6 +292,18 @@ def run_job(job: Job, *, workers: int | None = None, ray_address: str | None = N
         out.close()
 
 
+def _up_to_date(out: LocalOutput | S3Output, units: int, finished: set[str], t0: float) -> Summary | None:
+    """The summary of an output whose every unit is finished and whose manifest is written; else None."""
+    if len(finished) != units:
+        return None
+    m = out.read_json(MANIFEST_NAME)
+    if m is None:
+        return None
+    t = m["totals"]
+    return Summary(t["discovered"], t["written"], t["rejected"], {}, units, 0, t["hours"], time.monotonic() - t0,
+                   up_to_date=True)
+
+
 def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_address: str | None,
              manifest: Any, speaker: str, show_progress: bool, layout: str, nice: int | None,
              staging: str | None, lock: Any, engine: str, corpus_options: Any = None) -> Summary:
@@ -315,24 +327,19 @@ def _run_job(job: Job, out: LocalOutput | S3Output, *, workers: int | None, ray_
     summary = out.plan_summary(PLAN_NAME)
     if summary is not None and summary[0].get("job_identity") == job.identity():
         finished = out.finished(summary[1])
-        if len(finished) == len(summary[1]):
-            m = out.read_json(MANIFEST_NAME)
-            if m is not None:
-                t = m["totals"]
-                return Summary(t["discovered"], t["written"], t["rejected"], {}, len(finished), 0, t["hours"],
-                               time.monotonic() - t0, up_to_date=True)
+        done = _up_to_date(out, len(summary[1]), finished, t0)
+        if done is not None:
+            return done
     old_plan = out.read_json(PLAN_NAME)
     if old_plan and old_plan.get("job_identity") != job.identity():
         raise JobError(f"{out} holds shards made with other settings (job {old_plan.get('job_identity')}, "
                        f"now {job.identity()}); use another out= folder, or delete this one")
     if finished is None:  # what a previous run finished (on s3:// each object is re-read and checked, once)
         finished = out.finished([u["name"] for u in old_plan["units"]]) if old_plan else set()
-    if old_plan and len(finished) == len(old_plan["units"]):  # a plan in another layout (parsed whole)
-        m = out.read_json(MANIFEST_NAME)
-        if m is not None:
-            t = m["totals"]
-            return Summary(t["discovered"], t["written"], t["rejected"], {}, len(finished), 0, t["hours"],
-                           time.monotonic() - t0, up_to_date=True)
+    if old_plan:  # a plan in another layout (parsed whole)
+        done = _up_to_date(out, len(old_plan["units"]), finished, t0)
+        if done is not None:
+            return done
 
     kind = _first_engine(engine, n_workers, workers, ray_address, job)
     ray_workers = n_workers
