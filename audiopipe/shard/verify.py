@@ -34,7 +34,7 @@ from audiopipe.shard.checksum import Checksum, checksum_of, new_hash
 from audiopipe.shard.columns import ListColumn
 from audiopipe.shard.manifest import MANIFEST_NAME, read_manifest
 from audiopipe.shard.keys import fold, key_to_id, member_name_problem, sample_key
-from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY, _npy_parts
+from audiopipe.shard.writer import FORMAT_VERSION, METADATA_KEY, npy_parts
 from audiopipe.storage.scratch import make_scratch, remove_scratch
 
 
@@ -406,7 +406,7 @@ def _same_npy(data: bytes, ref: np.ndarray, headers: dict[tuple[str, tuple[int, 
     key = (ref.dtype.str, ref.shape)
     head = headers.get(key)
     if head is None:
-        head = headers[key] = _npy_parts(ref)[0]
+        head = headers[key] = npy_parts(ref)[0]
     return len(data) == len(head) + ref.nbytes and data.startswith(head) and data[len(head):] == ref.tobytes()
 
 

@@ -110,7 +110,7 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayCo
 wds_key = sample_key
 
 
-def _npy_parts(a: np.ndarray) -> tuple[bytes, memoryview]:
+def npy_parts(a: np.ndarray) -> tuple[bytes, memoryview]:
     """The bytes np.save writes for `a`, as (header, a view of the array's own memory): the feature reaches
     the tar without a copy (np.save to a BytesIO copied it twice, the tar member a third time)."""
     a = np.ascontiguousarray(a)
@@ -186,7 +186,7 @@ def write_tar(path: Path, rows: list[dict[str, Any]], array_cols: list[ArrayColu
                 if c.name == "pcm" and pcm_rate:
                     members.append(("flac", (_flac_bytes(a, pcm_rate),)))
                 else:
-                    members.append((f"{c.name}.npy", _npy_parts(a)))
+                    members.append((f"{c.name}.npy", npy_parts(a)))
             for ext, parts in members:
                 size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
                 header = _member_header(f"{key}.{ext}", size)
