@@ -3,6 +3,7 @@
     python benchmarks/bench_copy.py --shards /tmp/loaderbench/shortshards --shards /tmp/loaderbench/bigshards \\
         --rounds 5 --json benchmarks/results/bench_copy.json --plot docs/img/bench_copy.png
     python benchmarks/bench_copy.py --shards /tmp/loaderbench/shortshards --quick      # < 1 min
+    python benchmarks/bench_copy.py --guard --json benchmarks/results/loader_guard.json
     python benchmarks/bench_copy.py --shards /tmp/loaderbench/bigshards --loop 45 &   # a process to profile
     sleep 20; perf record -F 1999 -p $! -o /tmp/loader.perf -- sleep 15
     perf report -i /tmp/loader.perf -s pid,dso --stdio     # per thread: the prefetch thread, the loop
@@ -17,12 +18,15 @@ every batch into one reused buffer for 0.3 s of whole passes, in MB/s of real fe
 of the same bytes timed just before and after it (memory bandwidth on a shared VM drifts): `bct` (the default
 layout: one libc memcpy per [C] row into [B, C, T_max]) and `btc` (layout "BTC": each [C, T] row transposed into
 [B, T_max, C]). --loop SECONDS only runs make_loader's batches for that long and prints MB/s and CPU/wall.
+--guard: the figure tests/test_loader_guard.py compares with, on its own small synthetic corpus: make_loader's CPU
+time against a plain numpy loop copying the same batches (audiopipe/bench/guard.py says what each side does).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,15 +161,26 @@ def plot(rows: dict[str, dict], path: Path, machine: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shards", type=Path, action="append", required=True, help="shard folder (once per corpus)")
+    p.add_argument("--shards", type=Path, action="append", help="shard folder (once per corpus)")
     p.add_argument("--feature", default="mel")
     p.add_argument("--budget", type=int, default=38_400, help="padded frames per batch")
     p.add_argument("--rounds", type=int, default=5, help="rounds, corpora interleaved")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2 rounds of at most 20 batches per corpus")
     p.add_argument("--loop", type=float, default=0, help="only run the loader for this many seconds (to profile)")
+    p.add_argument("--guard", action="store_true", help="only the loader guard's figure (9 rounds)")
     output_args(p)
     a = p.parse_args()
+    if a.guard:
+        from audiopipe.bench.guard import measure as guard, write_guard_corpus
+
+        with tempfile.TemporaryDirectory() as tmp:
+            result = {"command": "python benchmarks/bench_copy.py --guard", "machine": host(a.machine),
+                      **guard(write_guard_corpus(Path(tmp) / "guard"))}
+        print(f"reference / loader, CPU time {result['ratio']:.3f}, wall time {result['wall_ratio']:.3f}")
+        return write_results(result, a.json, None, None)
+    if not a.shards:
+        p.error("--shards is required (but with --guard)")
     if a.loop:
         return loop(a.shards[0], a)
     rounds, limit = (2, 20) if a.quick else (a.rounds, None)
