@@ -120,77 +120,73 @@ def memory_mb() -> tuple[float, float]:
 def child(kind: str, path: str, budget: int) -> dict:
     import resource
 
-    import pyarrow as pa
-    import torch
+    from audiopipe.index.lengths import LengthIndex
+    from audiopipe.sampler.bucket import BucketBatchSampler
 
-    from audiopipe.collate import kernels
-    from audiopipe.reader.arrow_dataset import ShardDataset
-    from audiopipe.reader.loader import make_loader
+    if kind != "index":  # an index alone is read without torch: its memory is the index's and the sampler's
+        import pyarrow as pa
+        import torch
 
-    torch.set_num_threads(1)
-    pa.table({"x": [0]}).column("x").to_numpy()  # pyarrow's lazy pandas import, as bench-loader preloads it
+        from audiopipe.collate import kernels
+        from audiopipe.reader.arrow_dataset import ShardDataset
+        from audiopipe.reader.loader import make_loader
+
+        torch.set_num_threads(1)
+        pa.table({"x": [0]}).column("x").to_numpy()  # pyarrow's lazy pandas import, as bench-loader preloads it
     out: dict = {"rss_start_mb": memory_mb()[0]}
-    t0 = time.perf_counter()
-    if kind == "index":
-        from audiopipe.index.lengths import LengthIndex
-        from audiopipe.sampler.bucket import BucketBatchSampler
-
-        idx = LengthIndex.open(path)
-        out["open_s"] = time.perf_counter() - t0
-        out["rss_open_mb"], out["private_open_mb"] = memory_mb()
-        sampler = BucketBatchSampler(idx.frames(FEATURE).astype(np.int64), budget, seed=0, rank=0, world_size=1024)
-        out["sampler_build_s"] = time.perf_counter() - t0 - out["open_s"]
-        next(iter(sampler))
-        out["open_to_first_batch_s"] = time.perf_counter() - t0
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        out["utterances"] = len(idx)
-        return out
-    if kind == "size":
-        ShardDataset(path, [FEATURE])
-        out["open_s"] = time.perf_counter() - t0
-        out["rss_open_mb"], out["private_open_mb"] = memory_mb()
-        t0 = time.perf_counter()
-        loader = make_loader(path, [FEATURE], max_frames=budget, seed=0)
-        out["make_loader_s"] = time.perf_counter() - t0
-        it = iter(loader)
-        next(it)
-        out["first_batch_s"] = time.perf_counter() - t0
-        out["kernel_ready_at_first_batch"] = kernels.kernels_ready()  # or did the first batch take numpy's path?
-        out["utterances"], out["batches_per_epoch"] = len(loader.dataset), len(loader)
-        t0, epoch = time.perf_counter(), 0
-        for _ in range(200):
-            if next(it, None) is None:  # a small corpus: on with the next epoch
-                epoch += 1
-                loader.set_epoch(epoch)
-                it = iter(loader)
-                next(it)
-        out["next_200_batches_s"] = time.perf_counter() - t0
-        out["rss_after_mb"], out["private_after_mb"] = memory_mb()
-        return out
-    if kind != "stages":
-        loader = make_loader(path, ["mel"], max_frames=budget, prefetch=2 if kind == "prefetch2" else 0)
-        next(iter(loader))
-        out["first_batch_s"] = time.perf_counter() - t0
-        return out
-    stages = {}
+    stamps: dict[str, dict] = {}
 
     def stage(name: str, fn):
+        """fn(), its wall time from the previous stage's end and its minor page faults."""
         f0, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
         got = fn()
-        stages[name] = {"s": time.perf_counter() - t, "minor_faults": resource.getrusage(
+        stamps[name] = {"s": time.perf_counter() - t, "minor_faults": resource.getrusage(
             resource.RUSAGE_SELF).ru_minflt - f0}
         return got
 
-    loader = stage("make_loader", lambda: make_loader(path, ["mel"], max_frames=budget, prefetch=0))
-    idx = stage("plan", lambda: next(iter(loader.sampler)))
-    rows = stage("rows", lambda: loader.dataloader.dataset.__getitems__(idx))
-    collate = loader.dataloader.collate_fn
-    batch = stage("collate", lambda: collate(rows))
-    out["first_batch_s"] = time.perf_counter() - t0
-    out["batch_mb"] = batch["mel"].numel() * batch["mel"].element_size() / 1e6
-    stage("collate_fresh_slot", lambda: collate(rows))
-    stage("collate_faulted_slot", lambda: collate(rows))
-    out["stages"] = stages
+    if kind == "index":
+        idx = stage("open", lambda: LengthIndex.open(path))
+        out["rss_open_mb"], out["private_open_mb"] = memory_mb()
+        sampler = stage("sampler_build", lambda: BucketBatchSampler(idx.frames(FEATURE).astype(np.int64), budget,
+                                                                    seed=0, rank=0, world_size=1024))
+        stage("sampler_first_batch", lambda: next(iter(sampler)))
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    elif kind == "size":
+        stage("open", lambda: ShardDataset(path, [FEATURE]))
+        out["rss_open_mb"], out["private_open_mb"] = memory_mb()
+        loader = stage("make_loader", lambda: make_loader(path, [FEATURE], max_frames=budget, seed=0))
+        it = iter(loader)
+        stage("first_batch", lambda: next(it))
+        out["kernel_ready_at_first_batch"] = kernels.kernels_ready()  # or did the first batch take numpy's path?
+        out["batches_per_epoch"] = len(loader)
+
+        def next_200() -> None:
+            nonlocal it
+            for epoch in range(1, 201):
+                if next(it, None) is None:  # a small corpus: on with the next epoch
+                    loader.set_epoch(epoch)
+                    it = iter(loader)
+
+        stage("next_200_batches", next_200)
+        out["rss_after_mb"], out["private_after_mb"] = memory_mb()
+    elif kind == "stages":
+        loader = stage("make_loader", lambda: make_loader(path, ["mel"], max_frames=budget, prefetch=0))
+        idx = stage("plan", lambda: next(iter(loader.sampler)))
+        rows = stage("rows", lambda: loader.dataloader.dataset.__getitems__(idx))
+        batch = stage("collate", lambda: loader.dataloader.collate_fn(rows))
+        out["batch_mb"] = batch["mel"].numel() * batch["mel"].element_size() / 1e6
+        stage("collate_fresh_slot", lambda: loader.dataloader.collate_fn(rows))
+        stage("collate_faulted_slot", lambda: loader.dataloader.collate_fn(rows))
+        out["stages"] = stamps
+    else:
+        loader = stage("make_loader", lambda: make_loader(path, ["mel"], max_frames=budget,
+                                                          prefetch=2 if kind == "prefetch2" else 0))
+        stage("first_batch", lambda: next(iter(loader)))
+    # from make_loader to the first batch; for an index alone, from its open
+    first = ("make_loader", "plan", "rows", "collate", "first_batch", "open" if kind == "index" else "",
+             "sampler_build", "sampler_first_batch")
+    out["first_batch_s"] = sum(v["s"] for k, v in stamps.items() if k in first)
+    out.update({f"{k}_s": v["s"] for k, v in stamps.items()})
     return out
 
 

@@ -2,13 +2,11 @@
 
     python benchmarks/bench_s3.py --rtt-ms 25 --rounds 3 --json benchmarks/results/s3_loader.json --plot docs/img/s3_loader.png
     python benchmarks/bench_s3.py --quick                  # 1,000 small shards, 1 round, a few minutes
-    python benchmarks/bench_s3.py --endpoint http://host:9000 --bucket b    # any S3 server
 
 Corpus: 1,000 synthetic shards (more than the reader's max_open=128) of about 8 MB of random 100-band float32
-mels of 1-12 s, by audiopipe's own writer. Server: without --endpoint, nanio (an S3 server that checks SigV4 and
-serves files from a folder) in its own process on 127.0.0.1, the shard folder hard-linked into its data folder.
---rtt-ms puts a delay proxy (this file's `serve`, in its own process; the kernel here has no netem) before the
-server: every request reaches the server that much later, the answers stream back at once.
+mels of 1-12 s, by audiopipe's own writer, hard-linked into the data folder of nanio (an S3 server that checks
+SigV4 and serves files from a folder) in its own process on 127.0.0.1. --rtt-ms puts a delay proxy (`serve`, in
+its own process; the kernel here has no netem) before it: every request reaches the server that much later.
 
 Per round, one fresh loader each (prefetch=2, 9,600-frame batches): `local` (the folder through the mmap reader),
 `s3_rows` (Reading(mode="rows")) and `s3_blocks` (Reading(mode="blocks"): windows of 8 blocks of 16 MB, one window
@@ -239,9 +237,6 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--endpoint", help="an S3 server's URL, credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; the "
-                                      "corpus is uploaded under --bucket unless there (default: nanio on 127.0.0.1)")
-    p.add_argument("--bucket", default="bench")
     p.add_argument("--rtt-ms", type=float, default=25.0, help="round trip added by the delay proxy (0: none)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"))
@@ -252,31 +247,17 @@ def main() -> None:
     if a.quick:
         c.update(shard_mb=1.0, batches=100, rounds=1)
     local = synthetic_shards(Path(a.work) / f"shards-{c['shards']}x{c['shard_mb']:g}MB", c["shards"], c["shard_mb"])
-    url, procs = f"s3://{a.bucket}/{local.name}", []
+    url, data, procs = f"s3://bench/{local.name}", Path(a.work) / "nanio", []
+    for f in local.rglob("*"):  # hard links (no copy; nanio derives its metadata from the files)
+        if f.is_file() and not (q := data / "bench" / local.name / f.relative_to(local)).exists():
+            q.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, q)
     try:
-        if a.endpoint is None:
-            for f in local.rglob("*"):  # hard links (no copy; nanio derives its metadata from the files)
-                q = Path(a.work) / "nanio" / a.bucket / local.name / f.relative_to(local)
-                if f.is_file() and not q.exists():
-                    q.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(f, q)
-            proc, endpoint = nanio(Path(a.work) / "nanio")
-            procs.append(proc)
-            server = f"nanio {importlib.metadata.version('nanio')}"
-            os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
-        else:
-            endpoint, server = a.endpoint, a.endpoint
-        os.environ.setdefault("AWS_REGION", "us-east-1")
+        proc, endpoint = nanio(data)
+        procs.append(proc)
+        os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION="us-east-1",
+                          AWS_ENDPOINT_URL=endpoint)
         os.environ.pop("AWS_ENDPOINT_URL_S3", None)
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        if a.endpoint is not None:
-            from pyarrow import fs as pafs
-
-            from audiopipe.storage.s3 import filesystem
-
-            if filesystem().get_file_info(f"{a.bucket}/{local.name}/manifest.json").type == pafs.FileType.NotFound:
-                pafs.copy_files(str(local), f"{a.bucket}/{local.name}", source_filesystem=pafs.LocalFileSystem(),
-                                destination_filesystem=filesystem())
         if a.rtt_ms > 0:
             target = endpoint.split("://", 1)[-1].rstrip("/")
             proc, proxied = start([sys.executable, __file__, "--proxy", target, str(a.rtt_ms)])
@@ -301,8 +282,8 @@ def main() -> None:
                 if any(r[m][label].get(key) is not None for r in rounds):
                     summary[f"{m}_{label}_{key}"] = spread(r[m][label].get(key) for r in rounds)
     result = {"command": " ".join(["python", "benchmarks/bench_s3.py", *sys.argv[1:]]), "machine": host(a.machine),
-              "server": server, "server_rate": rate, "config": {**c, "corpus": str(local)}, "rounds": rounds,
-              "summary": summary}
+              "server": f"nanio {importlib.metadata.version('nanio')}", "server_rate": rate, "summary": summary,
+              "config": {**c, "corpus": str(local)}, "rounds": rounds}
     write_results(result, a.json, lambda path: plot(result, path), a.plot)
 
 
