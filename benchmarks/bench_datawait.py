@@ -5,18 +5,15 @@
     python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards --boundary \\
         --json benchmarks/results/boundary.json --plot docs/img/boundary.png
 
-Loaders (same corpus, sampler, budget and seed): `prefetch0` builds each batch on the training thread when asked,
+Loaders (same corpus, sampler, budget, seed): `prefetch0` builds each batch on the training thread when asked,
 `prefetch2` (make_loader's default) on a background thread while the step runs, `workers2` in two DataLoader
-worker processes. The step releases the GIL as a GPU step does: `sleep`, or `gemm` (a 256 x 256 float32 torch.mm
-repeated on one thread for about the step's time, calibrated first; on a busy machine it drifts, hence
-`step_ms_measured`). A batch's wait runs from the end of the step before it to the batch in hand.
-
-Default: steps of 20, 50 and 200 ms of each kind, rounds interleaved; over --passes epochs, each epoch's first
-batch apart (`first_batch_ms`): `wait_share` = waits / (waits + steps), with the median round and the range;
-`loader_ms` is the loader's own time per batch with no step (what it needs to keep up).
---boundary: epochs of one pass of 5 batches (the first rows of the corpus that make 5 at --budget), 20 epochs, a 50 ms sleep,
-prefetch2 against prefetch0; the waits at the 19 boundaries (set_epoch() and iter() included) and at the 80
-batches inside epochs, over all rounds.
+workers. Steps release the GIL as a GPU step does: `sleep`, or `gemm` (a 256 x 256 float32 torch.mm repeated on
+one thread, calibrated to the step: `step_ms_measured` says what it took). A batch's wait runs from the end of the
+step before it to the batch in hand. Default: steps of 20, 50 and 200 ms, rounds interleaved, over --passes
+epochs, each epoch's first batch apart (`first_batch_ms`): `wait_share` = waits / (waits + steps), the median round
+and the range; `loader_ms` = the loader's own time per batch with no step. --boundary: 20 epochs of one pass of 5
+batches (the first rows of the corpus that make 5), a 50 ms sleep, prefetch2 and prefetch0: the waits at the 19
+boundaries (set_epoch() and iter() included) and at the 80 batches inside epochs, over all rounds.
 """
 
 from __future__ import annotations
