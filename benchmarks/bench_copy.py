@@ -9,7 +9,7 @@
     perf report -i /tmp/loader.perf -s pid,dso --stdio     # per thread: the prefetch thread, the loop
 
 One process, one thread, every batch of one epoch of make_loader's plan, warm page cache, rounds and corpora
-interleaved. The stages of a batch, in wall and thread CPU ms: `rows` (ShardDataset.__getitems__: locating the
+interleaved. The stages of a batch, in wall and CPU ms (the process's, all threads): `rows` (ShardDataset.__getitems__: locating the
 rows, reading their metadata), `collate` (PadCollator on the RowBatch: the copy plus lengths, mask, statistics),
 `sampler` (its BucketBatchSampler alone, with make_loader's read-ahead hook) and `loader` (make_loader with its
 defaults, epoch after epoch, each batch's lengths and durations read as bench-loader does), so that `other` =
@@ -42,14 +42,15 @@ KERNELS = {"bct": _pad_rows, "btc": _pad_rows_time_major}
 
 
 def per_batch(epochs, least: float = 0.5) -> tuple[float, float]:
-    """(wall, thread CPU) seconds per batch over whole epochs 1, 2, ... repeated for at least `least` seconds, after
-    an untimed epoch 0 (first touches, kernel load). On a loaded machine the wall time also counts waits for a core."""
+    """(wall, CPU) seconds per batch over whole epochs 1, 2, ... repeated for at least `least` seconds, after an
+    untimed epoch 0 (first touches, kernel load). The CPU time is the process's, so that the prefetch thread's work
+    counts; on a loaded machine the wall time also counts waits for a core."""
     sum(1 for _ in epochs(0))
-    n, e, t0, c0 = 0, 1, time.perf_counter(), time.thread_time()
+    n, e, t0, c0 = 0, 1, time.perf_counter(), time.process_time()
     while n == 0 or time.perf_counter() - t0 < least:
         n += sum(1 for _ in epochs(e))
         e += 1
-    return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
 
 
 def seconds_per_pass(fn, least: float = 0.3) -> float:
@@ -75,14 +76,14 @@ def measure(shards: Path, a: argparse.Namespace, max_batches: int | None) -> dic
     out = {"batches": len(batches), "real_mb": real_bytes / 1e6, "items_per_batch": float(np.mean([b.size for b in batches]))}
     clock = {"rows": [0.0, 0.0], "collate": [0.0, 0.0]}
     for b in batches:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         rb = ds.__getitems__(b)
-        t1, c1 = time.perf_counter(), time.thread_time()
+        t1, c1 = time.perf_counter(), time.process_time()
         collate(rb)
         clock["rows"][0] += t1 - t0
         clock["rows"][1] += c1 - c0
         clock["collate"][0] += time.perf_counter() - t1
-        clock["collate"][1] += time.thread_time() - c1
+        clock["collate"][1] += time.process_time() - c1
     for stage, (wall, cpu) in clock.items():
         out[f"{stage}_ms_per_batch"], out[f"{stage}_cpu_ms_per_batch"] = 1e3 * wall / len(batches), 1e3 * cpu / len(batches)
     if not max_batches:  # whole epochs only
