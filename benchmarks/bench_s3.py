@@ -20,10 +20,10 @@ requested / feature bytes delivered; `cpu_ms_per_batch` = the process's CPU time
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import json
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -44,62 +44,42 @@ CONFIG = {"shards": 1000, "shard_mb": 8.0, "batch_frames": 9600, "step_ms": 50.0
           "block_mb": 16.0, "window": 8, "ahead": 1}
 
 
-def _pipe_back(src: socket.socket, dst: socket.socket) -> None:
-    buf = bytearray(1 << 20)
-    try:
-        while n := src.recv_into(buf):
-            dst.sendall(memoryview(buf)[:n])
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _delayed(src: socket.socket, dst: socket.socket, delay: float) -> None:
-    """The client's bytes, each sent on `delay` seconds after it arrived (by a second thread, so reading goes on)."""
-    q: queue.SimpleQueue = queue.SimpleQueue()
-
-    def sender() -> None:
-        try:
-            while (item := q.get()) is not None:
-                time.sleep(max(0.0, item[0] - time.monotonic()))
-                dst.sendall(item[1])
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    threading.Thread(target=sender, daemon=True).start()
-    try:
-        while data := src.recv(1 << 16):
-            q.put((time.monotonic() + delay, data))
-    except OSError:
-        pass
-    q.put(None)
-
-
 def serve(target: tuple[str, int], rtt_s: float, port: int = 0, ready: threading.Event | None = None,
           port_out: list | None = None) -> None:
-    """A TCP proxy on 127.0.0.1 that adds `rtt_s` to every request/response exchange without limiting bandwidth,
-    as a distant object store looks to a client with keep-alive connections (a handshake is not delayed)."""
-    lsock = socket.socket()
-    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsock.bind(("127.0.0.1", port))
-    lsock.listen(512)
-    if port_out is not None:
-        port_out.append(lsock.getsockname()[1])
-    print(lsock.getsockname()[1], flush=True)
-    if ready is not None:
-        ready.set()
-    while True:
-        client, _ = lsock.accept()
-        server = socket.create_connection(target)
-        for s in (client, server):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_delayed, args=(client, server, rtt_s), daemon=True).start()
-        threading.Thread(target=_pipe_back, args=(server, client), daemon=True).start()
+    """A TCP proxy on 127.0.0.1 that adds `rtt_s` to every request/response exchange without limiting bandwidth, as
+    a distant object store looks to a client with keep-alive connections: the client's bytes go on `rtt_s` after
+    they arrived, the server's stream back at once (a handshake is not delayed)."""
+
+    async def connection(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*target)
+        loop, due = asyncio.get_running_loop(), 0.0
+
+        async def up() -> None:
+            nonlocal due
+            while data := await client_r.read(1 << 16):
+                due = max(due, loop.time() + rtt_s)  # in order, whatever the timer heap does with equal times
+                loop.call_at(due, server_w.write, data)
+            loop.call_at(max(due, loop.time() + rtt_s), server_w.close)
+
+        async def down() -> None:
+            while data := await server_r.read(1 << 20):
+                client_w.write(data)
+                await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(up(), down(), return_exceptions=True)
+
+    async def main() -> None:
+        server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=512)
+        got = server.sockets[0].getsockname()[1]
+        print(got, flush=True)
+        if port_out is not None:
+            port_out.append(got)
+        if ready is not None:
+            ready.set()
+        await server.serve_forever()
+
+    asyncio.run(main())
 
 
 def synthetic_shards(out: Path, shards: int, shard_mb: float, seed: int = 0) -> Path:
