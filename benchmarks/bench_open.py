@@ -159,6 +159,7 @@ def child(kind: str, path: str, budget: int) -> dict:
                 if next(it, None) is None:  # a small corpus: on with the next epoch
                     loader.set_epoch(epoch)
                     it = iter(loader)
+                    next(it)
 
         stage("next_200_batches", next_200)
         out["rss_after_mb"], out["private_after_mb"] = memory_mb()
