@@ -1,25 +1,19 @@
-"""Data-wait of a training loop fed by make_loader: how long the step waits for a batch that is not ready.
+"""The data wait of a training loop fed by make_loader: how long each step waits for a batch that is not ready.
 
-    python benchmarks/make_loader_corpus.py /tmp/loaderbench/big
-    audiopipe shard --corpus /tmp/loaderbench/big --out /tmp/loaderbench/bigshards --preset f5tts --shard-size 32MB
-    python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards \\
-        --json benchmarks/results/datawait.json --plot docs/img/datawait.png
+    python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards --rounds 2 --passes 2 \\
+        --json benchmarks/results/datawait_quiet.json --plot docs/img/datawait_quiet.png
+    python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards --boundary \\
+        --json benchmarks/results/boundary.json --plot docs/img/boundary.png
 
-The step is synthetic and releases the GIL as a real one does (CUDA launches and syncs do): `sleep` is
-time.sleep(step), `gemm` repeats a 256 x 256 float32 torch.mm on one thread until it has run ~step ms
-(calibrated first). Steps of 20, 50 and 200 ms. Loaders (same corpus, sampler, budget and seed):
-
-  prefetch0   make_loader(num_workers=0, prefetch=0): the batch is built on the training thread when asked (no
-              overlap)
-  prefetch2   make_loader(num_workers=0, prefetch=2): built by a background thread while the step runs
-  workers2    make_loader(num_workers=2, prefetch=0): two DataLoader worker processes, one batch ready each
-              (torch's prefetch_factor 1; the results in docs/bench-loader.md were measured with 2), no thread
-
-Per loader and step: `wait_share` = time spent in next(loader) / wall time of the loop, over --passes whole
-epochs, each epoch's first batch excluded (the start of a pass is reported apart: `first_batch_ms`).
-`loader_ms` is the loader's own time per batch with no step at all (the time it would need to keep up);
-`step_ms_measured` what the step really took (on a busy machine a calibrated GEMM drifts). The target:
-wait_share < 0.5 % whenever loader_ms < the step's time.
+Loaders (same corpus, sampler, budget, seed): `prefetch0` builds each batch on the training thread when asked,
+`prefetch2` (make_loader's default) on a background thread while the step runs, `workers2` in two DataLoader
+workers. Steps release the GIL as a GPU step does: `sleep`, or `gemm` (a 256 x 256 float32 torch.mm repeated on
+one thread, calibrated to the step: `step_ms_measured` says what it took). A batch's wait runs from the end of the
+step before it to the batch in hand. Default: steps of 20, 50 and 200 ms, rounds interleaved, over --passes
+epochs, each epoch's first batch apart (`first_batch_ms`): `wait_share` = waits / (waits + steps), the median round
+and the range; `loader_ms` = the loader's own time per batch with no step. --boundary: 20 epochs of one pass of 5
+batches (the first rows of the corpus that make 5), a 50 ms sleep, prefetch2 and prefetch0: the waits at the 19
+boundaries (set_epoch() and iter() included) and at the 80 batches inside epochs, over all rounds.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ import numpy as np
 import torch
 
 from audiopipe.reader.loader import make_loader
-from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ is on sys.path
 
 LOADERS = {"prefetch0": {"prefetch": 0, "num_workers": 0},
            "prefetch2": {"prefetch": 2, "num_workers": 0},
@@ -44,106 +38,111 @@ class Step:
     """A synthetic training step of about `ms` milliseconds that releases the GIL."""
 
     def __init__(self, kind: str, ms: float):
-        self.kind, self.ms = kind, ms
-        self.reps = 0
+        self.kind, self.ms, self.reps = kind, ms, 0
         if kind == "gemm":
-            self.a = torch.randn(256, 256)
-            self.b = torch.randn(256, 256)
+            self.a, self.b = torch.randn(256, 256), torch.randn(256, 256)
             for _ in range(20):  # warm up
                 torch.mm(self.a, self.b)
             t0 = time.perf_counter()
-            n = 200
-            for _ in range(n):
+            for _ in range(200):
                 torch.mm(self.a, self.b)
-            per = (time.perf_counter() - t0) / n
-            self.reps = max(1, round(ms / 1e3 / per))
-        elif kind != "sleep":
-            raise ValueError(f"step kind must be sleep or gemm, got {kind!r}")
+            self.reps = max(1, round(ms / 1e3 / ((time.perf_counter() - t0) / 200)))
 
-    def __call__(self, batch: dict) -> None:
+    def __call__(self) -> None:
         if self.kind == "sleep":
             time.sleep(self.ms / 1e3)
-            return
         for _ in range(self.reps):
             torch.mm(self.a, self.b)
 
 
-def loader_alone(shards: Path, name: str, budget: int, seed: int) -> tuple[float, int]:
-    """Mean seconds per batch of one pass with no step (first batch excluded), and the pass' batch count."""
-    loader = make_loader(shards, ["mel"], max_frames=budget, seed=seed, **LOADERS[name])
-    loader.set_epoch(0)
-    it = iter(loader)
-    next(it)
-    t0 = time.perf_counter()
-    n = sum(1 for _ in it)
-    return (time.perf_counter() - t0) / max(n, 1), n + 1
-
-
-def run(shards: Path, name: str, step: Step, budget: int, seed: int, passes: int) -> dict:
-    loader = make_loader(shards, ["mel"], max_frames=budget, seed=seed, **LOADERS[name])
-    waits, wall, firsts, batches, stepping, each = 0.0, 0.0, [], 0, 0.0, []
-    for epoch in range(passes):
+def timeline(loader, epochs: int, step) -> list[list[tuple[float, float]]]:
+    """Per epoch, per batch: (wait, step) seconds."""
+    out, ready = [], time.perf_counter()
+    for epoch in range(epochs):
         loader.set_epoch(epoch)
-        t_start = time.perf_counter()
-        it = iter(loader)
-        batch = next(it)
-        firsts.append(time.perf_counter() - t_start)
-        step(batch)
-        t_loop = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            waits += t1 - t0
-            each.append(t1 - t0)
-            step(batch)
-            stepping += time.perf_counter() - t1
-            batches += 1
-        wall += time.perf_counter() - t_loop
-        del it, batch
-    return {"loader": name, "step_kind": step.kind, "step_ms": step.ms, "batches": batches,
-            "wait_share": waits / wall if wall else 0.0, "wait_ms_per_batch": 1e3 * waits / max(batches, 1),
-            "step_ms_measured": 1e3 * stepping / max(batches, 1),
-            # A few long waits (the thread got no CPU on a busy machine) or many short ones?
-            "wait_ms_median": 1e3 * float(np.median(each)) if each else 0.0,
-            "wait_ms_p95": 1e3 * float(np.percentile(each, 95)) if each else 0.0,
-            "wait_ms_max": 1e3 * max(each) if each else 0.0,
-            "first_batch_ms": 1e3 * float(np.median(firsts))}
+        rows = []
+        for _ in loader:
+            t = time.perf_counter()
+            step()
+            rows.append((t - ready, time.perf_counter() - t))
+            ready = time.perf_counter()
+        out.append(rows)
+    return out
 
 
-def markdown(rows: list[dict]) -> str:
-    head = ("step", "step ms measured", "loader", "loader ms/batch alone", "data-wait share", "wait ms/batch",
-            "wait ms median / p95 / max", "range over rounds",
-            "epoch start ms", "target met")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        met = ("yes" if r["wait_share"] < 0.005 else
-               "no" if r["loader_ms"] < r["step_ms_measured"] else "n/a (loader slower)")
-        lines.append(f"| {r['step_kind']} {r['step_ms']:g} ms | {r['step_ms_measured']:.1f} | {r['loader']} | "
-                     f"{r['loader_ms']:.1f} | "
-                     f"{r['wait_share']:.2%} | {r['wait_ms_per_batch']:.2f} | "
-                     f"{r['wait_ms_median']:.2f} / {r['wait_ms_p95']:.1f} / {r['wait_ms_max']:.0f} | "
-                     f"{r['wait_share_min']:.2%}-{r['wait_share_max']:.2%} | {r['first_batch_ms']:.0f} | {met} |")
-    return "\n".join(lines)
+def datawait(shards: Path, name: str, step: Step, a: argparse.Namespace) -> dict:
+    loader = make_loader(shards, ["mel"], max_frames=a.budget, seed=a.seed, **LOADERS[name])
+    epochs = timeline(loader, a.passes, step)
+    waits = np.array([w for e in epochs for w, _ in e[1:]])
+    steps = np.array([s for e in epochs for _, s in e[1:]])
+    return {"loader": name, "step_kind": step.kind, "step_ms": step.ms, "batches": int(waits.size),
+            "wait_share": float(waits.sum() / (waits.sum() + steps.sum())),
+            "wait_ms_per_batch": 1e3 * float(waits.mean()), "step_ms_measured": 1e3 * float(steps.mean()),
+            # a few long waits (the thread got no core on a busy machine) or many short ones?
+            "wait_ms_median": 1e3 * float(np.median(waits)), "wait_ms_p95": 1e3 * float(np.percentile(waits, 95)),
+            "wait_ms_max": 1e3 * float(waits.max()), "first_batch_ms": 1e3 * float(np.median([e[0][0] for e in epochs]))}
+
+
+def five_batch_subset(shards: Path, budget: int, seed: int) -> np.ndarray:
+    """The first n rows, n the largest that makes 5 batches in one pass (bisected: more rows never make fewer)."""
+    def batches(n: int) -> int:
+        return len(make_loader(shards, ["mel"], max_frames=budget, seed=seed, prefetch=0, passes=1,
+                               subset=np.arange(n)))
+
+    lo, hi = 1, len(make_loader(shards, ["mel"], max_frames=budget, seed=seed, prefetch=0, passes=1).dataset)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if batches(mid) <= 5 else (lo, mid - 1)
+    if batches(lo) != 5:
+        raise SystemExit(f"bench_datawait: no prefix of the corpus makes 5 batches at --budget {budget}")
+    return np.arange(lo)
+
+
+def boundary(a: argparse.Namespace) -> dict:
+    subset = five_batch_subset(a.shards, a.budget, a.seed)
+    step = Step("sleep", 50.0)
+    per: dict[str, dict[str, list]] = {n: {"boundary_ms": [], "inside_ms": []} for n in ("prefetch2", "prefetch0")}
+    for k in range(a.rounds):
+        for name, got in per.items():
+            loader = make_loader(a.shards, ["mel"], max_frames=a.budget, seed=a.seed, subset=subset, passes=1,
+                                 **LOADERS[name])
+            epochs = timeline(loader, 20, step)
+            if any(len(e) != 5 for e in epochs):
+                raise RuntimeError(f"{name}: an epoch did not give 5 batches")
+            got["boundary_ms"] += [1e3 * e[0][0] for e in epochs[1:]]
+            got["inside_ms"] += [1e3 * w for e in epochs for w, _ in e[1:]]
+            print(f"[{k + 1}/{a.rounds}] {name}: boundary median {np.median(got['boundary_ms']):.2f} ms", flush=True)
+    rows = [{"loader": n, **{f"{k[:-3]}_{f}_ms": float(getattr(np, f)(v)) for k, v in got.items() for f in ("median", "max")},
+             **got} for n, got in per.items()]
+    return {"utterances_per_epoch": int(subset.size), "batches_per_epoch": 5, "epochs": 20, "step_ms": 50.0,
+            "loaders": rows}
+
+
+def plot_boundary(rows: list[dict], path: Path, title: str) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    y = np.arange(len(rows))
+    for dy, key, label in ((-0.18, "boundary", "first batch of an epoch"), (0.18, "inside", "batches inside an epoch")):
+        ax.barh(y + dy, [r[f"{key}_median_ms"] for r in rows], height=0.36, label=label)
+    ax.set_yticks(y, [r["loader"] for r in rows])
+    ax.set(xscale="log", xlabel="median wait for the batch, ms (log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    save(fig, path)
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
     plt = pyplot()
-
     kinds = sorted({r["step_kind"] for r in rows})
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
     names = [n for n in LOADERS if any(r["loader"] == n for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         steps = sorted({r["step_ms"] for r in rows if r["step_kind"] == kind})
         width = 0.8 / len(names)
         for j, name in enumerate(names):
-            vals = [next((r["wait_share"] for r in rows if r["step_kind"] == kind and r["step_ms"] == s
-                          and r["loader"] == name), np.nan) for s in steps]
+            vals = [next((r["wait_share"] for r in rows if (r["step_kind"], r["step_ms"], r["loader"]) ==
+                          (kind, s, name)), np.nan) for s in steps]
             ax.bar(np.arange(len(steps)) + j * width, [max(v, 1e-5) for v in vals], width, label=name)
-        ax.axhline(0.005, color="grey", linestyle="dashed", label="target 0.5 %")
         ax.set_yscale("log")
         ax.set_xticks(np.arange(len(steps)) + 0.4 - width / 2, [f"{s:g} ms" for s in steps])
         ax.set_title(f"{kind} step: data-wait share of the loop")
@@ -155,50 +154,45 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", type=Path, required=True)
+    p.add_argument("--boundary", action="store_true", help="the wait at epoch boundaries (see above)")
     p.add_argument("--steps-ms", default="20,50,200")
     p.add_argument("--kinds", default="sleep,gemm")
-    p.add_argument("--loaders", default=",".join(LOADERS))
-    p.add_argument("--budget", type=int, default=38_400)
+    p.add_argument("--loaders", default=",".join(LOADERS), help=f"of {', '.join(LOADERS)}")
+    p.add_argument("--budget", type=int, default=38_400, help="padded frames per batch")
     p.add_argument("--passes", type=int, default=2, help="epochs per measurement")
-    p.add_argument("--rounds", type=int, default=2, help="all measurements this many times, interleaved")
+    p.add_argument("--rounds", type=int, default=2, help="every measurement this many times, interleaved")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true",
-                   help="about a minute: sleep steps of 20 ms only, 1 pass, 1 round (overrides those options)")
     output_args(p)
-    args = p.parse_args()
-    if args.quick:
-        args.steps_ms, args.kinds, args.passes, args.rounds = "20", "sleep", 1, 1
+    a = p.parse_args()
     torch.set_num_threads(1)  # the step uses one core, the loader's thread (or workers) the other
-    names = args.loaders.split(",")
-    unknown = [n for n in names if n not in LOADERS]
-    if unknown:
-        p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    result = {"command": " ".join(["python", "benchmarks/bench_datawait.py", *sys.argv[1:]]),
+              "machine": host(a.machine, torch=torch.__version__), "shards": str(a.shards), "budget_frames": a.budget}
+    if a.boundary:
+        result.update(boundary(a))
+        title = f"wait for the batch, 20 epochs of 5 batches, 50 ms step\n{a.machine}"
+        return write_results(result, a.json, lambda path: plot_boundary(result["loaders"], path, title), a.plot)
+    names = a.loaders.split(",")
+    if set(names) - set(LOADERS) or set(a.kinds.split(",")) - {"sleep", "gemm"}:
+        p.error(f"--loaders are of {', '.join(LOADERS)}; --kinds of sleep, gemm")
     alone = {}
     for name in names:
-        per, n = loader_alone(args.shards, name, args.budget, args.seed)
-        alone[name] = per
-        print(f"{name}: {1e3 * per:.2f} ms per batch with no step, {n} batches per epoch", flush=True)
-    steps = [Step(kind, float(ms)) for kind in args.kinds.split(",") for ms in args.steps_ms.split(",")]
-    by_key: dict[tuple, list[dict]] = {}
-    for r in range(args.rounds):
+        e = timeline(make_loader(a.shards, ["mel"], max_frames=a.budget, seed=a.seed, **LOADERS[name]), 1, lambda: 0)
+        alone[name] = 1e3 * float(np.mean([w for w, _ in e[0][1:]]))
+    runs: dict[tuple, list[dict]] = {}
+    steps = [Step(kind, float(ms)) for kind in a.kinds.split(",") for ms in a.steps_ms.split(",")]
+    for k in range(a.rounds):
         for step in steps:
             for name in names:
-                row = run(args.shards, name, step, args.budget, args.seed, args.passes)
-                by_key.setdefault((step.kind, step.ms, name), []).append(row)
-                print(f"round {r}: {step.kind} {step.ms:g} ms {name}: wait {row['wait_share']:.3%} "
-                      f"({row['wait_ms_per_batch']:.2f} ms/batch)", flush=True)
+                row = datawait(a.shards, name, step, a)
+                runs.setdefault((step.kind, step.ms, name), []).append(row)
+                print(f"[{k + 1}/{a.rounds}] {step.kind} {step.ms:g} ms {name}: wait {row['wait_share']:.3%}", flush=True)
     rows = []
-    for (kind, ms, name), runs in by_key.items():
-        shares = [x["wait_share"] for x in runs]
-        mid = runs[int(np.argsort(shares)[len(shares) // 2])]  # the median round (the upper one of two)
-        rows.append({**mid, "loader_ms": 1e3 * alone[name], "wait_share_min": min(shares),
-                     "wait_share_max": max(shares), "rounds": len(runs)})
-    table = markdown(rows)
-    print(table)
-    result = {"command": " ".join(["python", "benchmarks/bench_datawait.py", *sys.argv[1:]]),
-              "machine": host(args.machine, torch=torch.__version__),
-              "shards": str(args.shards), "budget_frames": args.budget, "rows": rows}
-    write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
+    for (_, _, name), rs in runs.items():
+        shares = [x["wait_share"] for x in rs]
+        rows.append({**rs[int(np.argsort(shares)[len(shares) // 2])], "loader_ms": alone[name], "rounds": len(rs),
+                     "wait_share_min": min(shares), "wait_share_max": max(shares)})
+    result["rows"] = rows
+    write_results(result, a.json, lambda path: plot(rows, path, a.machine), a.plot)
 
 
 if __name__ == "__main__":

@@ -3,28 +3,22 @@ against crops only sliced there and finished on the device (`--augment-on device
 
     python -m audiopipe.corpus.demo /tmp/spkbench/wavs
     audiopipe shard --corpus /tmp/spkbench/wavs --out /tmp/spkbench/shards --preset campplus
-    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \\
+    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \
         --json benchmarks/results/speaker_batch.json --plot docs/img/speaker_batch.png
 
-1. `batch`: the CPU time (thread time of the training thread, `time.thread_time`) to build one batch of CAM++'s
-   `default` recipe (64 crops of 3 s, speed perturbation 1.0/0.9/1.1; the `+aug` rows add noise and reverb from
-   generated folders at the recipe's --aug-prob 0.2): make_loader with no worker and no prefetch, exactly the
-   trainer's item transform, subset and budget (speaker_data). The two paths alternate batch by batch in each
-   round, over the same utterances and draws. `floor`: the same loader whose item transform only takes the first
-   3 s of each utterance (no draw): what reading and collating 64 crops costs whatever the path.
-   `device_side_ms_on_cpu`: what the device path then does on the training device,
-   timed here with the CPU as that device (one torch thread): speed, noise and reverb (DeviceAugment), and the
-   fbank both paths run there.
-2. `datawait`: short CAM++ `tiny` runs of the real trainer on the CPU (--prefetch 0, no worker, 16 crops of 3 s,
-   one torch thread), the two paths alternating run by run; the data-wait share and step time of the second half
-   of each run (the first holds the start-up), from its log.
+`batch` (and `batch_aug`, adding noise and reverb from generated folders at the recipe's --aug-prob 0.2): the
+training thread's CPU time (time.thread_time) to build one batch of CAM++'s `default` recipe (64 crops of 3 s,
+speed perturbation) with the trainer's own loader, no worker, no prefetch; the paths alternate batch by batch over
+the same utterances and draws. `floor`: the same loader whose item transform only takes the first 3 s (no draw).
+`device_side_ms_on_cpu`: what the device path then does on the device (speed, noise, reverb; the fbank), timed with
+the CPU as that device. `datawait`: short CAM++ `tiny` runs of the real trainer on the CPU (--prefetch 0, 16 crops),
+the paths alternating run by run; the data-wait share and step time of each run's second half, from its log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -41,7 +35,7 @@ import speaker  # noqa: E402
 import speaker_data  # noqa: E402
 import train_campplus  # noqa: E402
 from audiopipe.reader.loader import make_loader  # noqa: E402
-from results_io import host, pyplot, save, spread, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from results_io import host, output_args, pyplot, save, spread, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 PATHS = ("cpu", "device")
 
@@ -62,18 +56,12 @@ def folders(root: Path) -> tuple[Path, Path]:
     return noise, rir
 
 
-def trainer_args(shards: Path, path: str, aug: tuple[Path, Path] | None, extra: list[str]) -> list[str]:
-    argv = ["--shards", str(shards), "--config", "default", "--augment-on", path, *extra]
-    if aug:
-        argv += ["--noise-dir", str(aug[0]), "--rir-dir", str(aug[1])]
-    return argv
-
-
 def batch_loader(shards: Path, path: str, aug: tuple[Path, Path] | None):
     """The trainer's loader for CAM++ `default` (no worker, no prefetch) and its speaker data."""
+    argv = ["--shards", str(shards), "--config", "default", "--augment-on", path]
+    argv += ["--noise-dir", str(aug[0]), "--rir-dir", str(aug[1])] if aug else []
     cfg, args = core.parse_args("bench", defaults=speaker.run_defaults(train_campplus.RECIPE),
-                                extra=lambda p: speaker.add_speaker_args(p, train_campplus.RECIPE),
-                                argv=trainer_args(shards, path, aug, []))
+                                extra=lambda p: speaker.add_speaker_args(p, train_campplus.RECIPE), argv=argv)
     d = core.Dist(0, 1, 0, torch.device("cpu"))
     data = speaker_data.speaker_data(cfg, args, d, "campplus")
     loader = make_loader(str(shards), ["pcm"], max_frames=cfg.batch_frames, seed=cfg.seed, num_workers=0,
@@ -81,16 +69,13 @@ def batch_loader(shards: Path, path: str, aug: tuple[Path, Path] | None):
     return loader, data
 
 
-class SliceOnly:
+def slice_only(item: dict) -> dict:
     """The least any item transform does: the first 3 s of the utterance (repeated when short), no draw."""
-
-    def __call__(self, item: dict) -> dict:
-        return {"wav": np.resize(item["pcm"], 48000) if len(item["pcm"]) < 48000 else item["pcm"][:48000],
-                "label": 0}
+    return {"wav": np.resize(item["pcm"], 48000) if len(item["pcm"]) < 48000 else item["pcm"][:48000], "label": 0}
 
 
 def floor_loader(shards: Path, data: speaker_data.SpeakerData):
-    kw = {**data.loader_kw, "item_transform": SliceOnly(), "batch_transform": None}
+    kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
     return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw), data
 
 
@@ -121,7 +106,6 @@ def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, ba
                 assert len(batch["label"]) == 64, len(batch["label"])
         for p in loaders:
             per_round[p].append(float(np.median(times[p])) * 1e3)
-        print(f"  round {r}: " + ", ".join(f"{p} {per_round[p][-1]:.1f} ms" for p in loaders), flush=True)
     ratios = [c / d for c, d in zip(per_round["cpu"], per_round["device"])]
     return {"cpu_ms_per_batch": {p: {"median": float(np.median(v)), "per_round": v} for p, v in per_round.items()},
             "ratio_cpu_over_device": spread(ratios),
@@ -141,15 +125,12 @@ def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
                 train_campplus.main(argv)
                 rec = json.loads((Path(tmp) / "log.jsonl").read_text().splitlines()[-1])  # the second half
             out[p].append({"data_wait_share": rec["data_wait_share"], "step_time_s": rec["step_time"]})
-            print(f"  run {r} {p}: data wait {rec['data_wait_share'] * 100:.1f} %, step {rec['step_time']:.2f} s",
-                  flush=True)
     return {p: {"data_wait_share": [x["data_wait_share"] for x in v], "step_time_s": [x["step_time_s"] for x in v]}
             for p, v in out.items()} | {"runs": runs, "steps": steps, "config": "tiny", "crops_per_batch": 16}
 
 
 def plot(result: dict, png: Path) -> None:
     plt = pyplot()
-
     fig, ax = plt.subplots(figsize=(7.5, 3.2))
     rows = [("speed", result["batch"]), ("speed + noise/reverb", result["batch_aug"])]
     y = np.arange(len(rows))
@@ -169,27 +150,23 @@ def plot(result: dict, png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", required=True, type=Path, help="16 kHz PCM shards (--preset campplus)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of the batch measurement (default %(default)s)")
-    p.add_argument("--batches", type=int, default=4, help="batches per path per round (default %(default)s)")
-    p.add_argument("--runs", type=int, default=2, help="trainer runs per path for the data wait (default %(default)s)")
-    p.add_argument("--steps", type=int, default=12, help="steps per trainer run (default %(default)s)")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the batch measurement")
+    p.add_argument("--batches", type=int, default=4, help="batches per path per round")
+    p.add_argument("--runs", type=int, default=2, help="trainer runs per path for the data wait")
+    p.add_argument("--steps", type=int, default=12, help="steps per trainer run")
+    output_args(p)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    load_start = os.getloadavg()
+    machine = host(a.machine, torch_threads="1")  # the load average at the start
     with tempfile.TemporaryDirectory() as tmp:
         aug = folders(Path(tmp))
-        print("batch (speed perturbation only)", flush=True)
         batch = measure_batches(a.shards, None, a.rounds, a.batches)
-        print("batch (speed + noise/reverb at --aug-prob 0.2)", flush=True)
         batch_aug = measure_batches(a.shards, aug, a.rounds, a.batches)
-    print("data wait, CAM++ tiny, --prefetch 0", flush=True)
     datawait = measure_datawait(a.shards, a.runs, a.steps)
-    result = {"batch": batch, "batch_aug": batch_aug, "datawait": datawait,
-              "machine": {**host("2-core shared CPU VM, no GPU", torch_threads="1"), "load_average": load_start}}
+    result = {"command": " ".join(["python", "benchmarks/bench_speaker_batch.py", *sys.argv[1:]]), "machine": machine,
+              "batch": batch, "batch_aug": batch_aug, "datawait": datawait}
     write_results(result, a.json, lambda png: plot(result, png), a.plot)
     return result
 

@@ -500,11 +500,11 @@ def test_the_index_and_the_transcripts_read_from_s3_as_from_the_folder(remote, l
 def test_small_buffers_are_kept_for_every_shard_and_requests_in_flight_follow_the_round_trip(remote, local):
     """Every shard's small buffers are fetched at open and kept whatever max_open (a shard evicted and read
     again sends no request to reopen); the fetch pool is sized by rate x the round trip measured while opening,
-    through a delay proxy (benchmarks/delay_proxy.py) that adds 40 ms to every request."""
+    through the delay proxy of benchmarks/bench_s3.py, which adds 40 ms to every request."""
     import pyarrow as pa
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from delay_proxy import serve
+    from bench_s3 import serve
 
     server, url = remote
     ready, port = threading.Event(), []

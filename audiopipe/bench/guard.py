@@ -11,7 +11,7 @@ counts, a wait does not), from the cheapest round of each (1.0: the loader costs
 time, not wall time: on this 2-core machine at a load of 25-35, wall-time ratios of single rounds ranged 0.01-1.8
 (each hand-over to the prefetch thread waits for a core), while CPU time only counts the work. The wall-time ratio
 is reported beside it. The ratio is compared with the committed value and fails only below half of it
-(benchmarks/bench_loader_guard.py, tests/test_loader_guard.py).
+(benchmarks/bench_copy.py --guard, tests/test_loader_guard.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ bit for bit, and the pad value is written with the bit pattern of the feature's 
 Each row is copied by one call to the C library's memcpy (`_copy_elems`, LLVM's memcpy intrinsic), not by
 numba's slice assignment: numba lowers `dst[a:b] = src[c:d]` to an element loop that reached ~4.5 GB/s where
 memcpy moves ~7 GB/s on the benchmark machine (short clips: 100 rows of ~1.1 KB per item), 1.3-1.6x on the
-whole copy (benchmarks/bench_copy.py; docs/bench-loader.md, "Where the bytes go").
+whole copy, measured on the benchmark corpora when this kernel replaced the slice assignment.
 
 Loading the compiled kernel from numba's cache costs ~0.4 s on its first call in a process (a fresh install
 compiles it, ~1 s). `warm_up_in_background()` (make_loader calls it) loads it in a daemon thread; until it is
