@@ -1,24 +1,23 @@
 """Extraction speed of `audiopipe shard` against a hand-written multiprocessing.Pool loop and the decode floor.
 
     python benchmarks/bench_extract.py --make-ogg --files 0 --workers 1,2 --rounds 3 --json X.json --plot X.png
-    python benchmarks/bench_extract.py --whole-run --corpora OGG --files 0 --engines local --json X.json
     python benchmarks/bench_extract.py --profile [--together 2] --files 480 --corpora WAV --json X.json
     python benchmarks/bench_extract.py --ceiling --corpora WAV --files 480 --rounds 3 --json X.json
 
 Corpora: --wav-corpus (`make_loader_corpus.py /tmp/extractbench/wav --speakers 12 --per-speaker 48`) and
---ogg-corpus (its OGG Vorbis copy, made by --make-ogg); --files takes every k-th file (0: all). x_rt is audio
-seconds per wall second. Per corpus and round, in an order that rotates from round to round:
+--ogg-corpus (its OGG Vorbis copy, made by --make-ogg); --files takes every k-th file (0: all). Per corpus and
+round, in an order that rotates from round to round (x_rt: audio seconds per wall second):
 - floor: ONE process decodes (soundfile -> mono), resamples (soxr to 24 kHz) and computes the stored vocos mel,
   file by file: what one core can do;
-- handwritten: a Pool of the same decode and resample, torch STFT + the same 100-bin HTK mel -> one np.save per
-  file, what a user writes by hand; audiopipe: `audiopipe shard --preset f5tts`, tars on and off, a fresh process
-  each: its job time less start-up (extract_s), split by its --timings into busy tasks, idle workers and the
-  time before the first task and after the last;
-- --whole-run: both from launch to exit in fresh processes (the loop's imports, audiopipe's start-up);
-- --profile: `build_shard`'s stages timed by wrappers in one process; --together N: alone, then N at once;
-- --ceiling: the floor in 1 process, then in max(--workers) processes at once on the same files; scaling is
-  t_1 / t_N, the most any pipeline can get from the cores.
-Ratios are taken within a round (the machine is shared) and reported as median and range over rounds.
+- hand-written: a fresh `python` that imports its libraries and maps the same decode and resample, torch STFT +
+  the same 100-bin HTK mel -> one np.save per file over a Pool: its Pool's time and its wall time;
+- audiopipe: `audiopipe shard --preset f5tts`, tars on and off, on each of --engines, a fresh process each: its
+  extraction phase (the job less its start-up; --timings splits it into busy tasks, idle workers, before the
+  first task and after the last) and its wall time from launch to exit.
+Ratios are taken within a round (the machine is shared): extraction (Pool / extraction phase) and whole run
+(wall / wall), as median and range over rounds. --profile times `build_shard`'s stages by wrappers in one
+process (--together N: alone, then N at once); --ceiling runs the floor in 1 process, then in max(--workers) at
+once on the same files: t_1 / t_N is the most any pipeline can get from the cores.
 """
 
 from __future__ import annotations
@@ -208,117 +207,76 @@ def extraction_breakdown(timeline: dict, workers: int) -> dict[str, float]:
             "extract_phase_s": ph["manifest"] - ph["started"]}
 
 
-# ------------------------------------------------------------------ rounds and their summaries
+# ------------------------------------------------------------------ rounds and their summary
 
-def extraction_steps(root: Path, audio_s: float, workers: list[int], tmp: Path) -> list:
-    files = corpus_files(root)
-
-    def floor() -> dict:
-        t = measure_floor(files)
-        return {**t, "x_rt": audio_s / sum(t.values()), "decode_x_rt": audio_s / t["decode"]}
-
-    def handwritten(w: int) -> dict:
-        wall = run_handwritten(files, tmp / "npy", w)
-        shutil.rmtree(tmp / "npy", ignore_errors=True)
-        return {"wall_s": wall, "x_rt": audio_s / wall}
-
-    def audiopipe(w: int, tar: bool) -> dict:
-        t = run_audiopipe(root, tmp / "out", w, tar)
-        return {**t, "x_rt": audio_s / t["extract_s"]}
-
-    return [("floor", floor)] + [step for w in workers for step in (
-        (f"handwritten_w{w}", lambda w=w: handwritten(w)),
-        *((f"audiopipe_w{w}_{t}", lambda w=w, t=t: audiopipe(w, t == "tar")) for t in TARS))]
-
-
-def whole_run_steps(root: Path, workers: list[int], engines: list[str], tmp: Path) -> list:
-    return [step for w in workers for step in (
-        (f"handwritten_w{w}", lambda w=w: run_handwritten_process(root, tmp / "npy", w)),
-        *((f"{e}_w{w}_{t}", lambda w=w, e=e, t=t: run_audiopipe(root, tmp / "out", w, t == "tar", engine=e))
-          for e in engines for t in TARS))]
-
-
-def run_rounds(steps: dict[str, list], rounds: int) -> list[dict]:
-    """Per round and corpus, every step in rotating order; each corpus's entry also keeps the 1-minute load."""
+def run_rounds(corpora: dict[str, Path], workers: list[int], engines: list[str], rounds: int, tmp: Path) -> list:
+    """Per round and corpus, in rotating order: the floor, the hand-written loop in a fresh process and
+    `audiopipe shard` (tars on and off, each engine) per worker count; each corpus also keeps the 1-minute load."""
     out = []
     for rnd in range(rounds):
         res = {}
-        for c, cs in steps.items():
-            res[c] = {key: fn() for key, fn in rotated(cs, rnd)}
+        for c, root in corpora.items():
+            files = corpus_files(root)
+            steps = [("floor", lambda: {"floor_s": sum(measure_floor(files).values())})] + [step for w in workers
+                     for step in ((f"handwritten_w{w}", lambda w=w: run_handwritten_process(root, tmp / "npy", w)),
+                                  *((f"{e}_w{w}_{t}", lambda w=w, e=e, t=t: run_audiopipe(root, tmp / "out", w,
+                                                                                          t == "tar", e))
+                                    for e in engines for t in TARS))]
+            res[c] = {key: fn() for key, fn in rotated(steps, rnd)}
             res[c]["load_1m"] = os.getloadavg()[0]
             print(f"round {rnd + 1}/{rounds} {c} done", file=sys.stderr, flush=True)
         out.append(res)
     return out
 
 
-def summarise(rounds: list[dict], workers: list[int]) -> dict:
+def summarise(rounds: list[dict], audio_s: dict[str, float], workers: list[int], engines: list[str]) -> dict:
+    """Per corpus: x real time of the floor, the loop's Pool and audiopipe's extraction phase; per worker count,
+    engine and tars, the ratios within a round (extraction only; whole runs, launch to exit); scaling 1 -> 2."""
     out: dict = {}
     for c in rounds[0]:
-        rs = [r[c] for r in rounds]
-        d: dict = {"floor_x_rt": spread([r["floor"]["x_rt"] for r in rs])}
-        for w in workers:
-            base = [r[f"handwritten_w{w}"]["x_rt"] for r in rs]
-            for tar in TARS:
-                runs = [r[f"audiopipe_w{w}_{tar}"] for r in rs]
-                ap = [a["x_rt"] for a in runs]
-                d[f"w{w}_{tar}"] = {
-                    "audiopipe_x_rt": spread(ap), "handwritten_x_rt": spread(base),
-                    "vs_handwritten": spread([a / b for a, b in zip(ap, base)]),
-                    "vs_floor_per_core": spread([a / w / r["floor"]["x_rt"] for a, r in zip(ap, rs)])}
-                if all("tasks_busy_s" in a for a in runs):
-                    d[f"w{w}_{tar}"]["extraction_s"] = {k: spread([a[k] for a in runs]) for k in BREAKDOWN}
-        if 1 in workers and 2 in workers:
-            for key, name in (("tar", "audiopipe_w{}_tar"), ("notar", "audiopipe_w{}_notar"),
-                              ("handwritten", "handwritten_w{}")):
-                d[f"scaling_1_to_2_{key}"] = spread([r[name.format(2)]["x_rt"] / (2 * r[name.format(1)]["x_rt"])
-                                                     for r in rs])
-        for k in ("startup_s", "discovery_s"):
-            d[k] = spread([r[f"audiopipe_w{w}_{t}"][k] for r in rs for w in workers for t in TARS])
-        out[c] = d
-    return out
-
-
-def summarise_whole(rounds: list[dict], workers: list[int], engines: list[str]) -> dict:
-    out: dict = {}
-    for c in rounds[0]:
-        rs = [r[c] for r in rounds]
-        d: dict = {"load_1m": spread([r["load_1m"] for r in rs])}
+        rs, x = [r[c] for r in rounds], audio_s[c]
+        d: dict = {"floor_x_rt": spread([x / r["floor"]["floor_s"] for r in rs]),
+                   "load_1m": spread([r["load_1m"] for r in rs])}
         for w in workers:
             hw = [r[f"handwritten_w{w}"] for r in rs]
             for key in (f"{e}_w{w}_{t}" for e in engines for t in TARS):
                 ap = [r[key] for r in rs]
-                d[key] = {"whole_run_vs_handwritten": spread([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
-                          "extraction_vs_handwritten_pool": spread([h["pool_s"] / a["extract_s"]
-                                                                    for h, a in zip(hw, ap)]),
-                          "audiopipe_wall_s": spread([a["wall_s"] for a in ap]),
-                          "handwritten_wall_s": spread([h["wall_s"] for h in hw]),
-                          "first_decode_s": spread([a.get("first_decode_s", float("nan")) for a in ap]),
-                          "startup_s": spread([a["startup_s"] for a in ap])}
+                d[key] = {"audiopipe_x_rt": spread([x / a["extract_s"] for a in ap]),
+                          "handwritten_x_rt": spread([x / h["pool_s"] for h in hw]),
+                          "vs_handwritten": spread([h["pool_s"] / a["extract_s"] for h, a in zip(hw, ap)]),
+                          "vs_floor_per_core": spread([r["floor"]["floor_s"] / a["extract_s"] / w
+                                                       for a, r in zip(ap, rs)]),
+                          "whole_run_vs_handwritten": spread([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
+                          **{k: spread([a.get(k, float("nan")) for a in ap]) for k in (
+                              "wall_s", "startup_s", "discovery_s", "first_decode_s", *BREAKDOWN)},
+                          "handwritten_wall_s": spread([h["wall_s"] for h in hw])}
+        if 1 in workers and 2 in workers:  # x real time with 2 workers / twice that with 1
+            phase = lambda run: run.get("extract_s", run.get("pool_s"))  # noqa: E731
+            for name in [f"{e}_w{{}}_{t}" for e in engines for t in TARS] + ["handwritten_w{}"]:
+                d["scaling_1_to_2_" + name.replace("_w{}", "")] = spread(
+                    [phase(r[name.format(1)]) / (2 * phase(r[name.format(2)])) for r in rs])
         out[c] = d
     return out
 
 
-def plot(summary: dict, workers: list[int], path: Path, machine: str, engines: list[str] | None = None) -> None:
-    """Extraction: x real time of each contender (whiskers: range over rounds). Whole runs (engines given): the
-    ratio hand-written wall / audiopipe wall per worker count, engine and tars, against 1 (dashed)."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(summary), figsize=(6.5 * len(summary), 4.6), squeeze=False)
-    for ax, (c, d) in zip(axes[0], summary.items()):
-        if engines:
-            keys = [(w, e, t) for w in workers for e in engines for t in TARS]
-            bars(ax, [d[f"{e}_w{w}_{t}"]["whole_run_vs_handwritten"] for w, e, t in keys],
-                 [f"{w}w {e}\ntars {'on' if t == 'tar' else 'off'}" for w, e, t in keys], color="#4c72b0")
-            ax.axhline(1.0, ls="--", c="k", lw=1)
-            ax.set(ylabel="hand-written wall / audiopipe wall (higher: audiopipe faster)",
-                   title=f"{c}: whole run, launch to exit (load {d['load_1m']['median']:.1f})")
-            continue
-        cells = [(f"hand-written\n{w} w", d[f"w{w}_tar"]["handwritten_x_rt"], "#999999") for w in workers] + [
-            (f"audiopipe, tars {'on' if t == 'tar' else 'off'}\n{w} w", d[f"w{w}_{t}"]["audiopipe_x_rt"],
-             "#1f77b4" if t == "tar" else "#6baed6") for w in workers for t in TARS] + [
-            ("floor\n(1 core)", d["floor_x_rt"], "#2ca02c")]
-        bars(ax, [s for _, s, _ in cells], [n for n, _, _ in cells], color=[col for _, _, col in cells])
-        ax.set(ylabel="x real time (median, bars: range over rounds)", title=f"{c} corpus, f5tts mel")
-    fig.suptitle(f"audiopipe shard against a hand-written Pool loop\n{machine}", fontsize=9)
+def plot(summary: dict, workers: list[int], engines: list[str], path: Path, machine: str) -> None:
+    """Per corpus: x real time of each contender (whiskers: range over rounds), and the whole run's ratio
+    hand-written wall / audiopipe wall per worker count, engine and tars, against 1 (dashed)."""
+    fig, axes = pyplot().subplots(2, len(summary), figsize=(6.5 * len(summary), 9), squeeze=False)
+    cases = [(w, e, t) for w in workers for e in engines for t in TARS]
+    keys = [f"{e}_w{w}_{t}" for w, e, t in cases]
+    names = [f"{e}, {w} w\ntars {'on' if t == 'tar' else 'off'}" for w, e, t in cases]
+    for (top, bottom), (c, d) in zip(axes.T, summary.items()):
+        bars(top, [d[f"{engines[0]}_w{w}_tar"]["handwritten_x_rt"] for w in workers]
+             + [d[k]["audiopipe_x_rt"] for k in keys] + [d["floor_x_rt"]],
+             [f"hand-written\n{w} w" for w in workers] + names + ["floor\n1 core"],
+             color=["#999999"] * len(workers) + ["#1f77b4"] * len(keys) + ["#2ca02c"])
+        top.set(ylabel="x real time, extraction phase", title=f"{c} corpus, f5tts mel")
+        bars(bottom, [d[k]["whole_run_vs_handwritten"] for k in keys], names, color="#4c72b0")
+        bottom.axhline(1.0, ls="--", c="k", lw=1)
+        bottom.set(ylabel="hand-written wall / audiopipe wall", title=f"{c}: whole run, launch to exit "
+                   f"(load {d['load_1m']['median']:.1f})")
+    fig.suptitle(f"audiopipe shard against a hand-written Pool loop (median, whiskers: range)\n{machine}", fontsize=9)
     save(fig, path)
 
 
@@ -498,8 +456,7 @@ def main() -> int:
     p.add_argument("--workers", default="1,2")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 files, 1 round (figures indicative only)")
-    p.add_argument("--whole-run", action="store_true", help="whole runs from launch to exit, start-up included")
-    p.add_argument("--engines", default="local", help="with --whole-run: local, ray or local,ray")
+    p.add_argument("--engines", default="local", help="audiopipe's engines: local, ray or local,ray")
     p.add_argument("--profile", action="store_true", help="only time the stages of one worker's build_shard")
     p.add_argument("--together", type=int, default=0, metavar="N",
                    help="with --profile: the profile alone and in N processes at once, in turn")
@@ -511,17 +468,15 @@ def main() -> int:
         a.files, a.rounds = 40, 1
     workers = [int(w) for w in a.workers.split(",")]
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
-    chosen = {c.strip().upper() for c in a.corpora.split(",")}
     if a.make_ogg:
         make_ogg(a.wav_corpus, a.ogg_corpus)
     result: dict = {"command": " ".join(["python", "benchmarks/bench_extract.py", *sys.argv[1:]]),
                     "machine": host(a.machine), "files_per_corpus": a.files}
-    draw = None
     tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
     try:
         corpora = {}
         for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
-            if name in chosen:
+            if name in a.corpora.upper():
                 if not root.is_dir():
                     raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
                 corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
@@ -534,20 +489,13 @@ def main() -> int:
             result["ceiling"] = {c: ceiling(corpus_files(root), max(workers), a.rounds) for c, root in corpora.items()}
         else:
             audio_s = {c: sum(sf.info(str(f)).duration for f in corpus_files(r)) for c, r in corpora.items()}
-            result["audio_hours"] = {c: s / 3600 for c, s in audio_s.items()}
-            if a.whole_run:
-                rounds = run_rounds({c: whole_run_steps(r, workers, engines, tmp) for c, r in corpora.items()},
-                                    a.rounds)
-                result.update(engines=engines, summary=summarise_whole(rounds, workers, engines), rounds=rounds)
-            else:
-                rounds = run_rounds({c: extraction_steps(r, audio_s[c], workers, tmp) for c, r in corpora.items()},
-                                    a.rounds)
-                result.update(summary=summarise(rounds, workers), rounds=rounds)
-            draw = lambda path: plot(result["summary"], workers, path, a.machine,  # noqa: E731
-                                     engines if a.whole_run else None)
+            rounds = run_rounds(corpora, workers, engines, a.rounds, tmp)
+            result.update(engines=engines, audio_hours={c: s / 3600 for c, s in audio_s.items()},
+                          summary=summarise(rounds, audio_s, workers, engines), rounds=rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    write_results(result, a.json, draw or (lambda path: None), a.plot if draw else None)
+    write_results(result, a.json, lambda path: plot(result["summary"], workers, engines, path, a.machine),
+                  a.plot if "summary" in result else None)
     return 0
 
 
