@@ -120,8 +120,8 @@ def run_handwritten_process(root: Path, out: Path, workers: int) -> dict[str, fl
     return {"wall_s": wall, "pool_s": float(r.stdout.split("POOL ")[1].split()[0])}
 
 
-def measure_floor(files: list[Path]) -> dict[str, float]:
-    """Seconds spent decoding, resampling and computing the stored mel, file by file in this one process."""
+def measure_floor(files: list[Path]) -> float:
+    """Seconds to decode, resample and compute the stored mel of every file, one after another in this process."""
     import torch
 
     from audiopipe.features.mel import VocosMel
@@ -129,19 +129,11 @@ def measure_floor(files: list[Path]) -> dict[str, float]:
     torch.set_num_threads(1)
     mel = VocosMel()
     mel(np.random.default_rng(0).uniform(-0.5, 0.5, 4000).astype(np.float32))  # compile the kernels first
-    t = {"decode": 0.0, "resample": 0.0, "feature": 0.0}
+    t0 = time.perf_counter()
     for f in files:
-        t0 = time.perf_counter()
         wav, sr = _decode(f)
-        t1 = time.perf_counter()
-        x = soxr.resample(wav, sr, MEL_RATE) if sr != MEL_RATE else wav
-        t2 = time.perf_counter()
-        mel(np.ascontiguousarray(x, dtype=np.float32))
-        t3 = time.perf_counter()
-        t["decode"] += t1 - t0
-        t["resample"] += t2 - t1
-        t["feature"] += t3 - t2
-    return t
+        mel(np.ascontiguousarray(soxr.resample(wav, sr, MEL_RATE) if sr != MEL_RATE else wav, dtype=np.float32))
+    return time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------ audiopipe
@@ -217,7 +209,7 @@ def run_rounds(corpora: dict[str, Path], workers: list[int], engines: list[str],
         res = {}
         for c, root in corpora.items():
             files = corpus_files(root)
-            steps = [("floor", lambda: {"floor_s": sum(measure_floor(files).values())})] + [step for w in workers
+            steps = [("floor", lambda: {"floor_s": measure_floor(files)})] + [step for w in workers
                      for step in ((f"handwritten_w{w}", lambda w=w: run_handwritten_process(root, tmp / "npy", w)),
                                   *((f"{e}_w{w}_{t}", lambda w=w, e=e, t=t: run_audiopipe(root, tmp / "out", w,
                                                                                           t == "tar", e))
@@ -352,7 +344,7 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
                 for i, f in enumerate(paths):
                     handwritten_mel((str(f), f"{d}/{i:06d}.npy"))
                 hand = time.perf_counter() - t0
-            floor = sum(measure_floor(paths).values())
+            floor = measure_floor(paths)
             assert rec["rows"] == len(utts), rec["rejects"][:3]
             parts["glue"] = total - sum(parts.values())
             out.append({"total_s": total, "x_rt": audio / total, "parts_s": parts, "handwritten_s": hand,
@@ -392,8 +384,8 @@ def _ceiling_child(files: list[Path], ready, out) -> None:
     measure_floor(files[:3])  # imports, kernels and first-touch costs before the clock
     ready.wait()  # every process past its warm-up: they start together
     t0 = time.perf_counter()
-    parts = measure_floor(files)
-    out.put((time.perf_counter() - t0, os.getpid(), len(files), sum(parts.values())))
+    floor_s = measure_floor(files)
+    out.put((time.perf_counter() - t0, os.getpid(), len(files), floor_s))
 
 
 def ceiling_run(files: list[Path], procs: int) -> tuple[float, list[dict]]:

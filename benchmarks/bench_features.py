@@ -55,11 +55,8 @@ def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
 def load_material(n_prompts: int) -> tuple[list[Path], np.ndarray]:
     """Asterisk prompt paths (8 kHz) and their speech, resampled to 24 kHz float32 and joined."""
     paths = [ASTERISK_SOUNDS / f"{name}.wav" for name, _ in usable_asterisk_prompts(n_prompts, max_s=12.0)]
-    clips = []
-    for p in paths:
-        x, sr = sf.read(p, dtype="float32")
-        clips.append(soxr.resample(x, sr, 24000).astype(np.float32))
-    return paths, np.concatenate(clips)
+    return paths, np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32)
+                                  for p in paths])
 
 
 def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[dict]:
@@ -71,14 +68,8 @@ def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[di
     vocos, slaney, energy, fbank, f0 = VocosMel(), SlaneyMel(), Energy(), KaldiFbank(), F0()
     batch24 = torch.from_numpy(speech24[: 24000 * 4 * (len(speech24) // (24000 * 4))].reshape(-1, 24000 * 4))
     batch16 = torch.from_numpy(speech16[: 16000 * 4 * (len(speech16) // (16000 * 4))].reshape(-1, 16000 * 4))
-
-    def trainer_mel() -> None:
-        with torch.inference_mode():
-            mel_spectrogram(batch24, **vocos_mel_kwargs())
-
-    def trainer_fbank() -> None:
-        with torch.inference_mode():
-            kaldi_fbank_torch(batch16)
+    trainer_mel = torch.inference_mode()(lambda: mel_spectrogram(batch24, **vocos_mel_kwargs()))
+    trainer_fbank = torch.inference_mode()(lambda: kaldi_fbank_torch(batch16))
 
     rows = [
         ("decode", "soundfile, 8 kHz int16 wav -> float32", decoded_s,

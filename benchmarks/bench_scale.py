@@ -23,6 +23,7 @@ The JSON is rewritten after every stage, so a long run keeps what it has measure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -180,12 +181,13 @@ def _cpu_s(pid: int) -> float:
 
 
 class TreeMonitor(threading.Thread):
-    """Polls the driver and every process below it: peak RSS of each, first/last RSS of each worker, CPU."""
+    """Polls the driver and every process below it: peak RSS of each, first/last RSS of each worker, CPU; kills
+    the process group (SIGKILL) once `kill_when()` is true."""
 
-    def __init__(self, pid: int, period: float = 0.5) -> None:
+    def __init__(self, pid: int, kill_when: Any = None, period: float = 0.5) -> None:
         super().__init__(daemon=True)
-        self.pid, self.period = pid, period
-        self.driver_peak = 0
+        self.pid, self.kill_when, self.period = pid, kill_when, period
+        self.driver_peak, self.killed = 0, False
         self.workers: dict[int, dict[str, float]] = {}
         self.cpu: dict[int, float] = {}  # CPU-seconds of each process of the tree, at its last sample
         self.stop_flag = threading.Event()
@@ -202,6 +204,10 @@ class TreeMonitor(threading.Thread):
                     w = self.workers.setdefault(c, {"first": r, "peak": r, "t0": now})
                     w["peak"] = max(w["peak"], r)
                     w["last"], w["t1"] = r, now
+            if self.kill_when is not None and not self.killed and self.kill_when():
+                with contextlib.suppress(ProcessLookupError):  # it may have ended on its own meanwhile
+                    os.killpg(self.pid, signal.SIGKILL)
+                    self.killed = True
             self.stop_flag.wait(self.period)
 
     def summary(self) -> dict[str, Any]:
@@ -228,15 +234,8 @@ def run_stage(cmd: list[str], out: Path | None, env: dict[str, str] | None = Non
     niced = ["nice", "-n", str(10 - os.nice(0))] if os.nice(0) < 10 else []  # at niceness 10, not 10 more
     p = subprocess.Popen([*niced, *cmd], env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, cwd=ROOT)  # `python -c` imports from its folder first
-    mon = TreeMonitor(p.pid)
+    mon = TreeMonitor(p.pid, kill_when)
     mon.start()
-    killed = False
-    while kill_when is not None and p.poll() is None and not killed:
-        killed = kill_when()
-        if killed:
-            os.killpg(p.pid, signal.SIGKILL)
-        else:
-            time.sleep(0.2)  # polling the output folder, not waiting for an event
     stdout, stderr = p.communicate()
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -250,7 +249,7 @@ def run_stage(cmd: list[str], out: Path | None, env: dict[str, str] | None = Non
            "cpu_s": round(ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime, 2), **mon.summary(),
            "files_written": after[0] - before[0], "bytes_written": after[1] - before[1],
            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]}
-    if killed:  # its CPU never reached RUSAGE_CHILDREN: the tree's own counters at their last sample
+    if mon.killed:  # its CPU never reached RUSAGE_CHILDREN: the tree's own counters at their last sample
         res.update(killed=True, cpu_s=round(sum(mon.cpu.values()), 2))
     elif p.returncode != 0:
         res["stderr_tail"] = stderr[-3000:]
