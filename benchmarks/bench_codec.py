@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--machine", default=MACHINE, help="label for the JSON")
-    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--json", type=Path, required=True, help="write the results here")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

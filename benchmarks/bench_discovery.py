@@ -217,6 +217,9 @@ def plot(summary: dict, path: Path, machine: str) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--child"]:  # one measurement in this fresh process
+        print("RESULT " + json.dumps(child(sys.argv[2], sys.argv[3])))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/discovery1m"), help="where the corpora are built")
     p.add_argument("--files", default="10000,100000,1000000", help="corpus sizes, comma-separated")
@@ -225,12 +228,8 @@ def main() -> int:
                                               "dropped before each measurement (root only)")
     p.add_argument("--clean", action="store_true", help="delete --dir at the end")
     p.add_argument("--quick", action="store_true", help="10k and 100k files, 1 round (< 2 min; indicative only)")
-    output_args(p)
-    p.add_argument("--child", nargs=2, metavar=("WHAT", "ROOT"), help=argparse.SUPPRESS)
+    output_args(p, json_required=True)
     a = p.parse_args()
-    if a.child:
-        print("RESULT " + json.dumps(child(*a.child)))
-        return 0
     if a.quick:
         a.files, a.rounds, a.cold = "10000,100000", 1, ""
     cold = {int(s) for s in a.cold.split(",") if s}

@@ -454,7 +454,7 @@ def main() -> int:
                    help="with --profile: the profile alone and in N processes at once, in turn")
     p.add_argument("--ceiling", action="store_true",
                    help="only the floor in 1 process, then in max(--workers) processes at once")
-    output_args(p)
+    output_args(p, json_required=True)
     a = p.parse_args()
     if a.quick:
         a.files, a.rounds = 40, 1

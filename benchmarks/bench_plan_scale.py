@@ -124,16 +124,15 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:  # one case in this fresh process
+        print("RESULT " + json.dumps(child(int(sys.argv[2]), int(sys.argv[3]))))
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1000000,10000000,50000000", help="comma-separated utterance counts")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per case; the median is reported")
     p.add_argument("--quick", action="store_true", help="1M utterances only")
-    output_args(p)
-    p.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
+    output_args(p, json_required=True)
     args = p.parse_args()
-    if args.child:
-        print("RESULT " + json.dumps(child(*args.child)))
-        return
     rows = [median_round([child_result([sys.executable, __file__, "--child", str(n), str(WORLD)],
                                        what=f"case {n}", env=child_env()) for _ in range(args.rounds)])
             for n in ([1_000_000] if args.quick else [int(x) for x in args.sizes.split(",")])]

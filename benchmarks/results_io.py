@@ -19,9 +19,9 @@ MACHINE = "2-core shared CPU VM, no GPU (other jobs running)"
 ROOT = Path(__file__).resolve().parent.parent  # the checkout whose audiopipe the benchmarks run
 
 
-def output_args(p: argparse.ArgumentParser, machine: str = MACHINE) -> None:
+def output_args(p: argparse.ArgumentParser, machine: str = MACHINE, json_required: bool = False) -> None:
     p.add_argument("--machine", default=machine, help="label for the JSON and the plot")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--json", type=Path, required=json_required, help="write the results here")
     p.add_argument("--plot", type=Path, help="draw the PNG here")
 
 
