@@ -12,8 +12,8 @@ round, in an order that rotates from round to round (x_rt: audio seconds per wal
 - hand-written: a fresh `python` that imports its libraries and maps the same decode and resample, torch STFT +
   the same 100-bin HTK mel -> one np.save per file over a Pool: its Pool's time and its wall time;
 - audiopipe: `audiopipe shard --preset f5tts`, tars on and off, on each of --engines, a fresh process each: its
-  extraction phase (the job less its start-up; --timings splits it into busy tasks, idle workers, before the
-  first task and after the last) and its wall time from launch to exit.
+  extraction phase (the job less its start-up), its wall time from launch to exit and, from its --timings, the
+  time from launch to the first decode.
 Ratios are taken within a round (the machine is shared): extraction (Pool / extraction phase) and whole run
 (wall / wall), as median and range over rounds. --profile times `build_shard`'s stages by wrappers in one
 process (--together N: alone, then N at once); --ceiling runs the floor in 1 process, then in max(--workers) at
@@ -175,28 +175,9 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, engine: str 
            "ray_start_s": s["ray_start_s"], "warmup_s": s["warmup_s"], "extract_s": s["seconds"] - s["startup_s"]}
     tl = json.loads(timings.read_text())
     timings.unlink()
-    res.update(extraction_breakdown(tl, workers))
-    if "clock" in tl and tl["tasks"]:  # from the launch of the command to its first shard's first decode
+    if tl.get("tasks"):  # from the launch of the command to its first shard's first decode
         res["first_decode_s"] = tl["clock"] + min(t["start"] for t in tl["tasks"]) - launched
     return res
-
-
-BREAKDOWN = ("extract_phase_s", "tasks_busy_s", "idle_s", "lead_in_s", "tail_s")
-
-
-def extraction_breakdown(timeline: dict, workers: int) -> dict[str, float]:
-    """Where the extraction phase (from `started` to `manifest`) of one run went, from its --timings file:
-    the tasks' own time summed over workers; worker-seconds with no task between the first task start and the
-    last task end (dispatch gaps, the last shards running alone); before the first task; after the last (the
-    done records, folder fsyncs, index, rejects, manifest)."""
-    ph, tasks = timeline["phases"], timeline["tasks"]
-    if not tasks:
-        return {}
-    first, last = min(t["start"] for t in tasks), max(t["end"] for t in tasks)
-    busy = sum(t["end"] - t["start"] for t in tasks)
-    return {"tasks": len(tasks), "tasks_busy_s": busy, "idle_s": workers * (last - first) - busy,
-            "lead_in_s": first - ph["started"], "tail_s": ph["manifest"] - last,
-            "extract_phase_s": ph["manifest"] - ph["started"]}
 
 
 # ------------------------------------------------------------------ rounds and their summary
@@ -240,7 +221,7 @@ def summarise(rounds: list[dict], audio_s: dict[str, float], workers: list[int],
                                                        for a, r in zip(ap, rs)]),
                           "whole_run_vs_handwritten": spread([h["wall_s"] / a["wall_s"] for h, a in zip(hw, ap)]),
                           **{k: spread([a.get(k, float("nan")) for a in ap]) for k in (
-                              "wall_s", "startup_s", "discovery_s", "first_decode_s", *BREAKDOWN)},
+                              "wall_s", "startup_s", "discovery_s", "first_decode_s")},
                           "handwritten_wall_s": spread([h["wall_s"] for h in hw])}
         if 1 in workers and 2 in workers:  # x real time with 2 workers / twice that with 1
             phase = lambda run: run.get("extract_s", run.get("pool_s"))  # noqa: E731
