@@ -508,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default="shard,noop,verify,inspect,loader,resume", help=",".join(STAGES))
     p.add_argument("--json", type=Path, required=True)
     a = p.parse_args(argv)
+    if set(a.stages.split(",")) - set(STAGES):
+        p.error(f"--stages: unknown {sorted(set(a.stages.split(',')) - set(STAGES))}; known: {', '.join(STAGES)}")
     a.tag = f"{a.utterances // 1000}k_{(a.features or a.preset).replace(',', '+')}"
     a.data.mkdir(parents=True, exist_ok=True)
     corpus, stats = corpus_for(a.data, a.utterances)
