@@ -16,7 +16,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMB
     os.environ[_var] = "1"  # before numpy/torch/numba load their thread pools
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -28,14 +27,15 @@ import soundfile as sf  # noqa: E402
 import soxr  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from results_io import ROOT, host, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+
+sys.path.insert(0, str(ROOT))
 
 from audiopipe.corpus.demo import ASTERISK_SOUNDS, usable_asterisk_prompts  # noqa: E402
 from audiopipe.features.energy import Energy  # noqa: E402
 from audiopipe.features.f0 import F0  # noqa: E402
 from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch  # noqa: E402
 from audiopipe.features.mel import SlaneyMel, VocosMel, mel_spectrogram, vocos_mel_kwargs  # noqa: E402
-from results_io import host  # noqa: E402  (benchmarks/ is the script's folder)
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 
@@ -52,23 +52,11 @@ def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(cpu), min(wall)
 
 
-def machine_info() -> dict:
-    import kaldi_native_fbank
-    import numba
-
-    return host("1 thread", numpy=np.__version__, torch=torch.__version__, numba=numba.__version__,
-                soxr=soxr.__version__, soundfile=sf.__version__,
-                kaldi_native_fbank=getattr(kaldi_native_fbank, "__version__", "?"))
-
-
 def load_material(n_prompts: int) -> tuple[list[Path], np.ndarray]:
     """Asterisk prompt paths (8 kHz) and their speech, resampled to 24 kHz float32 and joined."""
     paths = [ASTERISK_SOUNDS / f"{name}.wav" for name, _ in usable_asterisk_prompts(n_prompts, max_s=12.0)]
-    clips = []
-    for p in paths:
-        x, sr = sf.read(p, dtype="float32")
-        clips.append(soxr.resample(x, sr, 24000).astype(np.float32))
-    return paths, np.concatenate(clips)
+    return paths, np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32)
+                                  for p in paths])
 
 
 def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[dict]:
@@ -80,14 +68,8 @@ def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[di
     vocos, slaney, energy, fbank, f0 = VocosMel(), SlaneyMel(), Energy(), KaldiFbank(), F0()
     batch24 = torch.from_numpy(speech24[: 24000 * 4 * (len(speech24) // (24000 * 4))].reshape(-1, 24000 * 4))
     batch16 = torch.from_numpy(speech16[: 16000 * 4 * (len(speech16) // (16000 * 4))].reshape(-1, 16000 * 4))
-
-    def trainer_mel() -> None:
-        with torch.inference_mode():
-            mel_spectrogram(batch24, **vocos_mel_kwargs())
-
-    def trainer_fbank() -> None:
-        with torch.inference_mode():
-            kaldi_fbank_torch(batch16)
+    trainer_mel = torch.inference_mode()(lambda: mel_spectrogram(batch24, **vocos_mel_kwargs()))
+    trainer_fbank = torch.inference_mode()(lambda: kaldi_fbank_torch(batch16))
 
     rows = [
         ("decode", "soundfile, 8 kHz int16 wav -> float32", decoded_s,
@@ -110,35 +92,22 @@ def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[di
     return out
 
 
-def markdown(speed: list[dict], info: dict) -> str:
-    lines = [f"Machine: {info['cpu']}, 1 thread; torch {info['torch']}, numba {info['numba']}; "
-             f"load average {info['load_average'][0]:.1f}.", "",
-             "| stage | what | audio (s) | x RT per core (CPU time) | x RT (wall) |", "|---|---|---:|---:|---:|"]
-    for r in speed:
-        lines.append(f"| {r['stage']} | {r['what']} | {r['audio_s']:.0f} | {r['x_rt_cpu']:,.0f} | {r['x_rt_wall']:,.0f} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", type=Path, help="write results here")
+    p.add_argument("--json", type=Path, required=True, help="write results here")
     p.add_argument("--prompts", type=int, default=30, help="Asterisk prompts (the material)")
     p.add_argument("--repeat", type=int, default=3, help="runs per speed measurement (best is kept)")
     a = p.parse_args(argv)
-    torch.set_num_threads(1)
+    import kaldi_native_fbank
     import numba
 
+    torch.set_num_threads(1)
     numba.set_num_threads(1)
-    t0 = time.perf_counter()
-    info = machine_info()
-    paths, speech24 = load_material(a.prompts)
-    speed = speed_table(paths, speech24, a.repeat)
-    info["bench_seconds"] = round(time.perf_counter() - t0, 1)
-    print(markdown(speed, info))
-    print(f"\n({info['bench_seconds']} s)")
-    if a.json:
-        a.json.write_text(json.dumps({"machine": info, "speed": speed, "load_average_end": list(os.getloadavg())},
-                                     indent=2) + "\n")
+    info = host("1 thread", numpy=np.__version__, torch=torch.__version__, numba=numba.__version__,
+                soxr=soxr.__version__, soundfile=sf.__version__,
+                kaldi_native_fbank=getattr(kaldi_native_fbank, "__version__", "?"))
+    write_results({"machine": info, "speed": speed_table(*load_material(a.prompts), a.repeat)}, a.json,
+                  lambda path: None, None)
     return 0
 
 

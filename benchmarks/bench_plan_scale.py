@@ -3,16 +3,16 @@
     python benchmarks/bench_plan_scale.py --json benchmarks/results/plan_scale.json --plot docs/img/plan_scale.png
     python benchmarks/bench_plan_scale.py --quick      # 1M utterances only (< 2 min)
 
-Each case (corpus size x world size, default 1,024 ranks) runs in a FRESH process per round, so peak memory
-(ru_maxrss: the process' high-water resident set) and the numba cache load are those of a real start. In it:
-  lengths      simulated frame counts (audiopipe/bench/synthetic_lengths.py, libritts_like by default), made in
-               chunks of 1M so that generating them does not set the memory peak; RSS after this is reported
+Each case (corpus size x world size) runs in a FRESH process per round, so peak memory (ru_maxrss) and the
+numba cache load are those of a real start. In it:
+  lengths      libritts_like frame counts (audiopipe/bench/synthetic_lengths.py), made in chunks of 1M so that
+               generating them does not set the memory peak; RSS after this is reported
   build        BucketBatchSampler(lengths, 38,400, rank=W/2, world_size=W)
   first batch  iter() + next(): plans epoch 0 and computes this rank's first batch
   resume       a second, fresh sampler (its build timed apart) + load_state_dict(state at the middle step of
                the epoch) + next(): the batch is checked equal to the one the first sampler yielded there
-Targets (issue 11.3, 50M x 1,024 ranks): first batch < 10 s, resume < 2 s, peak RSS < 2 GB. The median round
-is reported with the range over rounds.
+Targets at 50M x 1,024 ranks: first batch < 10 s, resume < 2 s, peak RSS < 2 GB. The median round is reported
+with the range over rounds.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from results_io import child_result, host, output_args, pyplot, save, write_results  # benchmarks/ (the script's own folder is on sys.path)
+from results_io import child_env, child_result, host, output_args, pyplot, save, write_results  # benchmarks/ is on sys.path
 
 CHUNK = 1_000_000
+KIND, MAX_FRAMES, SEED, WORLD = "libritts_like", 38_400, 0, 1024
 
 
 def lengths_of(n: int, kind: str, seed: int) -> np.ndarray:
@@ -45,10 +46,10 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def child(n: int, world: int, kind: str, max_frames: int, seed: int) -> dict:
+def child(n: int, world: int) -> dict:
     from audiopipe.sampler.bucket import BucketBatchSampler
 
-    lengths = lengths_of(n, kind, seed)
+    lengths, max_frames, seed = lengths_of(n, KIND, SEED), MAX_FRAMES, SEED
     out = {"utterances": n, "world_size": world, "rss_after_lengths_mb": peak_mb()}
     rank = world // 2
     t0 = time.perf_counter()
@@ -88,27 +89,13 @@ def child(n: int, world: int, kind: str, max_frames: int, seed: int) -> dict:
 
 
 def median_round(runs: list[dict]) -> dict:
-    keys = ("build_s", "first_batch_s", "build_and_first_batch_s", "resume_build_s", "resume_s",
-            "resume_with_build_s", "peak_rss_mb")
-    order = np.argsort([r["build_and_first_batch_s"] for r in runs])
-    row = dict(runs[int(order[len(runs) // 2])])
-    for k in keys:
+    """The round with the median build + first batch, with every timed figure's range over the rounds."""
+    row = dict(sorted(runs, key=lambda r: r["build_and_first_batch_s"])[len(runs) // 2])
+    for k in ("build_s", "first_batch_s", "build_and_first_batch_s", "resume_build_s", "resume_s",
+              "resume_with_build_s", "peak_rss_mb"):
         row[f"{k}_range"] = [min(r[k] for r in runs), max(r[k] for r in runs)]
     row["rounds"] = len(runs)
     return row
-
-
-def markdown(rows: list[dict]) -> str:
-    lines = ["| utterances | ranks | pools | steps/rank | build s | first batch s | build + first s | "
-             "resume s (load + next) | resume + its build s | peak RSS MB |", "|" + "---|" * 10]
-    for r in rows:
-        def cell(k: str, fmt: str = "{:.2f}") -> str:
-            lo, hi = r[f"{k}_range"]
-            return f"{fmt.format(r[k])} ({fmt.format(lo)}-{fmt.format(hi)})"
-        lines.append(f"| {r['utterances']:,} | {r['world_size']:,} | {r['pools']} | {r['steps_per_rank']:,} | "
-                     f"{cell('build_s')} | {cell('first_batch_s')} | {cell('build_and_first_batch_s')} | "
-                     f"{cell('resume_s')} | {cell('resume_with_build_s')} | {cell('peak_rss_mb', '{:.0f}')} |")
-    return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
@@ -136,47 +123,22 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
     save(fig, path)
 
 
-def run_child(n: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(n), str(args.world_size), args.kind, str(args.max_frames),
-           str(args.seed)]
-    return child_result(cmd, what=f"case {n}")
-
-
-def measure(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
-    rows = []
-    for n in sizes:
-        rows.append(median_round([run_child(n, args) for _ in range(args.rounds)]))
-        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    return rows
-
-
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:  # one case in this fresh process
+        print("RESULT " + json.dumps(child(int(sys.argv[2]), int(sys.argv[3]))))
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1000000,10000000,50000000", help="comma-separated utterance counts")
-    p.add_argument("--world-size", type=int, default=1024)
-    p.add_argument("--kind", default="libritts_like", help="length distribution (synthetic_lengths)")
-    p.add_argument("--max-frames", type=int, default=38_400)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per case; the median is reported")
     p.add_argument("--quick", action="store_true", help="1M utterances only")
-    output_args(p)
-    p.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
+    output_args(p, json_required=True)
     args = p.parse_args()
-    if args.child:
-        n, world, kind, max_frames, seed = args.child
-        print("RESULT " + json.dumps(child(int(n), int(world), kind, int(max_frames), int(seed))))
-        return
-    sizes = [1_000_000] if args.quick else [int(x) for x in args.sizes.split(",")]
-    rows = measure(args, sizes)
-    result = {
-        "command": " ".join(["python", "benchmarks/bench_plan_scale.py", *sys.argv[1:]]),
-        "machine": host(args.machine),
-        "budget_frames": args.max_frames,
-        "kind": args.kind,
-        "targets_at_50M": {"first_batch_s": 10, "resume_s": 2, "peak_rss_mb": 2048},
-        "rows": rows,
-    }
-    print(markdown(rows))
+    rows = [median_round([child_result([sys.executable, __file__, "--child", str(n), str(WORLD)],
+                                       what=f"case {n}", env=child_env()) for _ in range(args.rounds)])
+            for n in ([1_000_000] if args.quick else [int(x) for x in args.sizes.split(",")])]
+    result = {"command": " ".join(["python", "benchmarks/bench_plan_scale.py", *sys.argv[1:]]),
+              "machine": host(args.machine), "budget_frames": MAX_FRAMES, "kind": KIND,
+              "targets_at_50M": {"first_batch_s": 10, "resume_s": 2, "peak_rss_mb": 2048}, "rows": rows}
     write_results(result, args.json, lambda path: plot(rows, path, args.machine), args.plot)
 
 

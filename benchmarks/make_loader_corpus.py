@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root", help="folder to write (created if missing)")
     p.add_argument("--speakers", type=int, default=24)
     p.add_argument("--per-speaker", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=2, help="espeak-ng processes at once")
     p.add_argument("--median-chars", type=float, default=75.0,
                    help="median characters per espeak utterance (log-normal; ~15 characters per second)")
     p.add_argument("--sigma", type=float, default=0.7, help="spread of the log-normal length, in log space")
@@ -86,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.median_chars <= 0 or a.sigma < 0 or a.max_chars < 1:
         p.error("--median-chars and --max-chars must be positive, --sigma >= 0")
-    return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker, a.seed, a.jobs,
-                                                              a.median_chars, a.sigma, a.max_chars))
+    return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker,
+                                                              median_chars=a.median_chars, sigma=a.sigma,
+                                                              max_chars=a.max_chars))
 
 
 if __name__ == "__main__":

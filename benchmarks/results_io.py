@@ -1,6 +1,7 @@
-"""What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, a
-figure's median and range over rounds, a child process's result line, its JSON (benchmarks/results/) and its PNG
-(docs/img/), each when asked for."""
+"""What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, steps
+in an order that rotates from round to round, a figure's median and range over rounds, a fresh child process (its
+environment, its result line, its own peak memory), its JSON (benchmarks/results/) and its PNG (docs/img/), each
+when asked for."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 MACHINE = "2-core shared CPU VM, no GPU (other jobs running)"
+ROOT = Path(__file__).resolve().parent.parent  # the checkout whose audiopipe the benchmarks run
 
 
-def output_args(p: argparse.ArgumentParser, machine: str = MACHINE) -> None:
+def output_args(p: argparse.ArgumentParser, machine: str = MACHINE, json_required: bool = False) -> None:
     p.add_argument("--machine", default=machine, help="label for the JSON and the plot")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--json", type=Path, required=json_required, help="write the results here")
     p.add_argument("--plot", type=Path, help="draw the PNG here")
 
 
@@ -45,6 +47,39 @@ def spread(values: Iterable[float | None]) -> dict[str, float]:
     """A figure over rounds: its median with the range (rounds that have no value, None, left out)."""
     v = [x for x in values if x is not None]
     return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+
+
+def rotated(steps: list, rnd: int) -> list:
+    """`steps` starting at a different one each round, so that neither the machine's load nor the caches favour
+    whichever runs first."""
+    k = rnd % len(steps) if steps else 0
+    return steps[k:] + steps[:k]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child that must import this checkout's audiopipe (its root first on PYTHONPATH)."""
+    path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM). Not ru_maxrss: Linux carries that across fork and exec, so a child
+    would report its parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def bars(ax: Any, spreads: list[dict[str, float]], labels: list[str] | None = None, offset: float = 0.0,
+         width: float = 0.8, **style: Any) -> None:
+    """Medians as bars, their range over rounds as whiskers (`spread` entries)."""
+    med = [s["median"] for s in spreads]
+    x = np.arange(len(spreads)) + offset
+    ax.bar(x, med, width, yerr=[[m - s["min"] for m, s in zip(med, spreads)],
+                                [s["max"] - m for m, s in zip(med, spreads)]], capsize=3, **style)
+    if labels is not None:
+        ax.set_xticks(np.arange(len(spreads)), labels, fontsize=8)
 
 
 def child_result(cmd: list[str], tag: str = "RESULT ", what: str = "child", **run: Any) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def test_peak_rss_is_the_childs_own():
     import numpy as np
 
     big = np.ones(300 * 2**20 // 8)  # this process: 300 MB more resident
-    code = "import json, bench_discovery as b; print(json.dumps(b._peak_rss_mb()))"
+    code = "import json, results_io; print(json.dumps(results_io.peak_rss_mb()))"
     bench = str(Path(__file__).resolve().parent.parent / "benchmarks")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=bench)
     assert json.loads(out.stdout) < 200 < big.nbytes / 2**20

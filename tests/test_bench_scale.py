@@ -1,6 +1,6 @@
-"""The scale rehearsal's corpus (benchmarks/scale_corpus.py) is deterministic whatever the number of processes,
-holds no two identical files, resumes an interrupted build, and is what discovery finds; bench_scale.py's
-throughput deciles follow the shards in the order they finished."""
+"""The scale rehearsal's corpus (benchmarks/bench_scale.py) is deterministic whatever the number of processes,
+holds no two identical files, resumes an interrupted build, and is what discovery finds; its throughput deciles
+follow the shards in the order they finished."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from bench_scale import deciles  # noqa: E402
-from scale_corpus import SR, build  # noqa: E402
+from bench_scale import SR, build, deciles  # noqa: E402
 
 from audiopipe.corpus.demo import ASTERISK_SOUNDS  # noqa: E402
 

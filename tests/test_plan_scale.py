@@ -206,7 +206,7 @@ def test_bench_plan_scale_case_resumes_to_the_same_batch_and_reports_every_figur
     lengths = lengths_of(2_500_000, "short_clip", 0)
     assert lengths.size == 2_500_000 and not np.array_equal(lengths[:1000], lengths[1_000_000:1_001_000])
     t0 = time.perf_counter()
-    out = child(30_000, 16, "libritts_like", 38_400, 0)  # raises if the resumed batch differs
+    out = child(30_000, 16)  # libritts_like lengths, 38,400 frames; raises if the resumed batch differs
     wall = time.perf_counter() - t0
     assert out["utterances"] == 30_000 and out["steps_per_rank"] > 2 and out["resume_step"] == out["steps_per_rank"] // 2
     assert out["items_computed_for_first_batch"] < 30_000 // 10
