@@ -105,7 +105,7 @@ def test_bundle_holds_each_parts_data_and_says_so(bundle):
 @pytest.mark.slow
 def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
     """Every part once on the CPU: the only run of the GPU script's parts here (slow: each part is a process of
-    its own that imports torch and builds its models, as on the GPU; about 1.5 minutes of CPU)."""
+    its own that imports torch and builds its models, as on the GPU: about 85 s of CPU)."""
     import gpu_proof
     from audiopipe.sampler.bucket import BucketBatchSampler
     from audiopipe.sampler.bucket_budget import BucketBudget
