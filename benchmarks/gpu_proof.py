@@ -857,6 +857,13 @@ def part_calibrate(a: argparse.Namespace) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         res["eres2net"] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
     save_partial(a, res)
+    if a.device.startswith("cuda"):  # ERes2Net's model and what its probes cached leave the device to F5
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
     f5 = res["f5tts"] = cb.calibrate("f5tts", a.device, a.quick, a.out / "bucket_budget_f5tts.json", a.deadline - 2,
                                      compare=True, hold_rounds=q(a, HOLD_ROUNDS), hold_s=q(a, HOLD_S))
     h, c = f5.get("hold", {}), f5.get("compare", {})
