@@ -19,8 +19,8 @@ global frame budget (the largest that fits every bucket, as one would set it) an
 calibrated to the same memory, and reports frames/s and the peak memory of each.
 
 On a CPU (--device cpu, for tests) there is no allocator peak to read: the probe counts the bytes of weights,
-gradients, optimizer state and tensors saved for backward, against --cpu-capacity-mib. Everything else runs the
-same code.
+gradients, optimizer state and tensors saved for backward, against 96 MiB (32 with --quick). Everything else runs
+the same code.
 """
 
 from __future__ import annotations
@@ -50,13 +50,6 @@ from audiopipe.sampler.bucket_budget import Bucket, BucketBudget  # noqa: E402
 
 CROP = 3 * 16000  # the speaker trainers' 3 s crops, in samples (their sampler's length unit)
 VOXCELEB2_CLASSES = 5994 * 3  # 3D-Speaker's VoxCeleb2 recipe: 5,994 speakers x 3 speeds
-
-
-class OutOfMemory(Exception):
-    pass
-
-
-# ----------------------------------------------------------------------------- memory probes
 
 
 class CudaProbe:
@@ -108,34 +101,35 @@ class CpuProbe:
         return None if peak > self.capacity else peak
 
 
-# ----------------------------------------------------------------------------- models
+class _Steps:
+    """One training step as the model's trainer takes it (gradients clipped where it clips); returns the loss."""
+
+    clip: float | None = None
+
+    def step(self, batch: dict[str, Any]) -> torch.Tensor:
+        try:
+            with self.autocast:
+                loss, _ = self.loss_fn(self.model, batch)
+            loss.backward()
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            self.opt.step()
+            return loss
+        finally:  # also after running out of memory half-way: no gradient is left behind
+            self.opt.zero_grad(set_to_none=True)
 
 
-class Target:
-    """A model, its optimizer and precision, and one training step on a random batch of a given shape."""
+class F5Target(_Steps):
+    """F5-TTS as its trainer builds it (model, AdamW, precision, clipping at 1.0); the GPU proof trains it."""
 
-    name: str
-    unit: str
-    model: torch.nn.Module
-    opt: torch.optim.Optimizer
-
-    def batch(self, lengths: np.ndarray) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def step(self, batch: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-class F5Target(Target):
-    unit = "mel frames (24 kHz, hop 256)"
+    clip, unit = 1.0, "mel frames (24 kHz, hop 256)"
 
     def __init__(self, device: torch.device, config: str):
         import train_f5tts as f5
 
-        self.f5, self.device, self.config = f5, device, config
-        tok = f5.Tokenizer()
+        self.loss_fn, self.device, self.config, self.tok = f5.loss_fn, device, config, f5.Tokenizer()
         core.seed_all(0)
-        self.model = f5.F5TTS(replace(f5.CONFIGS[config], text_num_embeds=tok.size)).to(device)
+        self.model = f5.F5TTS(replace(f5.CONFIGS[config], text_num_embeds=self.tok.size)).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=7.5e-5, weight_decay=0.01)
         self.precision, self.autocast = core.autocast_for("auto", device)
         self.name = f"F5-TTS {config}"
@@ -147,25 +141,15 @@ class F5Target(Target):
                 # ~12 characters a second of speech: about one per 8 mel frames
                 "text_ids": torch.randint(0, 256, (n, max(1, t // 8)), device=self.device)}
 
-    def step(self, batch: dict[str, Any]) -> None:
-        try:
-            with self.autocast:
-                loss, _ = self.f5.loss_fn(self.model, batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-        finally:  # also after running out of memory half-way: no gradient is left behind
-            self.opt.zero_grad(set_to_none=True)
 
-
-class ERes2NetTarget(Target):
+class ERes2NetTarget(_Steps):
     unit = "samples of 3 s crops at 16 kHz (the speaker trainers' budget unit)"
 
     def __init__(self, device: torch.device, config: str, classes: int):
         import speaker
         import train_eres2net as er
 
-        self.device = device
+        self.device, self.loss_fn = device, speaker.loss_fn
         core.seed_all(0)
         cfg = er.CONFIGS[config]
         self.model = speaker.SpeakerModel(er.ERes2Net(cfg), cfg.embedding_size, classes, lambda step: 0.2).to(device)
@@ -179,22 +163,9 @@ class ERes2NetTarget(Target):
         return {"wav": 0.1 * torch.randn(n, t, device=self.device),
                 "label": torch.randint(0, self.classes, (n,), device=self.device)}
 
-    def step(self, batch: dict[str, Any]) -> None:
-        import speaker
-
-        try:
-            with self.autocast:
-                loss, _ = speaker.loss_fn(self.model, batch)
-            loss.backward()
-            self.opt.step()
-        finally:
-            self.opt.zero_grad(set_to_none=True)
 
 
-# ----------------------------------------------------------------------------- search
-
-
-def largest_batch(target: Target, probe: Callable, length: int, guess: int, deadline: float) -> dict[str, Any]:
+def largest_batch(target: Any, probe: Callable, length: int, guess: int, deadline: float) -> dict[str, Any]:
     """The most items of `length` whose step fits probe.capacity: two measured points give a line (peak = fixed
     + per item x items), the batch it predicts is run for real, and the search narrows between what fitted and
     what did not until they are within 10 %."""
@@ -252,7 +223,7 @@ def bucket_edges(lengths: np.ndarray, buckets: int) -> list[int]:
     return edges
 
 
-def make_target(model: str, device: torch.device, config: str) -> tuple[Target, np.ndarray, int]:
+def make_target(model: str, device: torch.device, config: str) -> tuple[Any, np.ndarray, int]:
     """The model, the lengths it is calibrated for, and the buckets."""
     if model == "f5tts":
         return F5Target(device, config), synthetic_lengths("libritts_like", 20_000, seed=0), 4
@@ -262,11 +233,8 @@ def make_target(model: str, device: torch.device, config: str) -> tuple[Target, 
     raise ValueError(f"unknown model {model!r}: f5tts or eres2net")
 
 
-# ----------------------------------------------------------------------------- frames/s at equal memory
-
-
-def compare(target: Target, lengths: np.ndarray, budget: BucketBudget, probe: Any, samples: int,
-            deadline: float) -> dict[str, Any]:
+def compare_budgets(target: Any, lengths: np.ndarray, budget: BucketBudget, samples: int, deadline: float
+                    ) -> dict[str, Any]:
     """F5 steps on batches drawn from a global-budget plan and from the per-bucket plan, interleaved."""
     cuda = target.device.type == "cuda"
     edges = [b.max_len for b in budget.buckets]
@@ -320,7 +288,7 @@ def compare(target: Target, lengths: np.ndarray, budget: BucketBudget, probe: An
     return out
 
 
-def hold(target: Target, budget: BucketBudget, probe: Any, rounds: int, deadline: float) -> dict[str, Any]:
+def hold(target: Any, budget: BucketBudget, probe: Any, rounds: int, deadline: float) -> dict[str, Any]:
     """Whether the budget holds over time: every bucket's largest shapes (its bottom length with its item cap, its
     top length with the items its frames allow) trained in turn, `rounds` times, as an epoch that meets every
     bucket would, with the allocator's fragmentation carried from step to step (nothing is freed between them).
@@ -370,14 +338,12 @@ def hold(target: Target, budget: BucketBudget, probe: Any, rounds: int, deadline
             "peak_reserved_share": round(reserved / total, 4), "seconds": round(time.time() - t0, 1)}
 
 
-def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, out: str | Path | None = None,
-              deadline: float | None = None, compare: bool = False, margin: float = 0.1,
-              cpu_capacity_mib: float = 96.0, samples: int | None = None, hold_rounds: int = 0,
-              hold_s: float = 0.0) -> dict[str, Any]:
-    """hold_rounds: then check that the budget holds (hold()) for that many rounds, in the last hold_s seconds
-    before the deadline (the search and the comparison stop that much earlier)."""
+def calibrate(model: str, device: str, quick: bool, out: str | Path | None, deadline: float, compare: bool = False,
+              margin: float = 0.1, hold_rounds: int = 0, hold_s: float = 0.0) -> dict[str, Any]:
+    """The budget (written to `out`); with `compare`, F5's frames/s against one global budget; with hold_rounds,
+    whether the budget holds (hold()) for that many rounds, in the last hold_s seconds before the deadline (the
+    search and the comparison stop that much earlier)."""
     t0 = time.time()
-    deadline = deadline or (t0 + 90)
     end, deadline = deadline, deadline - (hold_s if hold_rounds else 0.0)
     dev = torch.device(device)
     config = "tiny" if quick else "default"
@@ -386,10 +352,8 @@ def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, o
         lengths, buckets = lengths[:2000], 2
     elif quick:  # ERes2Net is slow on a CPU: 1 s crops there
         lengths = lengths // 3
-    if quick:
-        cpu_capacity_mib = min(cpu_capacity_mib, 32.0)
     probe = CudaProbe(dev, margin) if dev.type == "cuda" else CpuProbe(target.model, target.opt,
-                                                                       int(cpu_capacity_mib * 2**20))
+                                                                       (32 if quick else 96) << 20)
     # One small step first: optimizer state exists from then on, as in training.
     target.step(target.batch(np.full(2, int(np.median(lengths)), dtype=np.int64)))
     # Both ends of every bucket are measured (the top of one bucket is the bottom of the next): a bucket then gets
@@ -398,7 +362,7 @@ def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, o
     edges = bucket_edges(lengths, buckets)
     points = sorted({int(lengths.min()), *edges})
     found: dict[int, dict[str, Any]] = {}
-    frames = (64 if quick else 16) * int(np.median(lengths))
+    frames = (4 if quick else 16) * int(np.median(lengths))  # the first guess (on a CPU, small steps are cheap)
     for m in points:
         found[m] = largest_batch(target, probe, m, max(1, frames // m), deadline)
         if found[m]["items"] < 1:
@@ -427,8 +391,7 @@ def calibrate(model: str = "f5tts", device: str = "cuda", quick: bool = False, o
         budget.write(out)
         result["budget_file"] = str(out)
     if compare:
-        result["compare"] = globals()["compare"](target, lengths, budget, probe, samples or (1 if quick else 6),
-                                                 deadline)
+        result["compare"] = compare_budgets(target, lengths, budget, 1 if quick else 6, deadline)
     if hold_rounds:
         result["hold"] = hold(target, budget, probe, hold_rounds, end)
     result["seconds"] = round(time.time() - t0, 1)
@@ -445,14 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", action="store_true", help="F5-TTS: frames/s per-bucket vs one global budget")
     ap.add_argument("--quick", action="store_true", help="tiny config, fewer buckets and batches (tests)")
     ap.add_argument("--seconds", type=float, default=90.0, help="stop after this long (default 90)")
-    ap.add_argument("--cpu-capacity-mib", type=float, default=96.0, help="the CPU probe's memory to fill")
     a = ap.parse_args(argv)
     if not 0 <= a.margin < 1:
         ap.error(f"--margin must be in [0, 1), got {a.margin}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here")
-    res = calibrate(a.model, a.device, a.quick, a.out, time.time() + a.seconds, a.compare, a.margin,
-                    a.cpu_capacity_mib)
+    res = calibrate(a.model, a.device, a.quick, a.out, time.time() + a.seconds, a.compare, a.margin)
     print(json.dumps(res, indent=1))
     return 0
 

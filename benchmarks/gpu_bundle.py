@@ -6,7 +6,7 @@
 What it writes (docs/gpu-proof.md):
   wavs/en/allison/*.wav,.txt  real English speech re-sliced to LibriTTS-like lengths (Asterisk prompts, 8 kHz, joined
                               end to end in a seeded order and cut into items of 1-20 s, median ~5.5 s, with their
-                              transcripts joined): F5's own loading rule decodes these, bench_gpu_features makes its
+                              transcripts joined): F5's own loading rule decodes these, the features part takes its
                               clips from them, the CUDA tests read them
   shards/f5tts                the f5tts preset (mel) of exactly those files, no tars
   shards/ns2                  the ns2 preset (EnCodec codes from random-init weights, F0, energy, phones)
@@ -16,11 +16,11 @@ What it writes (docs/gpu-proof.md):
                               re-sliced per voice the same way to VoxCeleb-like lengths (8.0 s on average)
   wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and julius (pure
                               Python), which the GPU image lacks (the reader and trainers import without them;
-                              F5's loading rule, the clips and speed perturbation use them)
+                              F5's loading rule, the feature clips and speed perturbation use them)
   bundle.json                 what is in it, how it was made, and its size
 
 The reader and trainers need neither ray nor webdataset nor kaldi-native-fbank, so those do not travel. The whole
-bundle must fit beside the repository in the 64 MiB a device call carries: it refuses to finish above --max-mib.
+bundle must fit beside the repository in the 64 MiB a device call carries: it refuses to finish above 48 MiB.
 Needs the Debian packages of `make sysdeps` (Asterisk prompts in en, fr, it, ru) and, for the wheels, pip with
 access to its index.
 """
@@ -49,6 +49,7 @@ WHEELS = ("soundfile", "cffi", "pycparser", "soxr", "julius")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
+MAX_MIB = 48  # the largest bundle accepted: with the repository (~6 MiB), inside the 64 MiB a device call carries
 SIZES = {  # seconds of audio per part: (default, --quick)
     "f5": (600.0, 30.0),
     "ns2": (1200.0, 20.0),
@@ -138,21 +139,14 @@ def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int =
     return count, total
 
 
-def write_corpus(dest: Path, speaker: str, items: list[tuple[Path, str]], copy: bool) -> float:
-    """dest/speaker/NAME.wav (+ NAME.txt when there is a text); returns the seconds written."""
+def link_corpus(dest: Path, speaker: str, items: list[tuple[Path, str]]) -> float:
+    """dest/speaker/NAME.wav (a link: shards are made of it here, it does not travel) + NAME.txt; the seconds."""
     d = dest / speaker
     d.mkdir(parents=True, exist_ok=True)
-    total = 0.0
     for wav, text in items:
-        out = d / wav.name
-        if copy:
-            shutil.copyfile(wav, out)  # a link would travel as a link, without its file
-        elif not out.exists():
-            out.symlink_to(wav)
-        if text:
-            (d / f"{wav.stem}.txt").write_text(text + "\n", encoding="utf-8")
-        total += wav_seconds(wav)
-    return total
+        (d / wav.name).symlink_to(wav)
+        (d / f"{wav.stem}.txt").write_text(text + "\n", encoding="utf-8")
+    return sum(wav_seconds(wav) for wav, _ in items)
 
 
 def cli(*argv: str) -> None:
@@ -220,7 +214,7 @@ def tracked_mib() -> float | None:
     return sum(f.stat().st_size for f in files if f.is_file()) / 2**20
 
 
-def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) -> dict:
+def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"gpu_bundle: {out} is not empty; remove it first (a bundle is built whole)")
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +227,7 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
     t0 = time.monotonic()
     try:
         # F5-TTS: the files travel (F5's own loading rule decodes them) with the shards made of exactly them.
-        # Re-sliced to LibriTTS-like lengths, so that F5's 38,400-frame budget is filled (gpu_proof2.py).
+        # Re-sliced to LibriTTS-like lengths, so that F5's 38,400-frame budget is filled (gpu_proof.py).
         en = pick(prompts, size["f5"], seed=0)
         n, secs = reslice(out / "wavs" / "en", "allison", en, seed=0, median_s=2.5 if quick else 5.5)
         shard(out / "wavs" / "en", out / "shards" / "f5tts", "--preset", "f5tts", workers=workers)
@@ -243,12 +237,12 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
                                              f"items (log-normal, median {2.5 if quick else 5.5} s)"}
         # NaturalSpeech 2: codes of random-init EnCodec weights (no download), F0, energy, phones.
         ns2 = pick(prompts, size["ns2"], seed=1)
-        secs = write_corpus(scratch / "ns2", "allison", ns2, copy=False)
+        secs = link_corpus(scratch / "ns2", "allison", ns2)
         shard(scratch / "ns2", out / "shards" / "ns2", "--preset", "ns2", "--codec-random-init", workers=workers)
         doc["parts"]["ns2"] = {"files": len(ns2), "audio_s": round(secs, 1), "shards": "shards/ns2", "preset": "ns2"}
         # GPT-SoVITS stage 1: its token folder holds phones and tokens; the fbank shards they came from stay here.
         gs = pick(prompts, size["gpt_sovits"], seed=2)
-        secs = write_corpus(scratch / "gpt", "allison", gs, copy=False)
+        secs = link_corpus(scratch / "gpt", "allison", gs)
         shard(scratch / "gpt", scratch / "gpt_shards", "--preset", "gpt_sovits", "--features", "kaldi_fbank",
               workers=workers)
         k = 64 if quick else 512
@@ -258,7 +252,7 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
                                       "tokens": f"k-means of fbank, {k} units"}
         # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device).
         # Re-sliced per voice to VoxCeleb-like lengths (SPEAKER_MEDIAN_S): 3D-Speaker's
-        # rule decodes and speed-perturbs the whole file for each 3 s crop (gpu_proof2.py, speaker_cores), so the
+        # rule decodes and speed-perturbs the whole file for each 3 s crop (gpu_proof.py, speaker_cores), so the
         # file's length is its cost; the prompts (3.3 s on average, 71 % shorter than a crop) would flatter it.
         total, files, median = 0.0, 0, SPEAKER_MEDIAN_S[1 if quick else 0]
         for voice in VOICES:
@@ -286,8 +280,8 @@ def build(out: Path, quick: bool, wheels: bool, workers: int, max_mib: float) ->
     repo = tracked_mib()
     doc["repository_mib"] = round(repo, 2) if repo is not None else None
     (out / "bundle.json").write_text(json.dumps(doc, indent=1) + "\n")
-    if doc["bundle_mib"] > max_mib:
-        raise SystemExit(f"gpu_bundle: the bundle is {doc['bundle_mib']:.1f} MiB, over --max-mib {max_mib:g}; "
+    if doc["bundle_mib"] > MAX_MIB:
+        raise SystemExit(f"gpu_bundle: the bundle is {doc['bundle_mib']:.1f} MiB, over {MAX_MIB} MiB; "
                          f"take fewer seconds (a device call carries 64 MiB with the repository)")
     if repo is not None and repo + doc["bundle_mib"] > 62:
         raise SystemExit(f"gpu_bundle: repository {repo:.1f} MiB + bundle {doc['bundle_mib']:.1f} MiB leave less "
@@ -303,10 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-wheels", action="store_true", help="do not download the cp312 wheels")
     ap.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                     help="shard worker processes (default: up to 4)")
-    ap.add_argument("--max-mib", type=float, default=48.0, help="largest bundle accepted (default 48)")
     a = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    doc = build(a.out.resolve(), a.quick, not a.no_wheels, a.workers, a.max_mib)
+    doc = build(a.out.resolve(), a.quick, not a.no_wheels, a.workers)
     for name, part in doc["parts"].items():
         print(f"{name}: {part['files']} files, {part['audio_s']:.0f} s of audio -> {part['shards']}")
     print(f"bundle {a.out}: {doc['bundle_mib']:.1f} MiB (repository {doc['repository_mib']} MiB), "

@@ -40,7 +40,7 @@ ASTERISK_FILES = 40
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-# The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~250, the NS2
+# The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~150, the NS2
 # trainer ~150, S3 shards ~100, then 40-90 each). `make test` hands whole files to two workers (--dist loadfile);
 # started first, these overlap each other and the many short modules fill the gaps at the end. In xdist's own
 # order (files with the most tests first) the few-test long modules came last, and one worker sat idle while the

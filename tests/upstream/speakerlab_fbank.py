@@ -1,5 +1,5 @@
 """3D-Speaker's own FBank (speakerlab.process.processor.FBank(80, 16000, mean_nor=True)) as the oracle of
-tests/test_gpu_proof2.py: the features gpu_proof2.SpeakerlabRule makes for a crop. Runs in the side venv.
+tests/test_gpu_proof.py: the features gpu_proof.SpeakerlabRule makes for a crop. Runs in the side venv.
 
     python speakerlab_fbank.py CROPS.npy OUT.npy
 
