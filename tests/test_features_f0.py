@@ -179,19 +179,22 @@ def held_in():
     return out
 
 
-def test_reference_file_follows_its_rule():
-    # The cached reference must be what its documented rule gives from the raw tracks stored beside it
+def assert_follows_its_rule(z) -> None:
+    # A cached reference must be what its documented rule gives from the raw tracks stored beside it
     # (benchmarks/f0_speech.py): voiced where Praat 50-1100 and CREPE are both voiced within 5 %,
     # unvoiced where both are unvoiced, left out elsewhere and on frames CREPE did not analyse.
-    z = np.load(REFERENCE, allow_pickle=False)
     praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
     ran = ~np.isnan(per)
     pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
     agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
     np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
     np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
-    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP
-    assert z["frames"].sum() == len(z["ref"])
+    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP and z["frames"].sum() == len(z["ref"])
+
+
+def test_reference_file_follows_its_rule():
+    z = np.load(REFERENCE, allow_pickle=False)
+    assert_follows_its_rule(z)
     assert set(z["split"]) == {"in", "out"} and {"f", "m"} <= set(z["sex"][z["source"] == "espeak"])
     for split in ("in", "out"):  # both splits hold voiced and unvoiced reference frames
         rows = np.repeat(z["split"] == split, z["frames"])
@@ -290,13 +293,7 @@ REFERENCE_READ = Path(__file__).parent / "data" / "f0_reference_read.npz"
 
 def test_read_reference_follows_its_rule_and_pins_its_files():
     z = np.load(REFERENCE_READ, allow_pickle=False)
-    praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
-    ran = ~np.isnan(per)
-    pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
-    agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
-    np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
-    np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
-    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP and z["frames"].sum() == len(z["ref"])
+    assert_follows_its_rule(z)
     # every clip names its package, version, file and the file's sha256, as the material script lists them
     listed = {(c.source.package, c.source.version, c.path, c.sha256, c.start_s) for c in speech.CLIPS}
     stored = set(zip(z["package"], z["version"], z["path"], z["sha256"], z["start_s"].astype(float)))
