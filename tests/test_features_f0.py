@@ -1,8 +1,11 @@
 """F0: tones and chirps with known pitch, silence and noise, frame counts for every backend, the NS2
 interpolation, and accuracy, frame lag and format independence on real speech against the consensus reference
-(tests/data/f0_reference.npz, built by benchmarks/build_f0_reference.py)."""
+(tests/data/f0_reference.npz and f0_reference_read.npz, built by benchmarks/f0_speech.py)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,12 +13,11 @@ import soundfile as sf
 import soxr
 from sysdeps import require
 
-import hashlib
-from pathlib import Path
-
-from audiopipe.corpus.demo import ASTERISK_SOUNDS, speak
 from audiopipe.features.f0 import BACKENDS, F0, interpolate_unvoiced
 from audiopipe.features import f0 as f0_mod
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import f0_speech as speech  # noqa: E402  (the reference's material: which clips, how they are decoded)
 
 SR, HOP = 24000, 256
 # yin on the held-in Asterisk + espeak-ng clips of the reference (%), measured value plus a margin; the measured
@@ -158,51 +160,41 @@ REFERENCE = Path(__file__).parent / "data" / "f0_reference.npz"
 REF_SR, REF_HOP = 24000, 320  # the NS2 framing the reference was built at
 
 
-def _load_clip(source: str, ident: str, text: str, wpm: int, pitch: int, tmp: Path) -> np.ndarray:
-    """Rebuild a reference clip exactly as benchmarks/build_f0_reference.py does (float32, soxr to 24 kHz)."""
-    if source == "asterisk":
-        x, sr = sf.read(ASTERISK_SOUNDS / f"{ident}.wav", dtype="float32")
-    else:
-        wav = tmp / "espeak.wav"
-        speak(text, ident, wpm, pitch, wav)
-        x, sr = sf.read(wav, dtype="float32")
-    return soxr.resample(x, sr, REF_SR).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
-def held_in(tmp_path_factory):
+def held_in():
     """Held-in reference clips that need only `make sysdeps` (Asterisk prompts, espeak-ng): (audio, ref, mask)."""
     require("asterisk-core-sounds-en-wav", "espeak-ng")
     z = np.load(REFERENCE, allow_pickle=False)
     bounds = np.concatenate([[0], np.cumsum(z["frames"])])
-    tmp = tmp_path_factory.mktemp("f0ref")
+    assert [str(i) for i in z["ident"]] == [c.ident for c in speech.PROMPTS]
     out = []
-    for i in range(len(z["frames"])):
-        if z["split"][i] != "in" or z["source"][i] not in ("asterisk", "espeak"):
+    for i, c in enumerate(speech.PROMPTS):
+        if c.split != "in" or c.source == "pocketsphinx":
             continue
-        x = _load_clip(str(z["source"][i]), str(z["ident"][i]), str(z["text"][i]), int(z["wpm"][i]),
-                       int(z["pitch"][i]), tmp)
-        digest = hashlib.sha256(x.tobytes()).hexdigest()[:16]
-        assert digest == z["digest"][i], f"{z['ident'][i]} decodes differently than when the reference was built"
+        x = speech.load_prompt(c, None)
+        assert speech.audio_digest(x) == z["digest"][i], f"{c.ident} decodes differently"
         assert len(x) // REF_HOP + 1 == z["frames"][i]
         out.append((x, z["ref"][bounds[i]:bounds[i + 1]].astype(np.float64), z["mask"][bounds[i]:bounds[i + 1]] > 0))
     assert len(out) >= 8
     return out
 
 
-def test_reference_file_follows_its_rule():
-    # The cached reference must be what its documented rule gives from the raw tracks stored beside it
-    # (benchmarks/build_f0_reference.py): voiced where Praat 50-1100 and CREPE are both voiced within 5 %,
+def assert_follows_its_rule(z) -> None:
+    # A cached reference must be what its documented rule gives from the raw tracks stored beside it
+    # (benchmarks/f0_speech.py): voiced where Praat 50-1100 and CREPE are both voiced within 5 %,
     # unvoiced where both are unvoiced, left out elsewhere and on frames CREPE did not analyse.
-    z = np.load(REFERENCE, allow_pickle=False)
     praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
     ran = ~np.isnan(per)
     pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
     agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
     np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
     np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
-    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP
-    assert z["frames"].sum() == len(z["ref"])
+    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP and z["frames"].sum() == len(z["ref"])
+
+
+def test_reference_file_follows_its_rule():
+    z = np.load(REFERENCE, allow_pickle=False)
+    assert_follows_its_rule(z)
     assert set(z["split"]) == {"in", "out"} and {"f", "m"} <= set(z["sex"][z["source"] == "espeak"])
     for split in ("in", "out"):  # both splits hold voiced and unvoiced reference frames
         rows = np.repeat(z["split"] == split, z["frames"])
@@ -299,29 +291,10 @@ def test_same_audio_in_every_file_format_gives_identical_f0(held_in, tmp_path, s
 REFERENCE_READ = Path(__file__).parent / "data" / "f0_reference_read.npz"
 
 
-def _f0_speech():
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "f0_speech.py"
-    spec = importlib.util.spec_from_file_location("f0_speech", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("f0_speech", mod)  # dataclasses look their module up there
-    spec.loader.exec_module(sys.modules["f0_speech"]) if sys.modules["f0_speech"] is mod else None
-    return sys.modules["f0_speech"]
-
-
 def test_read_reference_follows_its_rule_and_pins_its_files():
     z = np.load(REFERENCE_READ, allow_pickle=False)
-    praat, crepe, per = z["praat"].astype(np.float64), z["crepe"].astype(np.float64), z["periodicity"]
-    ran = ~np.isnan(per)
-    pv, cv = praat > 0, ran & (np.nan_to_num(per) >= float(z["crepe_voiced"]))
-    agree = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1) - 1) <= float(z["agree"]))
-    np.testing.assert_array_equal(z["mask"] > 0, ran & (agree | (~pv & ~cv)))
-    np.testing.assert_allclose(z["ref"], np.where(agree, np.sqrt(praat * np.nan_to_num(crepe)), 0), rtol=1e-6)
-    assert int(z["sample_rate"]) == REF_SR and int(z["hop_length"]) == REF_HOP and z["frames"].sum() == len(z["ref"])
+    assert_follows_its_rule(z)
     # every clip names its package, version, file and the file's sha256, as the material script lists them
-    speech = _f0_speech()
     listed = {(c.source.package, c.source.version, c.path, c.sha256, c.start_s) for c in speech.CLIPS}
     stored = set(zip(z["package"], z["version"], z["path"], z["sha256"], z["start_s"].astype(float)))
     assert stored == listed
@@ -335,7 +308,6 @@ def test_read_reference_follows_its_rule_and_pins_its_files():
 def read_test_debian():
     """Test-split clips of the real read speech set that Debian packages ship (the PyPI ones need a download):
     {source: [(audio, ref, mask)]}. The pinned scores hold for all of them: every package must be installed."""
-    speech = _f0_speech()
     require(*sorted({c.source.package for c in speech.CLIPS if c.split == "test" and c.source.origin == "deb"}),
             "sox")  # sox decodes the GSM prompts
     z = np.load(REFERENCE_READ, allow_pickle=False)
@@ -347,7 +319,7 @@ def read_test_debian():
             continue
         x = speech.load(c, None)
         i = row[c.name]
-        assert hashlib.sha256(x.tobytes()).hexdigest()[:16] == z["digest"][i], f"{c.name} decodes differently"
+        assert speech.audio_digest(x) == z["digest"][i], f"{c.name} decodes differently"
         out.setdefault(c.source.name, []).append(
             (x, z["ref"][bounds[i]:bounds[i + 1]].astype(np.float64), z["mask"][bounds[i]:bounds[i + 1]] > 0))
     return out
@@ -388,7 +360,6 @@ def test_lag_bias_stops_after_one_octave():
 def test_low_male_voices_keep_their_period_on_codec2_speech():
     # codec2-examples' low male voices (80-115 Hz, some creaky; dev split of the read speech set): a bias growing with
     # every octave handed whole voiced runs to the first formant's ringing (GPE 6.4 % against Praat 75-600's 1.8 %).
-    speech = _f0_speech()
     clips = [c for c in speech.CLIPS if c.source.name == "codec2-studio"]
     if not all(Path(c.path).is_file() for c in clips):
         pytest.skip("needs the Debian package codec2-examples (make sysdeps)")

@@ -20,7 +20,8 @@ from shard_helpers import shard, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from bench_chaos import SHARD_KB, Cluster, Stress, chaos_run, job_env, shard_cmd  # noqa: E402
+from bench_chaos import SHARD_KB, chaos_run, shard_cmd  # noqa: E402
+from ray_cluster import Cluster, Stress, job_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,7 @@ import pytest
 
 from audiopipe.storage.lock import LockHeld
 from audiopipe.storage.s3 import ObjectStoreError, S3Settings, filesystem, parse_s3
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from bench_chaos import Cluster, job_env  # noqa: E402  (the 2-node Ray cluster of the chaos benchmark)
+from ray_cluster import Cluster, job_env  # (the 2-node Ray cluster the chaos benchmark loses nodes of)
 
 pytest_plugins = ["s3server"]
 
@@ -403,7 +402,7 @@ def test_s3_only_flags_on_a_local_out_get_one_line(synthetic_corpus, tmp_path, c
 
 
 def test_a_cluster_whose_worker_node_is_lost_still_uploads_every_object(s3, espeak_corpus, reference):
-    """Two Ray nodes on this machine with a token (benchmarks/bench_chaos.py; started after `s3` set the AWS_*
+    """Two Ray nodes on this machine with a token (tests/ray_cluster.py; started after `s3` set the AWS_*
     environment, which each node's workers inherit from its `ray start`, as on a real cluster), --out s3://: each
     worker uploads from its own staging; SIGKILL of the second node mid-job, while it builds a shard, loses
     nothing, and the objects are a local run's bytes."""

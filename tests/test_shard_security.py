@@ -18,10 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-from bench_chaos import descendants  # noqa: E402
+from ray_cluster import descendants
 
 pytest_plugins = ["s3server"]
 
