@@ -87,6 +87,23 @@ def test_an_rf64_claiming_a_trillion_frames_is_truncated(tmp_path):
     assert e.value.reason == "truncated"
 
 
+@pytest.mark.parametrize("offset", [0, 8, 23])
+def test_an_au_whose_data_offset_lies_inside_its_header_is_refused_whole_and_by_segment(tmp_path, offset):
+    """Found by tests/fuzz_corpus.py: with the offset inside the 24-byte header, libsndfile read the header's
+    bytes as samples through soundfile.read and skipped them through block reads, so the clip written
+    depended on how it was read."""
+    b = bytearray(audio_bytes(signal(1.0, SR), SR, "AU", "PCM_16"))
+    b[4:8] = offset.to_bytes(4, "big")
+    p = tmp_path / "a.au"
+    p.write_bytes(bytes(b))
+    with pytest.raises(RejectError, match=f"data offset {offset} lies inside its own 24-byte header") as e:
+        load_audio(p, DecodeLimits())
+    assert e.value.reason == "unreadable"
+    d = _kaldi_dir(tmp_path, p, [("a-x", 0.1, 0.6)])
+    with pytest.raises(RejectError, match="inside its own 24-byte header"):
+        RecordingCache(d.utterances).load(d.utterances[0], DecodeLimits())
+
+
 def test_a_streamed_flac_is_measured_and_accepted(tmp_path):
     """Before: refused as `too_long: 5.8e14 s` (libsndfile reports SF_COUNT_MAX frames for total_samples 0)."""
     x = signal(2.5, SR)

@@ -231,6 +231,8 @@ def decode_open(f: sf.SoundFile, raw: Any, size: int, limits: DecodeLimits,
         return decode_checked(as_stream(f), 0, limits, what)
     check_header(f, limits)
     length = declared.declared_length(raw, size, f)
+    if length.fault is not None:
+        raise RejectError("unreadable", length.fault)
     if length.short is not None and not length.counted:  # cut short, by how many frames the header cannot say
         raise RejectError("truncated", f"{length.short}; libsndfile reads {int(f.frames)} frames")
     return decode_checked(f, length.frames, limits, what, length.short)

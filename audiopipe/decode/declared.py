@@ -37,6 +37,7 @@ class Declared:
     frames: int | None
     data_end: int | None
     what: str  # the field that says so, for messages ("the data chunk", "the ds64 chunk", ...)
+    fault: str | None = None  # a header that cannot be read one way: the file is refused with this sentence
 
 
 def parse(head: bytes, size: int) -> Declared | None:
@@ -139,6 +140,11 @@ def _iff_body(head: bytes) -> Declared | None:
 def _au(head: bytes) -> Declared | None:
     endian = ">" if head[:4] == b".snd" else "<"
     offset, size, encoding, _rate, channels = struct.unpack_from(endian + "5I", head, 4)
+    if offset < 24:
+        # The data would start inside the header itself. libsndfile then reads the header bytes as samples or
+        # skips them, depending on how the file is opened and read: no one decode is the file's audio.
+        return Declared(None, None, "the header's data offset",
+                        fault=f"the header's data offset {offset} lies inside its own 24-byte header")
     if size == 0xFFFFFFFF or size == 0:
         return None
     width = _AU_BYTES.get(encoding)
@@ -252,6 +258,7 @@ class Length:
     frames: int
     short: str | None = None
     counted: bool = True  # `frames` is a count the header gives (else only "more than libsndfile reads")
+    fault: str | None = None  # the header contradicts itself (Declared.fault): refused before decoding
 
 
 def declared_length(f: BinaryIO, size: int, sound: Any) -> Length:
@@ -266,6 +273,8 @@ def declared_length(f: BinaryIO, size: int, sound: Any) -> Length:
     except (OSError, ValueError):
         return Length(frames)
     d = parse(head, size)
+    if d is not None and d.fault is not None:
+        return Length(frames, fault=d.fault)
     if d is None:
         return from_log(getattr(sound, "extra_info", "") or "", str(sound.format), frames) or Length(frames)
     declared = max(frames, d.frames or 0)

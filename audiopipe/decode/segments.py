@@ -63,6 +63,8 @@ class Recording:
             if self.frames is not None and self.frames <= 0:
                 raise RejectError("empty", "the header declares no audio frames")
             length = declared.declared_length(raw, size, self.f) if self.frames is not None else None
+            if length is not None and length.fault is not None:
+                raise RejectError("unreadable", length.fault)
         except BaseException:
             self.close()
             raise
