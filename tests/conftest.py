@@ -90,6 +90,20 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
+def librosa_kernels(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """librosa's numba kernels compiled once per run, not once per test process (`pytestmark =
+    pytest.mark.usefixtures("librosa_kernels")` in a module that uses librosa as its oracle). Importing
+    librosa.util compiles them on a fresh venv (~15 s of CPU) and caches them beside librosa's source: under the
+    lock, which every xdist worker of the run shares, the first worker compiles and the others load its cache
+    (~1 s) instead of compiling the same kernels at the same time."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # under xdist: the run's folder above each worker's own
+    with FileLock(str(shared / "librosa-numba.lock")):
+        import librosa.util.utils  # noqa: F401  the import compiles or loads the kernels
+
+
+@pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> BuiltCorpus:
     """9 harmonic tones (3 speakers x 3 F0s, 16/22.05/24 kHz, LJSpeech folders) + 3 chirps (sidecar .txt)."""
     root = tmp_path_factory.mktemp("synthetic")
