@@ -67,7 +67,12 @@ def pytest_configure(config):
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        # Many tests run a trainer's main or core.train in this process: its setup_dist takes a thread per core
+        # unless OMP_NUM_THREADS is set, and the worker then kept that for the rest of its tests (2 threads in each
+        # of the 2 workers on 2 cores). Set, it keeps the worker's share; subprocesses that set nothing get it too.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def pytest_collection_modifyitems(session, config, items):
