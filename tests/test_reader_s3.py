@@ -409,6 +409,7 @@ def test_trainer_shards_s3_errors_are_one_line(s3, tmp_path, extra, says, monkey
     said = capsys.readouterr().err + ("" if isinstance(e.value.code, int) else str(e.value.code))
     lines = [x for x in said.splitlines() if says in x]
     assert e.value.code != 0 and len(lines) == 1 and lines[0].startswith("train: error:"), said[-2000:]
+    assert "Traceback" not in said, said[-2000:]
 
 
 def test_bench_loader_times_make_loader_from_s3(remote, tmp_path):
