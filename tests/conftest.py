@@ -41,17 +41,20 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 # The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~250, the NS2
-# trainer ~150, S3 shards ~100, then 40-90 each). `make test` hands whole files to two workers (--dist loadfile);
-# started first, these overlap each other and the many short modules fill the gaps at the end. In xdist's own
-# order (files with the most tests first) the few-test long modules came last, and one worker sat idle while the
-# other finished one of them.
+# trainer ~100, S3 shards ~100, then 20-90 each). `make test` hands whole files to two workers (--dist loadfile),
+# and a worker gets its next file when its current one has 2 tests left: started first, the long modules overlap
+# each other and the many short ones fill the gaps at the end. A long module left out of this list runs in
+# alphabetical order among the short ones, and one that comes late keeps its worker busy after the other is done.
+# The two librosa-oracle modules (their numba kernels compile once per run: librosa_kernels) sit far apart, so that
+# the second worker to need librosa finds its cache rather than waits for the compile.
 SLOWEST_FIRST = [
     "test_gpu_proof.py", "test_train_ns2.py", "test_shard_s3.py", "test_checkpoint_f5tts.py",
     "test_train_gpt_sovits.py", "test_trainer_core.py", "test_shard_cluster.py", "test_mandarin_e2e.py",
     "test_faults.py", "test_shard_engines.py", "test_checkpoint_speaker.py", "test_shard_security.py",
-    "test_reader_s3.py", "test_mix.py", "test_train_f5tts.py", "test_train_speaker.py", "test_shard.py",
-    "test_bench_loader.py", "test_bench_extract.py", "test_corrupt_shards.py", "test_wds_stream.py",
-    "test_checkpoint_gpt_sovits.py",
+    "test_reader_s3.py", "test_train_nonfinite.py", "test_mix.py", "test_train_f5tts.py", "test_features_mel.py",
+    "test_train_speaker.py", "test_shard.py", "test_bench_loader.py", "test_bench_extract.py",
+    "test_corrupt_shards.py", "test_wds_stream.py", "test_checkpoint_gpt_sovits.py", "test_step_parity_f5tts.py",
+    "test_step_parity_gpt_sovits.py", "test_step_parity_speaker.py", "test_features_misc.py",
 ]
 
 
