@@ -40,13 +40,13 @@ ASTERISK_FILES = 40
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-# The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~250, the NS2
-# trainer ~100, S3 shards ~100, then 20-90 each). `make test` hands whole files to two workers (--dist loadfile),
-# and a worker gets its next file when its current one has 2 tests left: started first, the long modules overlap
-# each other and the many short ones fill the gaps at the end. A long module left out of this list runs in
-# alphabetical order among the short ones, and one that comes late keeps its worker busy after the other is done.
-# The two librosa-oracle modules (their numba kernels compile once per run: librosa_kernels) sit far apart, so that
-# the second worker to need librosa finds its cache rather than waits for the compile.
+# The modules that take longest, longest first (gpu_proof some 170-250 s of one worker; the rest of the list from
+# about 100 s down to 15 s, e.g. the NS2 trainer 61 s of CPU alone). `make test` hands whole files to two workers
+# (--dist loadfile), and a worker gets its next file once at most 2 of its tests are left: started first, the long
+# modules overlap each other and the many short ones fill the gaps at the end. A long module left out of this list
+# runs in alphabetical order among the short ones, and one that comes late keeps its worker busy after the other is
+# done. The two librosa-oracle modules (their numba kernels compile once per run: librosa_kernels) sit far apart,
+# so that the second worker to need librosa finds its cache rather than waits for the compile.
 SLOWEST_FIRST = [
     "test_gpu_proof.py", "test_train_ns2.py", "test_shard_s3.py", "test_checkpoint_f5tts.py",
     "test_train_gpt_sovits.py", "test_trainer_core.py", "test_shard_cluster.py", "test_mandarin_e2e.py",
