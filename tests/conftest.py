@@ -40,18 +40,21 @@ ASTERISK_FILES = 40
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-# The modules that take longest, longest first (seconds of one 2-core worker, roughly: gpu_proof ~150, the NS2
-# trainer ~150, S3 shards ~100, then 40-90 each). `make test` hands whole files to two workers (--dist loadfile);
-# started first, these overlap each other and the many short modules fill the gaps at the end. In xdist's own
-# order (files with the most tests first) the few-test long modules came last, and one worker sat idle while the
-# other finished one of them.
+# The modules that take longest, longest first (gpu_proof some 150 s of one worker; the rest of the list from
+# about 100 s down to 15 s, e.g. the NS2 trainer 61 s of CPU alone). `make test` hands whole files to two workers
+# (--dist loadfile), and a worker gets its next file once at most 2 of its tests are left: started first, the long
+# modules overlap each other and the many short ones fill the gaps at the end. A long module left out of this list
+# runs in alphabetical order among the short ones, and one that comes late keeps its worker busy after the other is
+# done. The two librosa-oracle modules (their numba kernels compile once per run: librosa_kernels) sit far apart,
+# so that the second worker to need librosa finds its cache rather than waits for the compile.
 SLOWEST_FIRST = [
     "test_gpu_proof.py", "test_train_ns2.py", "test_shard_s3.py", "test_checkpoint_f5tts.py",
     "test_train_gpt_sovits.py", "test_trainer_core.py", "test_shard_cluster.py", "test_mandarin_e2e.py",
     "test_faults.py", "test_shard_engines.py", "test_checkpoint_speaker.py", "test_shard_security.py",
-    "test_reader_s3.py", "test_mix.py", "test_train_f5tts.py", "test_train_speaker.py", "test_shard.py",
-    "test_bench_loader.py", "test_bench_extract.py", "test_corrupt_shards.py", "test_wds_stream.py",
-    "test_checkpoint_gpt_sovits.py",
+    "test_reader_s3.py", "test_train_nonfinite.py", "test_mix.py", "test_train_f5tts.py", "test_features_mel.py",
+    "test_train_speaker.py", "test_shard.py", "test_bench_loader.py", "test_bench_extract.py",
+    "test_corrupt_shards.py", "test_wds_stream.py", "test_checkpoint_gpt_sovits.py", "test_step_parity_f5tts.py",
+    "test_step_parity_gpt_sovits.py", "test_step_parity_speaker.py", "test_features_misc.py",
 ]
 
 
@@ -67,7 +70,12 @@ def pytest_configure(config):
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        # Many tests run a trainer's main or core.train in this process: its setup_dist takes a thread per core
+        # unless OMP_NUM_THREADS is set, and the worker then kept that for the rest of its tests (2 threads in each
+        # of the 2 workers on 2 cores). Set, it keeps the worker's share; subprocesses that set nothing get it too.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -87,6 +95,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def librosa_kernels(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """librosa's numba kernels compiled once per run, not once per test process (`pytestmark =
+    pytest.mark.usefixtures("librosa_kernels")` in a module that uses librosa as its oracle). Importing
+    librosa.util compiles them on a fresh venv (~15 s of CPU) and caches them beside librosa's source: under the
+    lock, which every xdist worker of the run shares, the first worker compiles and the others load its cache
+    (~1 s) instead of compiling the same kernels at the same time."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # under xdist: the run's folder above each worker's own
+    with FileLock(str(shared / "librosa-numba.lock")):
+        import librosa.util.utils  # noqa: F401  the import compiles or loads the kernels
 
 
 @pytest.fixture(scope="session")

@@ -100,30 +100,49 @@ def test_skip_drops_the_rows_before_planning_and_says_so_once(shards, tmp_path, 
         loader.dataset[global_of(1, 0)]
 
 
-_DISAGREE = textwrap.dedent("""
+# Both 2-rank scenarios of this module run in one torchrun (a launch costs the launcher's and two ranks' imports):
+# ranks that disagree on which shards are corrupt, then an evaluation loader on rank 0 alone.
+_RANKS = textwrap.dedent("""
     import json, sys
-    import torch.distributed as dist
+    import torch, torch.distributed as dist
     from audiopipe.reader.loader import make_loader
 
+    broken, intact, out = sys.argv[1:4]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     # Rank 0 sees a broken copy, rank 1 an intact one (node-local copies that differ).
-    loader = make_loader(sys.argv[1 + rank], ["mel"], max_frames=1500, seed=2, on_corrupt="skip", passes=1)
+    loader = make_loader((broken, intact)[rank], ["mel"], max_frames=1500, seed=2, on_corrupt="skip", passes=1)
     seen = [i for b in loader for i in b["index"]]
-    with open(f"{sys.argv[3]}/rank{rank}.json", "w") as f:
+    with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump({"len": len(loader), "seen": seen,
                    "skipped": [s["name"] for s in loader.dataset.diagnostics()["skipped_shards"]]}, f)
     dist.barrier()
+    flag = torch.zeros(1)
+    if rank == 0:
+        # An evaluation loader on rank 0 alone: it must not wait for rank 1 in a collective.
+        loader = make_loader(broken, ["mel"], max_frames=1500, rank=0, world_size=1, on_corrupt="skip")
+        flag += len(loader)
+        dist.send(flag, dst=1)
+    else:
+        dist.recv(flag, src=0)  # blocks until rank 0 is done: a hidden all_reduce there would never end
+    json.dump({"len": float(flag)}, open(f"{out}/alone{rank}.json", "w"))
     dist.destroy_process_group()
 """)
 
 
-def test_skip_under_torchrun_plans_the_union_of_what_any_rank_found(shards, tmp_path):
-    c = _break(shards, tmp_path)
-    script = tmp_path / "disagree.py"
-    script.write_text(_DISAGREE)
-    run_torchrun(script, str(c.root), str(shards.root), str(tmp_path))
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+@pytest.fixture(scope="module")
+def two_ranks(shards, tmp_path_factory) -> Path:
+    """The folder where _RANKS's ranks left their findings, run on a broken copy (rank 0) and the intact set."""
+    tmp = tmp_path_factory.mktemp("corrupt_ranks")
+    c = _break(shards, tmp)
+    script = tmp / "ranks.py"
+    script.write_text(_RANKS)
+    run_torchrun(script, str(c.root), str(shards.root), str(tmp))
+    return tmp
+
+
+def test_skip_under_torchrun_plans_the_union_of_what_any_rank_found(two_ranks):
+    r0, r1 = (json.loads((two_ranks / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["skipped"] == r1["skipped"] == ["shard-000001", "shard-000003"]
     assert r0["len"] == r1["len"]
     assert sorted(r0["seen"] + r1["seen"]) == _rows_of(0, 2, 4)
@@ -400,30 +419,6 @@ def test_a_shrunk_buffer_length_is_a_named_error_from_s3(shards, tmp_path, s3):
         ds.__getitems__([global_of(1, 0)])
 
 
-_ALONE = textwrap.dedent("""
-    import json, sys
-    import torch, torch.distributed as dist
-    from audiopipe.reader.loader import make_loader
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    flag = torch.zeros(1)
-    if rank == 0:
-        # An evaluation loader on rank 0 alone: it must not wait for rank 1 in a collective.
-        loader = make_loader(sys.argv[1], ["mel"], max_frames=1500, rank=0, world_size=1, on_corrupt="skip")
-        flag += len(loader)
-        dist.send(flag, dst=1)
-    else:
-        dist.recv(flag, src=0)  # blocks until rank 0 is done: a hidden all_reduce there would never end
-    json.dump({"len": float(flag)}, open(f"{sys.argv[2]}/alone{rank}.json", "w"))
-    dist.destroy_process_group()
-""")
-
-
-def test_a_loader_of_one_rank_runs_no_collective(shards, tmp_path):
-    c = _break(shards, tmp_path)
-    script = tmp_path / "alone.py"
-    script.write_text(_ALONE)
-    run_torchrun(script, str(c.root), str(tmp_path), timeout=120)
-    r0, r1 = (json.loads((tmp_path / f"alone{r}.json").read_text()) for r in (0, 1))
+def test_a_loader_of_one_rank_runs_no_collective(two_ranks):
+    r0, r1 = (json.loads((two_ranks / f"alone{r}.json").read_text()) for r in (0, 1))
     assert r0["len"] == r1["len"] > 0

@@ -25,6 +25,8 @@ from audiopipe.features.mel import (
 
 PROMPTS = ("vm-goodbye", "auth-incorrect", "vm-next")
 
+pytestmark = pytest.mark.usefixtures("librosa_kernels")  # compiled once per run (conftest)
+
 
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory) -> dict[str, tuple[np.ndarray, int]]:

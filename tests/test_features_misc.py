@@ -14,6 +14,8 @@ from audiopipe.features.energy import Energy
 from audiopipe.features.pcm import Pcm, check_waveform, float_to_int16
 from audiopipe.features.registry import FEATURE_KINDS, build_feature
 
+pytestmark = pytest.mark.usefixtures("librosa_kernels")  # compiled once per run (conftest)
+
 
 def speechlike(sr: int, seconds: float = 1.5, seed: int = 0) -> np.ndarray:
     """Harmonic tone with a slow amplitude envelope plus a little noise: energy varies frame to frame."""

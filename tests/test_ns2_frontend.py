@@ -38,7 +38,7 @@ def _padded_tone(lead: int, body: int, tail: int, sr: int = 24000, noise_db: flo
 
 
 @pytest.mark.parametrize("top_db,frame,hop", [(30, 1024, 256), (35, 2048, 512), (40, 512, 128), (35, 1000, 300)])
-def test_trim_matches_librosa_on_tones(top_db, frame, hop):
+def test_trim_matches_librosa_on_tones(top_db, frame, hop, librosa_kernels):
     librosa = pytest.importorskip("librosa")
     for lead, body, tail in [(12000, 24000, 6000), (0, 10000, 0), (777, 5000, 24001), (30000, 300, 5)]:
         wav = _padded_tone(lead, body, tail)

@@ -429,11 +429,15 @@ def ns2_shards(espeak_corpus, codec_folder, tmp_path_factory):
     return out
 
 
+def run_args(shards: Path, out: Path, codec: Path | None, *extra: str, steps: int = 4) -> list[str]:
+    return ["--shards", str(shards), "--config", "tiny", "--out", str(out), "--max-steps", str(steps),
+            "--batch-frames", "500", "--log-every", "1", "--ckpt-every", "2", "--lr", "1e-3", "--warmup-steps", "1",
+            *(["--codec-checkpoint", str(codec)] if codec else []), *extra]
+
+
 def torchrun(shards: Path, out: Path, codec: Path | None, *extra: str, steps: int = 4, expect_rc: int = 0):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "trainers" / "train_ns2.py"), "--shards", str(shards), "--config", "tiny", "--out", str(out),
-           "--max-steps", str(steps), "--batch-frames", "500", "--log-every", "1", "--ckpt-every", "2",
-           "--lr", "1e-3", "--warmup-steps", "1", *(["--codec-checkpoint", str(codec)] if codec else []), *extra]
+           str(ROOT / "trainers" / "train_ns2.py"), *run_args(shards, out, codec, *extra, steps=steps)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = run_group(cmd, timeout=300, env=env)
     assert r.returncode == expect_rc, r.stdout[-3000:] + r.stderr[-3000:]
@@ -512,10 +516,12 @@ def test_rule_flags_and_what_auto_takes():
                    "ce_labels": "codes", "lr_schedule": "cosine"}
 
 
-def test_an_older_run_resumes_with_its_own_rules(ns2_shards, straight_run, tmp_path):
+def test_an_older_run_resumes_with_its_own_rules(ns2_shards, straight_run, tmp_path, capsys):
     """A run started with audiopipe's rules, its ns2_config.json from before the LR schedule was recorded, resumes
     with no rule flags under its own rules (and its record gains the schedule it used); a flag that contradicts
-    the record, or a record that is gone, is refused in one line."""
+    the record, or a record that is gone, is refused in one line. The rules are read and recorded before any rank
+    trains, so the resume runs in this process (a world of one resuming the 2-rank checkpoint): a torchrun would
+    add only the launch (~10 s of CPU); the 2-rank resume is test_resume_is_exact's."""
     out, _ = straight_run
     shutil.copy(out / "ckpt-00000002.pt", tmp_path / "ckpt-00000002.pt")
     old = {k: v for k, v in {**json.loads((out / "ns2_config.json").read_text()), **LEGACY_RULES}.items()
@@ -524,10 +530,12 @@ def test_an_older_run_resumes_with_its_own_rules(ns2_shards, straight_run, tmp_p
     base = ["--shards", str(ns2_shards), "--config", "tiny", "--out", str(tmp_path), "--resume"]
     with pytest.raises(SystemExit, match=r"another model config \(\{'positions': \('time', 'batch'\)"):
         main(base + ["--forward", "amphion"])
-    r = torchrun(ns2_shards, tmp_path, None, "--resume", steps=3)
+    capsys.readouterr()
+    main(run_args(ns2_shards, tmp_path, None, "--resume", steps=3))
+    stdout = capsys.readouterr().out
     assert ("prompt rule frames, phone table audiopipe, forward: positions per time step, padding masked, code "
-            "labels codes, lr schedule cosine") in r.stdout
-    assert "not Amphion's rules" in r.stdout and "resumed from ckpt-00000002.pt at step 2" in r.stdout
+            "labels codes, lr schedule cosine") in stdout
+    assert "not Amphion's rules" in stdout and "resumed from ckpt-00000002.pt at step 2" in stdout
     assert json.loads((tmp_path / "ns2_config.json").read_text()) == {**old, "lr_schedule": "cosine"}
     rec = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()][-1]
     assert rec["step"] == 3 and np.isfinite(rec["loss"])

@@ -99,14 +99,17 @@ def test_two_rank_resume_is_bit_exact_with_dropout(mel_shards, straight, tmp_pat
     assert sorted(p.name for p in straight.iterdir()) == ["ckpt-00000003.pt", "ckpt-00000006.pt", "log.jsonl"]
 
 
-def test_resume_under_another_world_size_draws_what_the_step_draws(mel_shards, straight, tmp_path):
-    """The 2-rank checkpoint of step 3 resumed by a world of one (plain python): rank 0's random draws in steps
-    4-6 are those of the straight run's rank 0, a function of (seed, rank, step) only. Before the fix the
-    resumed rank was seeded as at step 0 and drew again what the run drew in its first step."""
+def test_resume_under_another_world_size_draws_what_the_step_draws(mel_shards, straight, tmp_path, monkeypatch,
+                                                                   capsys):
+    """The 2-rank checkpoint of step 3 resumed by a world of one (the fixture script run in this process): rank
+    0's random draws in steps 4-6 are those of the straight run's rank 0, a function of (seed, rank, step) only.
+    Before the fix the resumed rank was seeded as at step 0 and drew again what the run drew in its first step."""
+    import runpy
+
     (tmp_path / "ckpt-00000003.pt").write_bytes((straight / "ckpt-00000003.pt").read_bytes())
-    r = _launch([sys.executable, str(FIXTURE), *_args(mel_shards, tmp_path, "--ckpt-every", "3", "--resume")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from ckpt-00000003.pt at step 3" in r.stdout
+    monkeypatch.setattr(sys, "argv", [str(FIXTURE), *_args(mel_shards, tmp_path, "--ckpt-every", "3", "--resume")])
+    runpy.run_path(str(FIXTURE), run_name="__main__")
+    assert "resumed from ckpt-00000003.pt at step 3" in capsys.readouterr().out
     resumed, first = _log(tmp_path), _log(straight)
     assert [x["step"] for x in resumed] == [4, 5, 6] and all(x["world"] == 1 for x in resumed)
     assert [x["u"] for x in resumed] == [x["u"] for x in first[3:]]
