@@ -139,7 +139,8 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
 
     def trained(run: dict) -> None:
         assert run["timed_steps"] == 2 and run["step_ms"] > 0 and run["frames_per_s"] > 0, run
-        assert 0 <= run["data_wait_share"] < 1 and 0 <= run["padding_share"] < 1
+        # The clock times every wait for a batch, so a share of 0 means it timed none.
+        assert 0 < run["data_wait_share"] < 1, run
 
     trainers = parts["trainers"]["trainers"]
     assert list(trainers) == list(REHEARSED)
@@ -166,7 +167,9 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
         assert list(cores["by_cores"]) == ["1"] and len(cores["by_cores"]["1"]["cpus"]) == 1
         for feed in feeds:
             row = cores["by_cores"]["1"][feed]
-            assert row["steps"] == 2 and row["vs_on_device"] > 0 and 0 <= row["data_wait_share"] < 1
+            assert row["steps"] == 2 and row["vs_on_device"] > 0, row
+            # The share is the mean wait over the mean step: the mean wait cannot pass the longest one.
+            assert 0 < row["data_wait_share"] * row["step_ms"] <= row["max_wait_ms"] * (1 + 1e-9), row
         assert set(cores["fewest_cores_within"]) == set(feeds)
     rule = parts["speaker_cores"]["rule_per_item"]
     assert rule["crop_s"] == 1.0 and rule["decoded_s"] > 1.0  # whole files, longer than the crop, decoded per item
