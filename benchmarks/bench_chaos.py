@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from results_io import host, output_args, write_results  # noqa: E402  (benchmarks/: the script's own folder)
-from ray_cluster import Cluster, Stress, descendants, job_env  # noqa: E402,F401  (bench_scale.py imports from here)
+from ray_cluster import Cluster, Stress, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
 from shard_helpers import tree_digest  # noqa: E402
 
 SHARD_KB = 60

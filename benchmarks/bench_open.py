@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from results_io import child_result, host, output_args, pyplot, save, spread, write_results  # benchmarks/ is on sys.path
+from results_io import (child_result, host, output_args, peak_rss_mb, pyplot, save, spread,  # benchmarks/ is on sys.path
+                        write_results)
 
 ROWS_PER_SHARD = 10_000
 FEATURE = "voiced"
@@ -143,7 +144,7 @@ def child(kind: str, path: str, budget: int) -> dict:
         sampler = stage("sampler_build", lambda: BucketBatchSampler(idx.frames(FEATURE).astype(np.int64), budget,
                                                                     seed=0, rank=0, world_size=1024))
         stage("sampler_first_batch", lambda: next(iter(sampler)))
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_mb"] = peak_rss_mb()  # a child: its own peak, not the parent's carried over exec
     elif kind == "size":
         stage("open", lambda: ShardDataset(path, [FEATURE]))
         out["rss_open_mb"], out["private_open_mb"] = memory_mb()

@@ -41,8 +41,10 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
-from bench_chaos import Cluster, descendants, job_env
 from results_io import ROOT, child_env, host, pyplot, save
+
+sys.path.insert(0, str(ROOT / "tests"))
+from ray_cluster import Cluster, descendants, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
 
 PY = sys.executable
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -220,6 +220,15 @@ def load_audio(path: str | os.PathLike[str], limits: DecodeLimits | None = None)
         return decode_open(f, raw, size, limits)
 
 
+def declared_length(raw: Any, size: int, f: sf.SoundFile) -> declared.Length:
+    """The length the header declares (audiopipe.decode.declared), or RejectError("unreadable") for a header
+    that contradicts itself, which no decode can read one way."""
+    length = declared.declared_length(raw, size, f)
+    if length.fault is not None:
+        raise RejectError("unreadable", length.fault)
+    return length
+
+
 def decode_open(f: sf.SoundFile, raw: Any, size: int, limits: DecodeLimits,
                 what: str = "decoded audio") -> tuple[np.ndarray, int]:
     """Decode a file libsndfile has opened (`raw`: its bytes, `size` long, for the length its header declares)
@@ -230,9 +239,7 @@ def decode_open(f: sf.SoundFile, raw: Any, size: int, limits: DecodeLimits,
         check_format(int(f.samplerate), int(f.channels), limits)
         return decode_checked(as_stream(f), 0, limits, what)
     check_header(f, limits)
-    length = declared.declared_length(raw, size, f)
-    if length.fault is not None:
-        raise RejectError("unreadable", length.fault)
+    length = declared_length(raw, size, f)
     if length.short is not None and not length.counted:  # cut short, by how many frames the header cannot say
         raise RejectError("truncated", f"{length.short}; libsndfile reads {int(f.frames)} frames")
     return decode_checked(f, length.frames, limits, what, length.short)

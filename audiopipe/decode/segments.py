@@ -29,7 +29,8 @@ import numpy as np
 import soundfile as sf
 
 from audiopipe.decode import declared
-from audiopipe.decode.audio import DecodeLimits, RejectError, as_stream, check_format, check_limits, load_audio
+from audiopipe.decode.audio import (DecodeLimits, RejectError, as_stream, check_format, check_limits,
+                                   declared_length, load_audio)
 
 # Subtypes whose frames libsndfile seeks to exactly (a byte offset), and formats that seek exactly whatever
 # their subtype (FLAC's seek table and sample-accurate decoder). Vorbis seeks were measured a few hundred
@@ -62,9 +63,7 @@ class Recording:
             self.frames = None if declared.unknown(self.f.frames) else int(self.f.frames)  # None: a stream
             if self.frames is not None and self.frames <= 0:
                 raise RejectError("empty", "the header declares no audio frames")
-            length = declared.declared_length(raw, size, self.f) if self.frames is not None else None
-            if length is not None and length.fault is not None:
-                raise RejectError("unreadable", length.fault)
+            length = declared_length(raw, size, self.f) if self.frames is not None else None
         except BaseException:
             self.close()
             raise
