@@ -1,8 +1,8 @@
 """Memory-calibrated batches: per length bucket, the largest batch of a model that fits this GPU with a margin,
 written as a bucket budget the sampler reads (audiopipe/sampler/bucket_budget.py; a trainer's --bucket-budget).
 
-    python benchmarks/calibrate_batches.py --model f5tts --out f5_budget.json --compare
-    python benchmarks/calibrate_batches.py --model eres2net --out eres2net_budget.json
+    python trainers/calibrate_batches.py --model f5tts --out f5_budget.json --compare
+    python trainers/calibrate_batches.py --model eres2net --out eres2net_budget.json
 
 In the spirit of NeMo's OOMptimizer: a training step (forward, backward, optimizer step, in the trainer's
 precision) on random batches of one length, its peak memory read from the allocator. Two small batches give a line
@@ -38,15 +38,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "trainers"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+from audiopipe.bench.synthetic_lengths import synthetic_lengths
+from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.bucket_budget import Bucket, BucketBudget
 
-import core  # noqa: E402  (puts the repository root on sys.path)
-from audiopipe.bench.synthetic_lengths import synthetic_lengths  # noqa: E402
-from audiopipe.sampler.bucket import BucketBatchSampler  # noqa: E402
-from audiopipe.sampler.bucket_budget import Bucket, BucketBudget  # noqa: E402
+import core
 
 CROP = 3 * 16000  # the speaker trainers' 3 s crops, in samples (their sampler's length unit)
 VOXCELEB2_CLASSES = 5994 * 3  # 3D-Speaker's VoxCeleb2 recipe: 5,994 speakers x 3 speeds
@@ -399,11 +395,14 @@ def calibrate(model: str, device: str, quick: bool, out: str | Path | None, dead
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("f5tts", "eres2net"), default="f5tts")
-    ap.add_argument("--out", type=Path, required=True, help="the bucket budget file to write")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    head, _, rest = __doc__.partition("\n\n")
+    ap = argparse.ArgumentParser(description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("f5tts", "eres2net"), default="f5tts",
+                    help="the trainer whose step is measured (default f5tts)")
+    ap.add_argument("--out", type=Path, required=True, help="the bucket budget file to write (a trainer's "
+                    "--bucket-budget)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="the GPU to calibrate for (default cuda when there is one; cpu only rehearses the code)")
     ap.add_argument("--margin", type=float, default=0.1, help="share of the card's memory left free (default 0.1)")
     ap.add_argument("--compare", action="store_true", help="F5-TTS: frames/s per-bucket vs one global budget")
     ap.add_argument("--quick", action="store_true", help="tiny config, fewer buckets and batches (tests)")
