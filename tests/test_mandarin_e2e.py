@@ -109,6 +109,7 @@ def _straight_and_resumed(script: str, shards: Path, tmp: Path, *extra: str) -> 
     _torchrun(script, shards, resumed, 3, "--resume", *extra)
     a = torch.load(straight / "ckpt-00000003.pt", weights_only=True)
     b = torch.load(resumed / "ckpt-00000003.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys() and a["sampler"] == b["sampler"]
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
     log = _log(straight)
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["world"] == 2 for r in log)
@@ -124,6 +125,7 @@ def test_f5tts_pinyin_two_ranks_and_resume(zh, tmp_path):
     cfg = json.loads((straight / "model_config.json").read_text())
     vocab = (straight / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert cfg["tokenizer"] == "pinyin" and cfg["model"]["text_num_embeds"] == len(vocab)
+    assert cfg["mel_hash"] == f5.MEL_HASH and cfg["model"]["dim"] == 64
     assert vocab == build_vocab(f5_pinyin_tokens(t) for t in shard_texts(shards))
 
 
