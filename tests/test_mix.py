@@ -5,8 +5,8 @@ the extra draw comes within half an utterance of the weight's fractional hours, 
 hours come within 1 % of what the weights ask, the same on every rank and every resume, exact mid-epoch resume,
 and a re-deal under another world size that loses and repeats nothing. Loader level (real Arrow shards): the
 batches hold the right rows of each corpus, the one-line errors (weights, config mismatch, a weight on a corpus
-with nothing to plan). Trainer level: two ranks under real torchrun on --shards a,b --weights 1,2, resumed
-bit-exactly from a mid-run checkpoint.
+with nothing to plan). Trainer level: two ranks under real torchrun on --shards a,s3://.../b --weights 1,2 (one
+corpus on a real S3 server), resumed bit-exactly from a mid-run checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,7 @@ from shard_helpers import shard
 from reader_helpers import write_shards
 
 HERE = Path(__file__).resolve().parent
+pytest_plugins = ["s3server"]
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SECONDS_PER_FRAME = 0.01
 
@@ -327,30 +329,38 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([str(HERE.parent / "trainers"), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
-def _train(shards: str, out: Path, *extra: str):
+def _train(shards: str, out: Path, env: dict[str, str], *extra: str):
     r = run_group(TORCHRUN + [str(FIXTURE), "--shards", shards, "--weights", "1,2", "--out", str(out),
                               "--log-every", "1", "--warmup-steps", "2", "--batch-frames", "1200",
-                              "--max-steps", "4", "--ckpt-every", "2", *extra], timeout=300, env=ENV)
+                              "--max-steps", "4", "--ckpt-every", "2", *extra], timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r, [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_two_ranks_train_on_a_weighted_mix_and_resume_exactly(halves, tmp_path):
-    """--shards a,b --weights 1,2 under torchrun: rank 0 reports the mix (a once, b twice), both ranks train,
-    and a run resumed from the step-2 checkpoint logs exactly the straight run's losses for steps 3 and 4."""
+def test_two_ranks_train_on_a_weighted_mix_of_a_folder_and_an_s3_prefix_and_resume_exactly(halves, s3, tmp_path):
+    """--shards a,s3://.../b --weights 1,2 under torchrun, b read from a real S3 server on 127.0.0.1: rank 0
+    reports the mix (a once, b twice), both ranks train, and a run resumed from the step-2 checkpoint logs exactly
+    the straight run's losses for steps 3 and 4 and ends with the same weights."""
+    from s3server import upload
+
     a, b = halves
-    shards = f"{a},{b}"
-    r, straight = _train(shards, tmp_path / "straight")
+    server, bucket = s3
+    url = upload(server, b, f"{bucket}/b")
+    shards, env = f"{a},{url}", {**ENV, **server.env()}
+    r, straight = _train(shards, tmp_path / "straight", env)
     assert f"epoch 0 mix: {a}: weight 1, 6 items" in r.stdout and "-> x1 = " in r.stdout
-    assert f"{b}: weight 2, 6 items" in r.stdout and "-> x2 = " in r.stdout
+    assert f"{url}: weight 2, 6 items" in r.stdout and "-> x2 = " in r.stdout
     assert [x["step"] for x in straight] == [1, 2, 3, 4] and all(x["world"] == 2 for x in straight)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     shutil.copy(tmp_path / "straight" / "ckpt-00000002.pt", resumed_dir)
-    r2, resumed = _train(shards, resumed_dir, "--resume")
+    r2, resumed = _train(shards, resumed_dir, env, "--resume")
     assert "resumed from ckpt-00000002.pt at step 2" in r2.stdout
     assert [x["step"] for x in resumed] == [3, 4]
     assert [x["loss"] for x in resumed] == [x["loss"] for x in straight[2:]]
+    want = torch.load(tmp_path / "straight" / "ckpt-00000004.pt", weights_only=True)["model"]
+    got = torch.load(resumed_dir / "ckpt-00000004.pt", weights_only=True)["model"]
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
 def test_trainer_flags_refuse_bad_mixes_in_one_line(capsys):

@@ -1,7 +1,7 @@
 """Shards on object storage (issue 11, part 1 "Reading"): make_loader("s3://bucket/prefix") against a real S3
 server on 127.0.0.1 (moto's server mode, tests/s3server.py) gives the same batches as the local folder, reads
 rows by byte range, fetches the batches to come ahead, survives a server restart, names (or skips) a corrupt
-object, keeps a bounded local cache, and works with DataLoader workers and under torchrun.
+object, keeps a bounded local cache, and works with DataLoader workers (under torchrun: tests/test_mix.py).
 
 Shards come from the real writer (tests/reader_helpers.py's write_shards) and are copied to the bucket with
 pyarrow.fs.copy_files: the layout under the prefix is the local folder's.
@@ -362,34 +362,8 @@ def test_cache_resumes_a_partial_download_and_stays_within_its_budget(remote, lo
     assert cache.download(parse_s3(url).child(entry["arrow"]["path"]), entry).read_bytes() == data
 
 
-def test_two_ranks_train_from_s3_under_torchrun_and_resume_bit_exact(remote, tmp_path):
-    """trainers/core.py through real torchrun, --shards s3://...: a straight 2-rank run checkpointing at step 3,
-    then a run resumed from that checkpoint; both read the bucket, and the resumed steps equal the straight."""
-    from launch import run_group
-
-    server, url = remote
-    env = dict(os.environ, OMP_NUM_THREADS="1", **server.env(),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "trainers"), str(ROOT)]))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                str(HERE / "core_trainer_fixture.py")]
-
-    def run(out: Path, *extra: str):
-        r = run_group(torchrun + ["--shards", url, "--out", str(out), "--log-every", "1", "--warmup-steps", "2",
-                                  "--batch-frames", "1200", "--max-steps", "6", "--ckpt-every", "3", *extra],
-                      timeout=300, env=env)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-
-    straight = run(tmp_path / "straight")
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    (resumed_dir / "ckpt-00000003.pt").write_bytes((tmp_path / "straight" / "ckpt-00000003.pt").read_bytes())
-    resumed = run(resumed_dir, "--resume")
-    assert [r["step"] for r in resumed] == [4, 5, 6] and all(r["world"] == 2 for r in straight)
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[3:]]
-    a = torch.load(tmp_path / "straight" / "ckpt-00000006.pt", weights_only=True)["model"]
-    b = torch.load(resumed_dir / "ckpt-00000006.pt", weights_only=True)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+# Two ranks under torchrun training from an s3:// prefix, resumed bit-exactly: tests/test_mix.py, where the prefix is
+# one corpus of a weighted mix.
 
 
 @pytest.mark.parametrize("extra, says", [
