@@ -39,8 +39,8 @@ def speakers(n: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int = 280, median_chars: float = 75.0,
-                    sigma: float = 0.7) -> str:
+def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int, median_chars: float,
+                    sigma: float) -> str:
     # espeak-ng reads ~15 characters per second at these rates: 75 characters ~ 5 s, 40 ~ 2.7 s.
     target = min(float(np.exp(rng.normal(np.log(median_chars), sigma))), max_chars)
     parts: list[str] = []
@@ -52,11 +52,10 @@ def _utterance_text(texts: list[str], rng: np.random.Generator, max_chars: int =
     return " ".join(parts)
 
 
-def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: int = 2, median_chars: float = 75.0,
-          sigma: float = 0.7, max_chars: int = 280) -> int:
+def build(root: Path, n_speakers: int, per_speaker: int, median_chars: float, sigma: float, max_chars: int) -> int:
     place_prompts(ALLISON, root / "allison")  # every English Asterisk prompt (real speech)
     texts = sorted(t for t in set(asterisk_transcripts().values()) if len(t) <= min(200, max_chars))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     work = []
     for k, (voice, wpm, pitch) in enumerate(speakers(n_speakers)):
         d = root / f"voice{k:02d}"
@@ -67,12 +66,12 @@ def build(root: Path, n_speakers: int, per_speaker: int, seed: int = 0, jobs: in
             (d / f"u{j:04d}.txt").write_text(text + "\n", encoding="utf-8")
             if not wav.exists():
                 work.append((text, voice, wpm, pitch, wav))
-    with ThreadPoolExecutor(jobs) as pool:  # espeak-ng runs as a subprocess: threads are enough
+    with ThreadPoolExecutor(2) as pool:  # espeak-ng runs as a subprocess: threads are enough
         list(pool.map(lambda w: speak(*w), work))
     return sum(1 for _ in root.rglob("*.wav"))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root", help="folder to write (created if missing)")
     p.add_argument("--speakers", type=int, default=24)
@@ -81,12 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="median characters per espeak utterance (log-normal; ~15 characters per second)")
     p.add_argument("--sigma", type=float, default=0.7, help="spread of the log-normal length, in log space")
     p.add_argument("--max-chars", type=int, default=280, help="longest espeak utterance, in characters")
-    a = p.parse_args(argv)
+    a = p.parse_args()
     if a.median_chars <= 0 or a.sigma < 0 or a.max_chars < 1:
         p.error("--median-chars and --max-chars must be positive, --sigma >= 0")
     return run_builder("loader corpus", a.root, lambda: build(Path(a.root), a.speakers, a.per_speaker,
-                                                              median_chars=a.median_chars, sigma=a.sigma,
-                                                              max_chars=a.max_chars))
+                                                              a.median_chars, a.sigma, a.max_chars))
 
 
 if __name__ == "__main__":
