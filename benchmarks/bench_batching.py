@@ -27,6 +27,7 @@ from audiopipe.bench.loaders import f5_sort_plan  # F5-TTS DynamicBatchSampler
 from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, FRAME_RATE, synthetic_lengths
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.plan import pair_overlap
 from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ is on sys.path
 
 Batches = list[np.ndarray]
@@ -87,18 +88,10 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray) -> 
     padded = samplers[0].budget.padded(sizes, longest) if shaped else sizes * longest
     real = float(sum(lengths[b].sum() for b in e0))
     placed = np.concatenate(e0) if e0 else np.empty(0, dtype=np.int64)
-    # Composition change: identical multi-item batches, and item pairs still together, from epoch 0 to 1.
-    where = np.full(lengths.size, -1)
-    for j, b in enumerate(e0):
-        where[b] = j
+    # Composition change from epoch 0 to 1: identical multi-item batches (and pair_overlap below).
     multi0 = {frozenset(b.tolist()) for b in e0 if b.size > 1}
     multi1 = [frozenset(b.tolist()) for b in e1 if b.size > 1]
     same = sum(b in multi0 for b in multi1)
-    pairs = kept = 0
-    for b in e1:
-        _, c = np.unique(where[b], return_counts=True)
-        kept += int((c * (c - 1) // 2).sum())
-        pairs += b.size * (b.size - 1) // 2
     unique = int(np.unique(placed).size)
     return {"strategy": name, "batches": len(e0), "items_placed": unique, "items_repeated": int(placed.size - unique),
             "items_missing": int(lengths.size - unique), "padding_efficiency": real / float(padded.sum()),
@@ -107,7 +100,8 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray) -> 
                                 for a, b in zip(sizes.tolist(), longest.tolist())}),
             "over_budget_batches": int((padded > BUDGET).sum()),
             "worst_padded_over_budget": float(padded.max() / BUDGET),
-            "same_batches_next_epoch": same / max(len(multi1), 1), "pairs_together_next_epoch": kept / max(pairs, 1),
+            "same_batches_next_epoch": same / max(len(multi1), 1),
+            "pairs_together_next_epoch": pair_overlap(e0, e1, lengths.size),
             "plan_seconds": t_plan}
 
 

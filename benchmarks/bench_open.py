@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from results_io import (child_result, host, output_args, peak_rss_mb, pyplot, save, spread,  # benchmarks/ is on sys.path
-                        write_results)
+from results_io import child_result, host, output_args, peak_rss_mb, pyplot, save, spread, write_results
 
 ROWS_PER_SHARD = 10_000
 FEATURE = "voiced"
@@ -33,11 +31,11 @@ def write_folder(root: Path, shards: list[list[dict]], spec, job: str) -> Path:
     from audiopipe.shard.writer import ArrayColumn, write_arrow
 
     features = {spec.name: {**spec.to_dict(), "hash": spec.config_hash}}
+    columns = [ArrayColumn(spec.name, spec.dtype, spec.channels)]
     records = []
     for k, rows in enumerate(shards):
         name = f"shard-{k:06d}"
-        digest = write_arrow(root / "arrow" / f"{name}.arrow", rows, [ArrayColumn(spec.name, spec.dtype, spec.channels)],
-                             [], {"features": features, "job": job})
+        digest = write_arrow(root / "arrow" / f"{name}.arrow", rows, columns, [], {"features": features, "job": job})
         records.append({"name": name, "rows": len(rows), "duration": sum(r["duration"] for r in rows),
                         "rejects": [], "arrow": digest.entry(f"arrow/{name}.arrow")})
     index = build_index(root, [r["arrow"]["path"] for r in records])
@@ -50,7 +48,7 @@ def _frames(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(np.exp(rng.normal(np.log(500), 0.6, n)), 50, 2000).astype(np.int32)
 
 
-def build(out: Path, n: int, seed: int = 0) -> Path:
+def build(out: Path, n: int) -> Path:
     """A folder of n utterances under `out` (kept when it exists)."""
     from audiopipe.features.registry import build_feature
 
@@ -58,7 +56,7 @@ def build(out: Path, n: int, seed: int = 0) -> Path:
     if (root / "manifest.json").exists():
         return root
     spec = next(s for s in build_feature("f0", sample_rate=16000, hop_length=160).specs if s.name == FEATURE)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     shards = []
     for start in range(0, n, ROWS_PER_SHARD):
         frames = _frames(rng, min(ROWS_PER_SHARD, n - start))
@@ -68,31 +66,30 @@ def build(out: Path, n: int, seed: int = 0) -> Path:
     return write_folder(root, shards, spec, "bench_open")
 
 
-def build_index_only(out: Path, n: int, seed: int = 0) -> Path:
+def build_index_only(out: Path, n: int) -> Path:
     """A folder holding only an index.arrow of n rows, with build_index's schema (kept when it exists)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from audiopipe.index.lengths import INDEX_NAME
+    from audiopipe.storage.atomic import atomic_path
 
     root = out / f"index{n}"
     if (root / INDEX_NAME).exists():
         return root
-    root.mkdir(parents=True, exist_ok=True)
 
     def strings(prefix: str, numbers: np.ndarray, digits: int) -> pa.Array:  # in Arrow: 50M Python strings take minutes
-        return pc.binary_join_element_wise(prefix, pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), digits, "0"), "")
+        padded = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), digits, "0")
+        return pc.binary_join_element_wise(prefix, padded, "")
 
-    frames = _frames(np.random.default_rng(seed), n)
+    frames = _frames(np.random.default_rng(0), n)
     i = np.arange(n, dtype=np.int64)
     table = pa.table({"id": strings("utt", i, 9), "speaker": strings("spk", i % 997, 3),
                       "duration": pa.array(frames.astype(np.float32) / 100), f"{FEATURE}_frames": pa.array(frames),
                       "shard": pa.array((i // ROWS_PER_SHARD).astype(np.int32)),
                       "row": pa.array((i % ROWS_PER_SHARD).astype(np.int32))})
-    path = root / INDEX_NAME
-    with pa.OSFile(f"{path}.tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+    with atomic_path(root / INDEX_NAME, durable=False) as tmp, pa.ipc.new_file(str(tmp), table.schema) as w:
         w.write_table(table.combine_chunks())
-    os.replace(f"{path}.tmp", path)
     return root
 
 

@@ -1,18 +1,13 @@
-"""A ~2.5 h speech corpus for the loader benchmark, from Debian packages only (no network).
+"""A ~3.7 h speech corpus for the loader benchmark, from Debian packages only (no network): every English Asterisk
+prompt (one real speaker, 8 kHz) and espeak-ng speakers (22.05 kHz) reading Asterisk transcripts joined up to a
+log-normal length (docs/bench-loader.md). Seeded, and a rerun only fills in the files that are missing.
 
     python benchmarks/make_loader_corpus.py /tmp/loaderbench/wavs [--speakers 24] [--per-speaker 64]
     audiopipe shard --corpus /tmp/loaderbench/wavs --out /tmp/loaderbench/shards --preset f5tts
 
     # short clips (median ~3 s, like sliced fine-tuning sets): 3,326 utterances
-    python benchmarks/make_loader_corpus.py /tmp/loaderbench/short --per-speaker 124 --median-chars 22 \
+    python benchmarks/make_loader_corpus.py /tmp/loaderbench/short --per-speaker 124 --median-chars 22 \\
         --sigma 0.55 --max-chars 150
-
-- every English Asterisk prompt (one real female speaker, 8 kHz, ~0.3 h);
-- synthetic espeak-ng speakers (22.05 kHz): base voice x variant x rate x pitch, each reading Asterisk transcripts joined
-  up to a log-normal target length (median ~75 characters, at most 280), so that durations spread from ~1 s
-  to ~25 s with a median near 5 s, like LibriTTS.
-
-Deterministic (seeded) and idempotent: existing files are kept, so a rerun only fills what is missing.
 """
 
 from __future__ import annotations
@@ -72,7 +67,7 @@ def build(root: Path, n_speakers: int, per_speaker: int, median_chars: float, si
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("root", help="folder to write (created if missing)")
     p.add_argument("--speakers", type=int, default=24)
     p.add_argument("--per-speaker", type=int, default=64)
