@@ -245,8 +245,8 @@ def main() -> None:
     a = p.parse_args()
     world = a.world_size
     corpora = [(kind, synthetic_lengths(kind, int(n), SEED)) for kind in DISTRIBUTIONS for n in a.sizes.split(",")]
-    result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]), "machine": host(a.machine),
-              "budget_frames": BUDGET, "world_size": world}
+    result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
+              "machine": host(a.machine), "budget_frames": BUDGET, "world_size": world}
     if a.tradeoff:
         rows = []
         for name, lengths in corpora:
@@ -273,8 +273,8 @@ def main() -> None:
         first = ours.samplers[0]  # type: ignore[attr-defined]
         first.set_epoch(0)
         diag = first.diagnostics
-        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap,
-                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}})
+        fields = {k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}
+        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap, **fields})
         if a.sweep and lengths.size in (3_000, 100_000):
             sweeps[f"{name} {lengths.size}"] = pools_rows(name, lengths, world, (0.97,), (1, 2, 4, 8, 12, 16, 24, 32))
     result.update(corpora={k: dict(zip(("median_s", "sigma", "min_s", "max_s"), v)) for k, v in DISTRIBUTIONS.items()},

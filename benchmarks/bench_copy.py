@@ -30,7 +30,7 @@ import numpy as np
 from audiopipe.collate.kernels import _UINT, _pad_rows, _pad_rows_time_major, wait_for_kernels
 from audiopipe.collate.pad import PadCollator
 from audiopipe.reader.loader import make_loader
-from results_io import grouped_bars, host, output_args, pyplot, save, spread, write_results  # benchmarks/ is on sys.path
+from results_io import grouped_bars, host, output_args, pyplot, save, spread, write_results
 
 KERNELS = {"bct": _pad_rows, "btc": _pad_rows_time_major}
 FEATURE = "mel"
@@ -107,7 +107,8 @@ def measure(shards: Path, a: argparse.Namespace, max_batches: int | None) -> dic
     def once(kernel) -> None:
         for b, ps, t in zip(batches, parts, t_max):
             for p in ps:
-                kernel(p.values.view(uint), p.starts, p.frames, p.positions, width, t, uint(0), dst[:b.size * width * t])
+                into = dst[:b.size * width * t]
+                kernel(p.values.view(uint), p.starts, p.frames, p.positions, width, t, uint(0), into)
 
     memcpy = []
     for name, kernel in KERNELS.items():

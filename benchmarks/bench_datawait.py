@@ -78,7 +78,8 @@ def datawait(shards: Path, name: str, step: Step, a: argparse.Namespace) -> dict
             "wait_ms_per_batch": 1e3 * float(waits.mean()), "step_ms_measured": 1e3 * float(steps.mean()),
             # a few long waits (the thread got no core on a busy machine) or many short ones?
             "wait_ms_median": 1e3 * float(np.median(waits)), "wait_ms_p95": 1e3 * float(np.percentile(waits, 95)),
-            "wait_ms_max": 1e3 * float(waits.max()), "first_batch_ms": 1e3 * float(np.median([e[0][0] for e in epochs]))}
+            "wait_ms_max": 1e3 * float(waits.max()),
+            "first_batch_ms": 1e3 * float(np.median([e[0][0] for e in epochs]))}
 
 
 def five_batch_subset(shards: Path, budget: int) -> np.ndarray:
@@ -173,7 +174,8 @@ def main() -> None:
             for name in names:
                 row = datawait(a.shards, name, step, a)
                 runs.setdefault((step.kind, step.ms, name), []).append(row)
-                print(f"[{k + 1}/{a.rounds}] {step.kind} {step.ms:g} ms {name}: wait {row['wait_share']:.3%}", flush=True)
+                print(f"[{k + 1}/{a.rounds}] {step.kind} {step.ms:g} ms {name}: wait {row['wait_share']:.3%}",
+                      flush=True)
     rows = []
     for (_, _, name), rs in runs.items():
         shares = [x["wait_share"] for x in rs]

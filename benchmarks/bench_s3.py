@@ -247,7 +247,8 @@ def main() -> None:
     summary = {f"{m}_open_s": spread(r[m]["open_s"] for r in rounds) for m in MODES}
     for m in MODES:
         for label in ("first", "later"):
-            for key in ("wait_share", "requests_per_batch", "bytes_asked_per_byte", "cpu_ms_per_batch", "first_batch_ms"):
+            for key in ("wait_share", "requests_per_batch", "bytes_asked_per_byte", "cpu_ms_per_batch",
+                        "first_batch_ms"):
                 if any(r[m][label].get(key) is not None for r in rounds):
                     summary[f"{m}_{label}_{key}"] = spread(r[m][label].get(key) for r in rounds)
     result = {"command": " ".join(["python", "benchmarks/bench_s3.py", *sys.argv[1:]]), "machine": host(a.machine),
