@@ -232,8 +232,8 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1000,3000,10000,100000,1000000", help="comma-separated corpus sizes")
-    p.add_argument("--world-size", type=int, default=8)
-    p.add_argument("--no-lhotse", action="store_true")
+    p.add_argument("--world-size", type=int, default=8, help="ranks audiopipe deals to (all ranks' batches counted)")
+    p.add_argument("--no-lhotse", action="store_true", help="leave lhotse's DynamicBucketingSampler out")
     p.add_argument("--resume", action="store_true", help="also time load_state_dict + first batch")
     p.add_argument("--collate", action="store_true", help="also the collate throughput against memcpy")
     p.add_argument("--sweep", action="store_true", help="also sweep pools on the corpora of 3,000 and 100,000 items")

@@ -8,8 +8,9 @@ The results and what each figure counts: docs/bench-loader.md (data-wait under a
         --json benchmarks/results/boundary.json --plot docs/img/boundary.png
 
 Same corpus, sampler, budget and seed for every loader; steps of 20, 50 and 200 ms that release the GIL as a GPU
-step does (`Step`), rounds interleaved. A batch's wait runs from the end of the step before it to the batch in
-hand; each epoch's first batch is left out of `wait_share` and reported apart (`first_batch_ms`).
+step does (a sleep, or a 256 x 256 torch.mm on one thread), rounds interleaved. A batch's wait runs from the end
+of the step before it to the batch in hand; each epoch's first batch is left out of `wait_share` and reported
+apart (`first_batch_ms`).
 """
 
 from __future__ import annotations
@@ -145,9 +146,11 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shards", type=Path, required=True)
-    p.add_argument("--boundary", action="store_true", help="the wait at epoch boundaries (see above)")
-    p.add_argument("--loaders", default=",".join(LOADERS), help=f"of {', '.join(LOADERS)}")
+    p.add_argument("--shards", type=Path, required=True, help="a shard folder with a `mel` feature")
+    p.add_argument("--boundary", action="store_true", help="only the wait at epoch boundaries: 20 epochs of 5 "
+                   "batches, a 50 ms sleep, prefetch2 and prefetch0")
+    p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated: prefetch0 (on the training "
+                   "thread), prefetch2 (make_loader's default: a background thread), workers2 (2 DataLoader workers)")
     p.add_argument("--budget", type=int, default=38_400, help="padded frames per batch")
     p.add_argument("--passes", type=int, default=2, help="epochs per measurement")
     p.add_argument("--rounds", type=int, default=2, help="every measurement this many times, interleaved")

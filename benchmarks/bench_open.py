@@ -200,10 +200,13 @@ def plot(results: list[dict], path: Path, machine: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shards", type=Path, help="a real shard folder with a `mel` feature: the first batch's stages")
+    p.add_argument("--shards", type=Path, help="a real shard folder with a `mel` feature: per round, in turn, "
+                   "make_loader's defaults (prefetch2), prefetch=0 (prefetch0) and the first batch's stages (stages)")
     p.add_argument("--out", type=Path, help="folder for the generated shard folders (reused when present)")
-    p.add_argument("--sizes", default="10000,100000,1000000", help="utterance counts of generated folders")
-    p.add_argument("--index-sizes", default="", help="utterance counts of index-only folders")
+    p.add_argument("--sizes", default="10000,100000,1000000", help="utterance counts of folders generated under "
+                   "--out: open, make_loader, the first batch, 200 more, the RSS and its private part")
+    p.add_argument("--index-sizes", default="", help="utterance counts of an index.arrow alone: its open, a "
+                   "1,024-rank sampler on its frames column, the sampler's first batch, the peak RSS")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per size or way")
     p.add_argument("--quick", action="store_true", help="--out: 1,000,000 utterances only, no index-only sizes")
     output_args(p)

@@ -209,8 +209,9 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rtt-ms", type=float, default=25.0, help="round trip added by the delay proxy (0: none)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"))
+    p.add_argument("--rounds", type=int, default=2, help="rounds, the sources interleaved")
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"),
+                   help="folder for the corpus (kept between runs) and the server's data")
     p.add_argument("--quick", action="store_true", help="shards of 1 MB, 100 batches, 1 round")
     output_args(p)
     a = p.parse_args()
