@@ -1,4 +1,7 @@
-"""Batching strategies on the same seeded length arrays, over corpus sizes and length distributions.
+"""Batching strategies on the same seeded length arrays (audiopipe/bench/synthetic_lengths.py), over corpus sizes
+and length distributions, under one padded budget of 38,400 frames: `audiopipe` (BucketBatchSampler dealt to
+--world-size ranks, all ranks' batches counted), `f5_sort` (F5-TTS's DynamicBatchSampler) and `lhotse`
+(DynamicBucketingSampler, 30 buckets). docs/sampler.md says what each figure counts and gives the results.
 
     python benchmarks/bench_batching.py --sweep --resume --collate --json benchmarks/results/batching.json \
         --plot docs/img/batching.png
@@ -8,15 +11,6 @@
         --json benchmarks/results/batching_shapes.json --plot docs/img/batching_shapes.png
     python benchmarks/bench_batching.py --tradeoff --sizes 1000,10000,100000 \
         --json benchmarks/results/batching_tradeoff.json --plot docs/img/batching_tradeoff.png
-
-Under one padded budget (38,400 frames): `audiopipe` (BucketBatchSampler's defaults, dealt to --world-size ranks,
-all ranks' batches counted; --shapes K: at most K batch shapes, padded frames counted as rows x edge; --passes:
-passes=None), `f5_sort` (F5-TTS's DynamicBatchSampler: sort once, pack while the SUM of frames fits, shuffle the
-batch order) and `lhotse` (DynamicBucketingSampler, 30 buckets). Corpora: audiopipe/bench/synthetic_lengths.py at
-93.75 frames/s. Epoch 0 is measured; `pairs_together_next_epoch` is the share of epoch 1's item pairs that shared
-a batch in epoch 0. --sweep: the pools knob on the 3,000- and 100,000-item corpora; --resume: load_state_dict and
-the first batch at the first and last step; --collate: PadCollator on item lists against memcpy and a fresh zeroed
-batch; --tradeoff (alone): pools 1-32 with and without min_efficiency, next to lhotse and F5.
 """
 
 from __future__ import annotations
@@ -29,21 +23,24 @@ from pathlib import Path
 
 import numpy as np
 
-from audiopipe.bench.loaders import f5_sort_plan as f5_sort_batches  # F5-TTS DynamicBatchSampler
-from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, synthetic_lengths
+from audiopipe.bench.loaders import f5_sort_plan  # F5-TTS DynamicBatchSampler
+from audiopipe.bench.synthetic_lengths import DISTRIBUTIONS, FRAME_RATE, synthetic_lengths
 from audiopipe.collate.pad import PadCollator
 from audiopipe.sampler.bucket import BucketBatchSampler
+from audiopipe.sampler.plan import pair_overlap
 from results_io import host, output_args, pyplot, save, write_results  # benchmarks/ is on sys.path
 
 Batches = list[np.ndarray]
-FRAME_RATE = 24_000 / 256  # hop 256 at 24 kHz
+BUDGET = 38_400  # padded frames per batch, F5-TTS's
+SEED = 0
+LHOTSE = "lhotse_dynamic_bucketing (30 buckets)"
 
 
 # A strategy: (lengths, ...) -> plan(epoch) -> that epoch's batches over all ranks.
 
 
-def audiopipe_batches(lengths: np.ndarray, max_frames: int, seed: int, world: int, **options) -> Callable[[int], Batches]:
-    samplers = [BucketBatchSampler(lengths, max_frames, seed=seed, rank=r, world_size=world, **options)
+def audiopipe_batches(lengths: np.ndarray, world: int, **options) -> Callable[[int], Batches]:
+    samplers = [BucketBatchSampler(lengths, BUDGET, seed=SEED, rank=r, world_size=world, **options)
                 for r in range(world)]
 
     def plan(epoch: int) -> Batches:
@@ -57,7 +54,7 @@ def audiopipe_batches(lengths: np.ndarray, max_frames: int, seed: int, world: in
     return plan
 
 
-def lhotse_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[[int], Batches]:
+def lhotse_batches(lengths: np.ndarray) -> Callable[[int], Batches]:
     import warnings
 
     from lhotse import CutSet
@@ -68,8 +65,8 @@ def lhotse_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[
                             for i, n in enumerate(lengths.tolist()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "eagerly read CutSet": fine for a benchmark
-        sampler = DynamicBucketingSampler(cuts, max_duration=max_frames / FRAME_RATE, num_buckets=30, shuffle=True,
-                                          seed=seed, drop_last=False)
+        sampler = DynamicBucketingSampler(cuts, max_duration=BUDGET / FRAME_RATE, num_buckets=30, shuffle=True,
+                                          seed=SEED, drop_last=False)
 
     def plan(epoch: int) -> Batches:
         sampler.set_epoch(epoch)
@@ -78,7 +75,7 @@ def lhotse_batches(lengths: np.ndarray, max_frames: int, seed: int) -> Callable[
     return plan
 
 
-def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray, max_frames: int) -> dict:
+def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray) -> dict:
     t0 = time.perf_counter()
     e0 = plan(0)
     t_plan = time.perf_counter() - t0
@@ -91,64 +88,57 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray, max
     padded = samplers[0].budget.padded(sizes, longest) if shaped else sizes * longest
     real = float(sum(lengths[b].sum() for b in e0))
     placed = np.concatenate(e0) if e0 else np.empty(0, dtype=np.int64)
-    # Composition change: identical multi-item batches, and item pairs still together, from epoch 0 to 1.
-    where = np.full(lengths.size, -1)
-    for j, b in enumerate(e0):
-        where[b] = j
+    # Composition change from epoch 0 to 1: identical multi-item batches (and pair_overlap below).
     multi0 = {frozenset(b.tolist()) for b in e0 if b.size > 1}
     multi1 = [frozenset(b.tolist()) for b in e1 if b.size > 1]
     same = sum(b in multi0 for b in multi1)
-    pairs = kept = 0
-    for b in e1:
-        _, c = np.unique(where[b], return_counts=True)
-        kept += int((c * (c - 1) // 2).sum())
-        pairs += b.size * (b.size - 1) // 2
     unique = int(np.unique(placed).size)
     return {"strategy": name, "batches": len(e0), "items_placed": unique, "items_repeated": int(placed.size - unique),
             "items_missing": int(lengths.size - unique), "padding_efficiency": real / float(padded.sum()),
-            "fill_ratio": float(padded.mean() / max_frames), "frame_fill": real / len(e0) / max_frames if e0 else 0.0,
+            "fill_ratio": float(padded.mean() / BUDGET), "frame_fill": real / len(e0) / BUDGET if e0 else 0.0,
             "shapes_seen": len({samplers[0].shapes.shape(int(a), int(b)) if shaped else (a, b)
                                 for a, b in zip(sizes.tolist(), longest.tolist())}),
-            "over_budget_batches": int((padded > max_frames).sum()),
-            "worst_padded_over_budget": float(padded.max() / max_frames),
-            "same_batches_next_epoch": same / max(len(multi1), 1), "pairs_together_next_epoch": kept / max(pairs, 1),
+            "over_budget_batches": int((padded > BUDGET).sum()),
+            "worst_padded_over_budget": float(padded.max() / BUDGET),
+            "same_batches_next_epoch": same / max(len(multi1), 1),
+            "pairs_together_next_epoch": pair_overlap(e0, e1, lengths.size),
             "plan_seconds": t_plan}
 
 
-def bench_resume(lengths: np.ndarray, max_frames: int, seed: int, world: int) -> dict:
+def bench_resume(lengths: np.ndarray, world: int) -> dict:
     """load_state_dict + first batch at the start vs. near the end of an epoch: no replay, so about equal."""
-    s = BucketBatchSampler(lengths, max_frames, seed=seed, rank=0, world_size=world)
-    steps = len(s)
-    out = {}
-    for label, k in (("first_step", 0), ("last_step", steps - 1)):
-        probe = BucketBatchSampler(lengths, max_frames, seed=seed, rank=0, world_size=world)
+    def sampler() -> BucketBatchSampler:
+        return BucketBatchSampler(lengths, BUDGET, seed=SEED, rank=0, world_size=world)
+
+    out = {"steps_per_rank": len(sampler())}
+    for label, k in (("first_step", 0), ("last_step", out["steps_per_rank"] - 1)):
+        probe = sampler()
         it = iter(probe)
         for _ in range(k):
             next(it)
         state = probe.state_dict()
         times = []
         for _ in range(3):
-            fresh = BucketBatchSampler(lengths, max_frames, seed=seed, rank=0, world_size=world)
+            fresh = sampler()
             t0 = time.perf_counter()
             fresh.load_state_dict(state)
             next(iter(fresh))
             times.append(time.perf_counter() - t0)
         out[f"resume_at_{label}_seconds"] = min(times)
-    out["steps_per_rank"] = steps
     return out
 
 
-def bench_collate(lengths: np.ndarray, max_frames: int, seed: int, channels: int = 100, batches: int = 16) -> dict:
+def bench_collate(lengths: np.ndarray, channels: int = 100, batches: int = 16) -> dict:
     """Collate throughput in GB/s of real item bytes, the items read-only views into one large buffer (as mmap'd
     shards give), against memcpy (one large copy, out of cache) and a zeroed padded tensor allocated per batch.
     Interleaved rounds, the best of each: on a shared machine the load changes between runs."""
     import torch
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(SEED)
     pool = rng.standard_normal(64 * 2**20 // 4, dtype=np.float32)  # 64 MiB, bigger than the caches
     pool.setflags(write=False)
     item_batches = []
-    for b in list(BucketBatchSampler(lengths, max_frames, seed=seed))[:batches]:
+    for b in list(BucketBatchSampler(lengths, BUDGET, seed=SEED))[:batches]:
         offsets = [(int(rng.integers(0, pool.size - channels * t)), t) for t in lengths[b].tolist()]
         item_batches.append([{"mel": pool[o:o + channels * t].reshape(channels, t)} for o, t in offsets])
     real_bytes = sum(it["mel"].nbytes for items in item_batches for it in items)
@@ -178,40 +168,31 @@ def bench_collate(lengths: np.ndarray, max_frames: int, seed: int, channels: int
     return out
 
 
-def pools_rows(name: str, lengths: np.ndarray, frames: int, seed: int, world: int, min_efficiencies: tuple,
+def row(name: str, lengths: np.ndarray, label: str, plan: Callable[[int], Batches], **extra) -> dict:
+    return {"corpus": name, "items": int(lengths.size), **extra, **evaluate(label, plan, lengths)}
+
+
+def pools_rows(name: str, lengths: np.ndarray, world: int, min_efficiencies: tuple,
                pools: tuple = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> list[dict]:
     """The pools knob, with and without the efficiency splits (min_efficiency 0: pure pooled sort-and-pack)."""
-    return [{"corpus": name, "items": int(lengths.size), "pools": k, "min_efficiency": m,
-             **evaluate(f"audiopipe pools={k} min_efficiency={m}",
-                        audiopipe_batches(lengths, frames, seed, world, pools=k, min_efficiency=m), lengths, frames)}
+    return [row(name, lengths, f"audiopipe pools={k} min_efficiency={m}",
+                audiopipe_batches(lengths, world, pools=k, min_efficiency=m), pools=k, min_efficiency=m)
             for m in min_efficiencies for k in pools]
 
 
-def tradeoff(corpora: list[tuple[str, np.ndarray]], frames: int, seed: int, world: int) -> list[dict]:
-    """Padding efficiency against pair overlap for the pools knob, next to lhotse and F5 on the same lengths."""
-    rows = []
-    for name, lengths in corpora:
-        rows += pools_rows(name, lengths, frames, seed, world, (0.0, 0.97))
-        for label, plan in (("f5_sort", f5_sort_batches(lengths, frames, seed)),
-                            ("lhotse_dynamic_bucketing (30 buckets)", lhotse_batches(lengths, frames, seed))):
-            rows.append({"corpus": name, "items": int(lengths.size), **evaluate(label, plan, lengths, frames)})
-    return rows
-
-
 def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
-    plt = pyplot()
-    cases = sorted({(r["corpus"], r["items"]) for r in rows}, key=lambda c: (c[0], c[1]))
+    cases = sorted({(r["corpus"], r["items"]) for r in rows})
     cols = min(3, len(cases))
     rows_ = -(-len(cases) // cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 4.4 * rows_), squeeze=False)
+    fig, axes = pyplot().subplots(rows_, cols, figsize=(5.2 * cols, 4.4 * rows_), squeeze=False)
     for ax, (corpus, n) in zip(axes.ravel(), cases):
         here = [r for r in rows if r["corpus"] == corpus and r["items"] == n]
         for min_eff, style in ((0.0, "o-"), (0.97, "s--")):
-            pts = sorted((r["pools"], r["pairs_together_next_epoch"], r["padding_efficiency"], r["fill_ratio"])
+            pts = sorted((r["pools"], r["pairs_together_next_epoch"], r["padding_efficiency"])
                          for r in here if r.get("min_efficiency") == min_eff)
             ax.plot([p[1] for p in pts], [p[2] for p in pts], style,
                     label=f"audiopipe, pools 1-32, min_efficiency={min_eff}")
-            for pools, x, y, _ in pts:
+            for pools, x, y in pts:
                 ax.annotate(str(pools), (x, y), fontsize=6, textcoords="offset points", xytext=(3, 3))
         for r in here:
             if "pools" not in r:
@@ -226,9 +207,8 @@ def plot_tradeoff(rows: list[dict], path: Path, machine: str) -> None:
 
 
 def plot(rows: list[dict], path: Path, machine: str) -> None:
-    plt = pyplot()
     corpora = sorted({r["corpus"] for r in rows})
-    fig, axes = plt.subplots(2, len(corpora), figsize=(5.5 * len(corpora), 7.5), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(corpora), figsize=(5.5 * len(corpora), 7.5), squeeze=False)
     for c, corpus in enumerate(corpora):
         for strategy in sorted({r["strategy"] for r in rows if r["corpus"] == corpus}):
             pts = sorted((r["items"], r["padding_efficiency"], r["pairs_together_next_epoch"]) for r in rows
@@ -252,58 +232,58 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1000,3000,10000,100000,1000000", help="comma-separated corpus sizes")
-    p.add_argument("--distributions", default=",".join(DISTRIBUTIONS), help=f"of {sorted(DISTRIBUTIONS)}")
-    p.add_argument("--max-frames", type=int, default=38_400)
-    p.add_argument("--world-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-lhotse", action="store_true")
+    p.add_argument("--world-size", type=int, default=8, help="ranks audiopipe deals to (all ranks' batches counted)")
+    p.add_argument("--no-lhotse", action="store_true", help="leave lhotse's DynamicBucketingSampler out")
     p.add_argument("--resume", action="store_true", help="also time load_state_dict + first batch")
     p.add_argument("--collate", action="store_true", help="also the collate throughput against memcpy")
     p.add_argument("--sweep", action="store_true", help="also sweep pools on the corpora of 3,000 and 100,000 items")
-    p.add_argument("--tradeoff", action="store_true", help="only the pools / min_efficiency trade-off (see above)")
+    p.add_argument("--tradeoff", action="store_true",
+                   help="only pools 1-32 with and without min_efficiency, next to lhotse and F5")
     p.add_argument("--shapes", default="", help="comma-separated K: also audiopipe with at most K batch shapes")
     p.add_argument("--passes", action="store_true", help="also audiopipe with passes=None (by corpus size)")
     output_args(p)
     a = p.parse_args()
-    frames, world, seed = a.max_frames, a.world_size, a.seed
-    corpora = [(kind, synthetic_lengths(kind, int(n), seed, FRAME_RATE))
-               for kind in a.distributions.split(",") for n in a.sizes.split(",")]
-    result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]), "machine": host(a.machine),
-              "budget_frames": frames, "world_size": world}
+    world = a.world_size
+    corpora = [(kind, synthetic_lengths(kind, int(n), SEED)) for kind in DISTRIBUTIONS for n in a.sizes.split(",")]
+    result = {"command": " ".join(["python", "benchmarks/bench_batching.py", *sys.argv[1:]]),
+              "machine": host(a.machine), "budget_frames": BUDGET, "world_size": world}
     if a.tradeoff:
-        result["rows"] = rows = tradeoff(corpora, frames, seed, world)
+        rows = []
+        for name, lengths in corpora:
+            rows += pools_rows(name, lengths, world, (0.0, 0.97))
+            rows += [row(name, lengths, "f5_sort", f5_sort_plan(lengths, BUDGET, SEED)),
+                     row(name, lengths, LHOTSE, lhotse_batches(lengths))]
+        result["rows"] = rows
         return write_results(result, a.json, lambda path: plot_tradeoff(rows, path, a.machine), a.plot)
     rows, diagnostics, sweeps = [], [], {}
     for name, lengths in corpora:
         print(f"{name}: {lengths.size} items", flush=True)
-        ours = audiopipe_batches(lengths, frames, seed, world)
-        strategies = [(f"audiopipe (W={world})", ours), ("f5_sort", f5_sort_batches(lengths, frames, seed))]
-        strategies += [(f"audiopipe shapes={k} (W={world})", audiopipe_batches(lengths, frames, seed, world, shapes=k))
+        ours = audiopipe_batches(lengths, world)
+        strategies = [(f"audiopipe (W={world})", ours), ("f5_sort", f5_sort_plan(lengths, BUDGET, SEED))]
+        strategies += [(f"audiopipe shapes={k} (W={world})", audiopipe_batches(lengths, world, shapes=k))
                        for k in [int(x) for x in a.shapes.split(",") if x]]
         if a.passes:
-            strategies.append((f"audiopipe passes=auto (W={world})",
-                               audiopipe_batches(lengths, frames, seed, world, passes=None)))
+            strategies.append((f"audiopipe passes=auto (W={world})", audiopipe_batches(lengths, world, passes=None)))
         if not a.no_lhotse:
-            strategies.append(("lhotse_dynamic_bucketing (30 buckets)", lhotse_batches(lengths, frames, seed)))
+            strategies.append((LHOTSE, lhotse_batches(lengths)))
         for label, plan in strategies:
-            rows.append({"corpus": name, "items": int(lengths.size), **evaluate(label, plan, lengths, frames)})
+            rows.append(row(name, lengths, label, plan))
             if label.startswith("audiopipe"):
                 rows[-1]["plan_seconds"] /= world  # every rank plans the whole epoch: one rank's time
         first = ours.samplers[0]  # type: ignore[attr-defined]
         first.set_epoch(0)
         diag = first.diagnostics
-        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap,
-                            **{k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}})
+        fields = {k: v for k, v in vars(diag).items() if not isinstance(v, np.ndarray) and not callable(v)}
+        diagnostics.append({"corpus": name, "items": int(lengths.size), "pair_overlap": diag.pair_overlap, **fields})
         if a.sweep and lengths.size in (3_000, 100_000):
-            sweeps[f"{name} {lengths.size}"] = pools_rows(name, lengths, frames, seed, world, (0.97,),
-                                                          (1, 2, 4, 8, 12, 16, 24, 32))
+            sweeps[f"{name} {lengths.size}"] = pools_rows(name, lengths, world, (0.97,), (1, 2, 4, 8, 12, 16, 24, 32))
     result.update(corpora={k: dict(zip(("median_s", "sigma", "min_s", "max_s"), v)) for k, v in DISTRIBUTIONS.items()},
                   rows=rows, audiopipe_diagnostics=diagnostics)
     largest = max(corpora, key=lambda c: c[1].size)[1]
     if a.resume:
-        result["resume"] = bench_resume(largest, frames, seed, world)
+        result["resume"] = bench_resume(largest, world)
     if a.collate:
-        result["collate"] = bench_collate(largest, frames, seed)
+        result["collate"] = bench_collate(largest)
     if sweeps:
         result["sweep"] = sweeps
     write_results(result, a.json, lambda path: plot(rows, path, a.machine), a.plot)

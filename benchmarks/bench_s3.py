@@ -1,20 +1,14 @@
 """make_loader from an S3 server at a real round trip, by rows and by block windows, next to the local folder.
+docs/loader.md (Benchmark: s3 at a 25 ms round trip) describes the corpus, the server, the delay proxy, the loop
+and the results.
 
-    python benchmarks/bench_s3.py --rtt-ms 25 --rounds 3 --json benchmarks/results/s3_loader.json --plot docs/img/s3_loader.png
+    python benchmarks/bench_s3.py --rtt-ms 25 --rounds 3 --json benchmarks/results/s3_loader.json \\
+        --plot docs/img/s3_loader.png
     python benchmarks/bench_s3.py --quick                  # 1,000 small shards, 1 round, a few minutes
 
-Corpus: 1,000 synthetic shards (more than the reader's max_open=128) of about 8 MB of random 100-band float32
-mels of 1-12 s, by audiopipe's own writer, hard-linked into the data folder of nanio (an S3 server that checks
-SigV4 and serves files from a folder) in its own process on 127.0.0.1. --rtt-ms puts a delay proxy (`serve`, in
-its own process; the kernel here has no netem) before it: every request reaches the server that much later.
-
-Per round, one fresh loader each (prefetch=2, 9,600-frame batches): `local` (the folder through the mmap reader),
-`s3_rows` (Reading(mode="rows")) and `s3_blocks` (Reading(mode="blocks"): windows of 8 blocks of 16 MB, one window
-ahead). For epoch 0 (first) and 1 (later), after the epoch's first batch (first_batch_ms): 300 batches, each
-followed by a 50 ms time.sleep step (it releases the GIL as a CUDA step does). `wait_share` = time in next() /
-wall time; `requests_per_batch` = GETs and HEADs / batches (the first included); `bytes_asked_per_byte` = bytes
-requested / feature bytes delivered; `cpu_ms_per_batch` = the process's CPU time (every thread) / batch; `open_s`
-= the open (manifest, index, every shard's footer, header and small buffers).
+Per epoch: `wait_share` = time in next() / wall time; `requests_per_batch` = GETs and HEADs / batches (the first
+included); `bytes_asked_per_byte` = bytes requested / feature bytes delivered; `cpu_ms_per_batch` = the process's
+CPU time (every thread) / batch; `open_s` = the open (manifest, index, every shard's footer and small buffers).
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_open import write_folder  # benchmarks/ is on sys.path
-from results_io import host, output_args, pyplot, save, spread, write_results
+from results_io import grouped_bars, host, output_args, pyplot, save, spread, write_results
 
 MODES = ("local", "s3_rows", "s3_blocks")
 KEY, SECRET = "benchkey", "benchsecret-0123456789"
@@ -44,7 +38,7 @@ CONFIG = {"shards": 1000, "shard_mb": 8.0, "batch_frames": 9600, "step_ms": 50.0
           "block_mb": 16.0, "window": 8, "ahead": 1}
 
 
-def serve(target: tuple[str, int], rtt_s: float, port: int = 0, ready: threading.Event | None = None,
+def serve(target: tuple[str, int], rtt_s: float, ready: threading.Event | None = None,
           port_out: list | None = None) -> None:
     """A TCP proxy on 127.0.0.1 that adds `rtt_s` to every request/response exchange without limiting bandwidth, as
     a distant object store looks to a client with keep-alive connections: the client's bytes go on `rtt_s` after
@@ -70,7 +64,7 @@ def serve(target: tuple[str, int], rtt_s: float, port: int = 0, ready: threading
         await asyncio.gather(up(), down(), return_exceptions=True)
 
     async def main() -> None:
-        server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=512)
+        server = await asyncio.start_server(connection, "127.0.0.1", 0, backlog=512)
         got = server.sockets[0].getsockname()[1]
         print(got, flush=True)
         if port_out is not None:
@@ -195,20 +189,17 @@ def measure(mode: str, src: str, c: dict) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    x = np.arange(len(MODES))
-    for j, label in enumerate(("first", "later")):
-        for k, (key, scale) in enumerate((("wait_share", 100), ("requests_per_batch", 1))):
-            vals = [[scale * r[m][label].get(key, 0.0) for r in result["rounds"]] for m in MODES]
-            ax[k].bar(x + (j - 0.5) * 0.38, [np.median(v) for v in vals], 0.36, label=f"{label} epoch")
-            for i, v in enumerate(vals):  # every round
-                ax[k].plot([x[i] + (j - 0.5) * 0.38] * len(v), v, "k.", ms=4)
+    fig, ax = pyplot().subplots(1, 2, figsize=(10, 3.6))
+    none = {"median": 0.0, "min": 0.0, "max": 0.0}  # the local folder sends no request
+    for a, (key, scale) in zip(ax, (("wait_share", 100), ("requests_per_batch", 1))):
+        series = {}
+        for label in ("first", "later"):
+            spreads = [result["summary"].get(f"{m}_{label}_{key}", none) for m in MODES]
+            series[f"{label} epoch"] = [{k: scale * v for k, v in s.items()} for s in spreads]
+        grouped_bars(a, list(MODES), series)
     ax[1].set_yscale("symlog")
-    for a, title in zip(ax, (f"data-wait share (%), {CONFIG['step_ms']:g} ms step", "requests per batch")):
-        a.set_xticks(x, MODES)
-        a.set_title(title, fontsize=9)
-        a.legend(fontsize=7)
+    ax[0].set_title(f"data-wait share (%), {CONFIG['step_ms']:g} ms step (median round, range)", fontsize=9)
+    ax[1].set_title("requests per batch", fontsize=9)
     c = result["config"]
     fig.suptitle(f"{c['shards']} shards of ~{c['shard_mb']:g} MB, {c['rtt_ms']:g} ms added round trip, "
                  f"{result['server']}, load avg {result['machine']['load_average'][0]:.1f}", fontsize=8)
@@ -218,8 +209,9 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rtt-ms", type=float, default=25.0, help="round trip added by the delay proxy (0: none)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"))
+    p.add_argument("--rounds", type=int, default=2, help="rounds, the sources interleaved")
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "audiopipe-bench-s3"),
+                   help="folder for the corpus (kept between runs) and the server's data")
     p.add_argument("--quick", action="store_true", help="shards of 1 MB, 100 batches, 1 round")
     output_args(p)
     a = p.parse_args()
@@ -228,10 +220,8 @@ def main() -> None:
         c.update(shard_mb=1.0, batches=100, rounds=1)
     local = synthetic_shards(Path(a.work) / f"shards-{c['shards']}x{c['shard_mb']:g}MB", c["shards"], c["shard_mb"])
     url, data, procs = f"s3://bench/{local.name}", Path(a.work) / "nanio", []
-    for f in local.rglob("*"):  # hard links (no copy; nanio derives its metadata from the files)
-        if f.is_file() and not (q := data / "bench" / local.name / f.relative_to(local)).exists():
-            q.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, q)
+    shutil.rmtree(data / "bench" / local.name, ignore_errors=True)  # hard links: no copy, nanio serves the files
+    shutil.copytree(local, data / "bench" / local.name, copy_function=os.link)
     try:
         proc, endpoint = nanio(data)
         procs.append(proc)
@@ -258,7 +248,8 @@ def main() -> None:
     summary = {f"{m}_open_s": spread(r[m]["open_s"] for r in rounds) for m in MODES}
     for m in MODES:
         for label in ("first", "later"):
-            for key in ("wait_share", "requests_per_batch", "bytes_asked_per_byte", "cpu_ms_per_batch", "first_batch_ms"):
+            for key in ("wait_share", "requests_per_batch", "bytes_asked_per_byte", "cpu_ms_per_batch",
+                        "first_batch_ms"):
                 if any(r[m][label].get(key) is not None for r in rounds):
                     summary[f"{m}_{label}_{key}"] = spread(r[m][label].get(key) for r in rounds)
     result = {"command": " ".join(["python", "benchmarks/bench_s3.py", *sys.argv[1:]]), "machine": host(a.machine),

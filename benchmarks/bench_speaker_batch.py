@@ -1,18 +1,11 @@
 """CPU cost of a speaker trainer's batch: crops finished per crop in the loader (`--augment-on cpu`: soxr, scipy)
-against crops only sliced there and finished on the device (`--augment-on device`, the default).
+against crops only sliced there and finished on the device (`--augment-on device`, the default). What each figure
+counts, and the results: docs/trainers/campplus.md#the-cost-of-a-batch-on-the-cpu.
 
     python -m audiopipe.corpus.demo /tmp/spkbench/wavs
     audiopipe shard --corpus /tmp/spkbench/wavs --out /tmp/spkbench/shards --preset campplus
-    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \
+    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \\
         --json benchmarks/results/speaker_batch.json --plot docs/img/speaker_batch.png
-
-`batch` (and `batch_aug`, adding noise and reverb from generated folders at the recipe's --aug-prob 0.2): the
-training thread's CPU time (time.thread_time) to build one batch of CAM++'s `default` recipe (64 crops of 3 s,
-speed perturbation) with the trainer's own loader, no worker, no prefetch; the paths alternate batch by batch over
-the same utterances and draws. `floor`: the same loader whose item transform only takes the first 3 s (no draw).
-`device_side_ms_on_cpu`: what the device path then does on the device (speed, noise, reverb; the fbank), timed with
-the CPU as that device. `datawait`: short CAM++ `tiny` runs of the real trainer on the CPU (--prefetch 0, 16 crops),
-the paths alternating run by run; the data-wait share and step time of each run's second half, from its log.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ import speaker  # noqa: E402
 import speaker_data  # noqa: E402
 import train_campplus  # noqa: E402
 from audiopipe.reader.loader import make_loader  # noqa: E402
-from results_io import host, output_args, pyplot, save, spread, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from results_io import grouped_bars, host, output_args, pyplot, save, spread, write_results  # noqa: E402
 
 PATHS = ("cpu", "device")
 
@@ -76,29 +69,31 @@ def slice_only(item: dict) -> dict:
 
 def floor_loader(shards: Path, data: speaker_data.SpeakerData):
     kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
-    return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw), data
+    return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw)
 
 
 def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, batches: int) -> dict:
-    loaders = {p: batch_loader(shards, p, aug) for p in PATHS}
-    loaders["floor"] = floor_loader(shards, loaders["device"][1])
-    per_round: dict[str, list[float]] = {p: [] for p in (*PATHS, "floor")}
-    device_ms: list[float] = []
-    fbank_ms: list[float] = []
+    """The training thread's CPU time to build one batch of CAM++'s `default` recipe, the paths alternating batch by
+    batch over the same utterances and draws; `floor`: the same loader whose item transform only takes the first 3 s
+    (no draw); `device_side_ms_on_cpu`: what the device path then does on the device, with the CPU as the device."""
+    loaders = {"cpu": batch_loader(shards, "cpu", aug)[0]}
+    loaders["device"], data = batch_loader(shards, "device", aug)
+    loaders["floor"] = floor_loader(shards, data)
+    per_round: dict[str, list[float]] = {p: [] for p in loaders}
+    device_ms, fbank_ms = [], []
     for r in range(rounds):
-        its = {}
-        for p in loaders:
-            loaders[p][0].set_epoch(r)
-            its[p] = iter(loaders[p][0])
+        for loader in loaders.values():
+            loader.set_epoch(r)
+        its = {p: iter(loader) for p, loader in loaders.items()}
         times: dict[str, list[float]] = {p: [] for p in loaders}
         for _ in range(batches):
-            for p in loaders:  # side by side: the same batch of the plan, one path then the other
+            for p, it in its.items():  # side by side: the same batch of the plan, one path then the other
                 t0 = time.thread_time()
-                batch = next(its[p])
+                batch = next(it)
                 times[p].append(time.thread_time() - t0)
                 if p == "device":
                     t0 = time.thread_time()
-                    wav = loaders[p][1].finish(batch)
+                    wav = data.finish(batch)
                     t1 = time.thread_time()
                     speaker_data.fbank_batch(wav)
                     device_ms.append((t1 - t0) * 1e3)
@@ -114,8 +109,10 @@ def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, ba
 
 
 def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
-    out: dict[str, list[dict]] = {p: [] for p in PATHS}
-    for r in range(runs):
+    """Short CAM++ `tiny` runs of the real trainer on the CPU (16 crops, no prefetch), the paths alternating run by
+    run: the data-wait share and step time of each run's second half, from its log."""
+    out = {p: {"data_wait_share": [], "step_time_s": []} for p in PATHS}
+    for _ in range(runs):
         for p in PATHS:
             with tempfile.TemporaryDirectory() as tmp:
                 argv = ["--shards", str(shards), "--config", "tiny", "--out", tmp, "--augment-on", p,
@@ -124,32 +121,23 @@ def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
                         "--heldout-speakers", "0", "--cpu-threads", "1", "--lr", "0.2"]
                 train_campplus.main(argv)
                 rec = json.loads((Path(tmp) / "log.jsonl").read_text().splitlines()[-1])  # the second half
-            out[p].append({"data_wait_share": rec["data_wait_share"], "step_time_s": rec["step_time"]})
-    return {p: {"data_wait_share": [x["data_wait_share"] for x in v], "step_time_s": [x["step_time_s"] for x in v]}
-            for p, v in out.items()} | {"runs": runs, "steps": steps, "config": "tiny", "crops_per_batch": 16}
+            out[p]["data_wait_share"].append(rec["data_wait_share"])
+            out[p]["step_time_s"].append(rec["step_time"])
+    return {**out, "runs": runs, "steps": steps, "config": "tiny", "crops_per_batch": 16}
 
 
 def plot(result: dict, png: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
-    rows = [("speed", result["batch"]), ("speed + noise/reverb", result["batch_aug"])]
-    y = np.arange(len(rows))
-    bars = (("cpu", "--augment-on cpu"), ("device", "--augment-on device"),
-            ("floor", "floor: read + collate, no draw"))
-    for k, (p, label) in enumerate(bars):
-        med = [r["cpu_ms_per_batch"][p]["median"] for _, r in rows]
-        at = y + (k - 1) * 0.27
-        ax.barh(at, med, height=0.25, label=label)
-        for yy, m in zip(at, med):
-            ax.text(m, yy, f" {m:.1f} ms", va="center", fontsize=8)
-    ax.set_yticks(y, [name for name, _ in rows])
-    ax.set_xlabel("CPU ms to build one CAM++ default batch (64 crops of 3 s), median of rounds")
-    ax.set_xlim(0, 1.2 * max(r["cpu_ms_per_batch"]["cpu"]["median"] for _, r in rows))
-    ax.legend(fontsize=8, loc="upper right")
+    fig, ax = pyplot().subplots(figsize=(7.5, 3.6))
+    paths = {"cpu": "--augment-on cpu", "device": "--augment-on device", "floor": "floor: read + collate, no draw"}
+    runs = (result["batch"], result["batch_aug"])
+    grouped_bars(ax, ["speed", "speed + noise/reverb"],
+                 {label: [spread(r["cpu_ms_per_batch"][p]["per_round"]) for r in runs] for p, label in paths.items()})
+    ax.set_ylabel("CPU ms per batch (median round, range)")
+    ax.set_title("one CAM++ default batch (64 crops of 3 s)", fontsize=9)
     save(fig, png, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", required=True, type=Path, help="16 kHz PCM shards (--preset campplus)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the batch measurement")
@@ -157,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--runs", type=int, default=2, help="trainer runs per path for the data wait")
     p.add_argument("--steps", type=int, default=12, help="steps per trainer run")
     output_args(p)
-    a = p.parse_args(argv)
+    a = p.parse_args()
     torch.set_num_threads(1)
     machine = host(a.machine, torch_threads="1")  # the load average at the start
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +156,6 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"command": " ".join(["python", "benchmarks/bench_speaker_batch.py", *sys.argv[1:]]), "machine": machine,
               "batch": batch, "batch_aug": batch_aug, "datawait": datawait}
     write_results(result, a.json, lambda png: plot(result, png), a.plot)
-    return result
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What every benchmark shares: its --machine/--json/--plot flags, the host and load average it ran under, steps
-in an order that rotates from round to round, a figure's median and range over rounds, a fresh child process (its
-environment, its result line, its own peak memory), its JSON (benchmarks/results/) and its PNG (docs/img/), each
-when asked for."""
+in an order that rotates from round to round, a figure's median and range over rounds (and as bars with whiskers), a
+fresh child process (its environment, its result line, its own peak memory), its JSON (benchmarks/results/) and its
+PNG (docs/img/), each when asked for."""
 
 from __future__ import annotations
 
@@ -80,6 +80,14 @@ def bars(ax: Any, spreads: list[dict[str, float]], labels: list[str] | None = No
                                 [s["max"] - m for m, s in zip(med, spreads)]], capsize=3, **style)
     if labels is not None:
         ax.set_xticks(np.arange(len(spreads)), labels, fontsize=8)
+
+
+def grouped_bars(ax: Any, groups: list[str], series: dict[str, list[dict[str, float]]], **style: Any) -> None:
+    """Bars side by side in each group, one per series (its `spread` entries, one per group), with a legend."""
+    width = 0.8 / len(series)
+    for j, (label, spreads) in enumerate(series.items()):
+        bars(ax, spreads, groups, offset=(j - (len(series) - 1) / 2) * width, width=width, label=label, **style)
+    ax.legend(fontsize=8)
 
 
 def child_result(cmd: list[str], tag: str = "RESULT ", what: str = "child", **run: Any) -> dict[str, Any]:
