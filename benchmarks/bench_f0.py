@@ -5,10 +5,8 @@
     python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --rounds 1 \
         --json benchmarks/results/f0_trackers.json
 
-Material and reference: benchmarks/f0_speech.py. Every tracker runs at 24 kHz, hop 320. The measures (GPE, VDE,
-FFE, GPE_all, lag), the speed and the tables this writes (per split, per source, one source left out, per reference
-rule with --sensitivity, and "yin_worse": where yin scores above Praat 75-600) are described in
-docs/features.md#accuracy-against-a-consensus-reference-and-speed.
+Material and reference: benchmarks/f0_speech.py. The measures, the speed and the tables written (per split, per
+source, one source left out, per rule, "yin_worse"): docs/features.md#accuracy-against-a-consensus-reference-and-speed.
 """
 
 from __future__ import annotations
