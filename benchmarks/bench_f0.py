@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"bench_f0: {c.name} decodes differently from when the reference was built (rebuild it)")
     refs = [r.astype(np.float64) for r in speech.per_clip(z["ref"], z["frames"])]
     masks = [m > 0 for m in speech.per_clip(z["mask"], z["frames"])]
-    splits, sources = [c.split for c in clips], [c.source.name for c in clips]
+    splits, sources = [c.source.split for c in clips], [c.source.name for c in clips]
     audio_s = sum(len(x) for x in audio) / SR
 
     import numba

@@ -47,18 +47,13 @@ def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(cpu), min(wall)
 
 
-def load_material(n_prompts: int) -> tuple[list[Path], np.ndarray]:
-    """Asterisk prompt paths (8 kHz) and their speech, resampled to 24 kHz float32 and joined."""
+def speed_table(n_prompts: int, repeat: int) -> list[dict]:
+    # The material: Asterisk prompts (8 kHz real speech), resampled to 24 kHz and joined.
     paths = [ASTERISK_SOUNDS / f"{name}.wav" for name, _ in usable_asterisk_prompts(n_prompts, max_s=12.0)]
-    return paths, np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32)
-                                  for p in paths])
-
-
-def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[dict]:
+    speech24 = np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32) for p in paths])
     seconds = len(speech24) / 24000
-    speech8 = soxr.resample(speech24, 24000, 8000).astype(np.float32)
-    speech16 = soxr.resample(speech24, 24000, 16000).astype(np.float32)
-    speech22 = soxr.resample(speech24, 24000, 22050).astype(np.float32)
+    speech8, speech16, speech22 = (soxr.resample(speech24, 24000, sr).astype(np.float32)
+                                   for sr in (8000, 16000, 22050))
     decoded_s = sum(sf.info(str(p)).duration for p in paths)
     vocos, slaney, energy, fbank, f0 = VocosMel(), SlaneyMel(), Energy(), KaldiFbank(), F0()
     batch24 = torch.from_numpy(speech24[: 24000 * 4 * (len(speech24) // (24000 * 4))].reshape(-1, 24000 * 4))
@@ -99,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     info = host("1 thread", numpy=np.__version__, torch=torch.__version__, numba=numba.__version__,
                 soxr=soxr.__version__, soundfile=sf.__version__, torch_threads=torch.get_num_threads(),
                 kaldi_native_fbank=getattr(kaldi_native_fbank, "__version__", "?"))
-    write_results({"machine": info, "speed": speed_table(*load_material(a.prompts), a.repeat)}, a.json,
+    write_results({"machine": info, "speed": speed_table(a.prompts, a.repeat)}, a.json,
                   lambda path: None, None)
     return 0
 

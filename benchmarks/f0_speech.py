@@ -57,10 +57,6 @@ class Clip(namedtuple("Clip", "source path sha256 start_s dur_s", defaults=(0.0,
     def name(self) -> str:
         return f"{self.source.name}:{self.path.rsplit('/', 1)[-1]}" + (f"@{self.start_s:g}" if self.dur_s else "")
 
-    @property
-    def split(self) -> str:
-        return self.source.split
-
 
 SOURCES = {s.name: s for s in (
     # --- dev: the tracker may be tuned on these ---
@@ -101,7 +97,7 @@ SOURCES = {s.name: s for s in (
 _ROWS = [ln.split("\t") for ln in Path(__file__).with_name("f0_speech_clips.tsv").read_text().splitlines()
          if ln and not ln.startswith("#")][1:]  # [0]: the header
 CLIPS = sorted((Clip(SOURCES[src], path, sha256, float(start), float(dur)) for src, path, sha256, start, dur in _ROWS),
-               key=lambda c: c.split != "dev")
+               key=lambda c: c.source.split != "dev")
 
 
 # source asterisk | pocketsphinx | espeak; ident: file stem, member path or espeak voice; split in | out; sex f | m | ?
@@ -311,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         build(items, a.out or Path("tests/data/f0_reference.npz"), "prompts")
     else:
         items = [(lambda c=c: load(c, a.cache),
-                  {"source": c.source.name, "ident": c.name, "split": c.split, "speakers": c.source.speakers,
+                  {"source": c.source.name, "ident": c.name, "split": c.source.split, "speakers": c.source.speakers,
                    "language": c.source.language, "condition": c.source.condition, "package": c.source.package,
                    "version": c.source.version, "path": c.path, "sha256": c.sha256, "start_s": c.start_s,
                    "dur_s": c.dur_s}) for c in CLIPS]
