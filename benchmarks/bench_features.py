@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     info = host("1 thread", numpy=np.__version__, torch=torch.__version__, numba=numba.__version__,
                 soxr=soxr.__version__, soundfile=sf.__version__, torch_threads=torch.get_num_threads(),
                 kaldi_native_fbank=getattr(kaldi_native_fbank, "__version__", "?"))
-    write_results({"machine": info, "speed": speed_table(a.prompts, a.repeat)}, a.json,
-                  lambda path: None, None)
+    write_results({"machine": info, "speed": speed_table(a.prompts, a.repeat)}, a.json, lambda path: None, None)
     return 0
 
 
