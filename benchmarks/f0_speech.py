@@ -147,14 +147,11 @@ def read_bytes(clip: Clip, cache: Path | None) -> bytes:
 
 
 def decode(path: str, data: bytes, raw_rate: int = 8000) -> tuple[np.ndarray, int]:
-    """(float32 mono, rate): .raw is headerless 16-bit at raw_rate, GSM 06.10 goes through sox, the rest soundfile."""
-    if path.endswith(".raw"):
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0, raw_rate
-    if path.endswith(".gsm"):
-        r = subprocess.run(["sox", "-t", "gsm", "-r", "8000", "-c", "1", "-", "-t", "raw", "-e", "signed", "-b", "16",
-                            "-"], input=data, capture_output=True, check=True)
-        return np.frombuffer(r.stdout, "<i2").astype(np.float32) / 32768.0, 8000
-    x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    """(float32 mono, rate), by soundfile: .raw is headerless 16-bit PCM at raw_rate, .gsm headerless GSM 06.10."""
+    headerless = {".raw": dict(subtype="PCM_16", samplerate=raw_rate), ".gsm": dict(subtype="GSM610", samplerate=8000)}
+    suffix = Path(path).suffix
+    raw = dict(format="RAW", channels=1, **headerless[suffix]) if suffix in headerless else {}
+    x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True, **raw)
     return x.mean(axis=1), sr
 
 
