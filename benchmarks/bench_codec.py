@@ -1,11 +1,8 @@
-"""EnCodec 24 kHz encoding speed on real speech: one clip at a time against batches, per CPU-second and by the clock.
+"""EnCodec 24 kHz encoding speed on real speech: one clip at a time against batches, per CPU-second and by the clock
+(docs/extraction.md#codec-encodec-24-khz-16-codebooks). Random-init weights have the released model's compute; a
+CUDA machine adds the GPU.
 
     python benchmarks/bench_codec.py --threads 1 --batch 1,8 --rounds 3 --json benchmarks/results/codec.json
-
-Random-initialised weights (the compute of facebook/encodec_24khz), on the demo corpus's recorded voices at
-24 kHz; `--threads 1` is what a CPU codec actor runs with. Per round, batch sizes in turn: x real time by the wall
-clock and per CPU-second of this process (which other processes on the cores change far less). A CUDA machine
-adds the GPU (wall clock).
 """
 
 from __future__ import annotations

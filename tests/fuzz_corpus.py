@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 import soundfile as sf
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audiopipe.corpus.discover import discover
@@ -885,3 +886,14 @@ KINDS: dict[str, Any] = {
     "emilia_jsonl": emilia_jsonl_example(),
     "emilia_tar": emilia_tar_example(),
 }
+
+
+def fuzz(kind: str, examples: int, counter: dict[str, int] | None = None, **options: Any) -> Callable[[], None]:
+    """A hypothesis test of `examples` examples of one kind, each `check`ed (hypothesis shrinks a failure to a small
+    example): what tests/test_fuzz_corpus.py and benchmarks/bench_fuzz.py run."""
+    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck), **options)
+    @given(example=KINDS[kind])
+    def run(example: Example) -> None:
+        check(example, counter, kind)
+    return run

@@ -10,28 +10,17 @@ holds or rejected with a reason, discovered = written + rejected, no hang, no tr
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
-from fuzz_corpus import KINDS, check
+from fuzz_corpus import fuzz
 
 # Examples per kind: about 40 s on a quiet 2-core machine in all (benchmarks/bench_fuzz.py runs more). Audio is
 # the widest space (every container x every mutation) and gets the most.
 EXAMPLES = {"audio": 600, "sidecars": 200, "manifest": 250, "nemo": 200, "lhotse": 100, "shar": 40, "hf": 100,
             "commonvoice": 150, "kaldi": 200, "emilia_jsonl": 200, "emilia_tar": 250}
-CI = dict(deadline=None, derandomize=True, database=None, print_blob=True,
-          suppress_health_check=list(HealthCheck))
-
-
-def _fuzz(kind: str):
-    @settings(max_examples=EXAMPLES[kind], **CI)
-    @given(example=KINDS[kind])
-    def run(example):
-        check(example, kind=kind)
-    return run
 
 
 @pytest.mark.parametrize("kind", list(EXAMPLES))
 def test_hostile_corpora_hold_the_invariant(kind):
     if kind in ("lhotse", "shar"):
         pytest.importorskip("lhotse")
-    _fuzz(kind)()
+    fuzz(kind, EXAMPLES[kind], derandomize=True)()
