@@ -234,11 +234,9 @@ PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + lo
 
 
 def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
-    """`build_shard` (what one shard task runs) on the whole of `corpus` as one shard, in this process, each
-    stage of the hot path timed by a wrapper; "glue" is the rest (checks, row building, the loop). Each round
-    then runs the hand-written loop's per-file work and the floor on the same files in the same process:
-    per-core ratios without start-up, under the same load. "fsync + rename wait" is what is left of the
-    background fsyncs when the shard is finished (in a task a group hides it behind the next shard)."""
+    """`build_shard` (what one shard task runs) on all of `corpus` as one shard in this process, each stage of the
+    hot path timed by a wrapper ("glue": the rest); each round then times the hand-written loop's per-file work and
+    the floor on the same files, under the same load (docs/extraction.md, "Where a worker's time goes")."""
     from dataclasses import asdict
 
     import torch
@@ -320,8 +318,7 @@ print(json.dumps(profile_worker(Path(sys.argv[1]), sys.argv[2] == "1", int(sys.a
 
 def profile_together(corpus: Path, tar: bool, procs: int, rounds: int, inner: int = 3) -> dict[str, list[dict]]:
     """`profile_worker` in one process alone, then in `procs` processes at once (same files), `rounds` times in
-    turn: what contention for what the cores share (caches, memory, the disk's journal) costs each stage. Each
-    process runs `inner` rounds so that the copies overlap once their start-up is behind them."""
+    turn; each process runs `inner` rounds, so that the copies overlap once their start-up is behind them."""
     runs: dict[str, list[dict]] = {"alone": [], "together": []}
     for _ in range(rounds):
         for label, n in (("alone", 1), ("together", procs)):

@@ -273,6 +273,15 @@ def compare_trees(a: Path, b: Path) -> dict[str, Any]:
     return {"files": len(da), "identical": not diff, "differing": diff[:20]}
 
 
+def compared(r: dict[str, Any], out: Path, dst: Path, key: str) -> dict[str, Any]:
+    """The totals of the run that wrote `dst` and, under `key`, its files against the shard stage's (`out`); `dst`
+    is deleted when they are identical (`compare` looks at the runs that differed). Returns the totals."""
+    r.update({"totals": json.loads((dst / "manifest.json").read_text())["totals"], key: compare_trees(out, dst)})
+    if r[key]["identical"]:
+        shutil.rmtree(dst)
+    return r["totals"]
+
+
 def stage_corpus(a, corpus, out, res) -> dict[str, Any]:
     return res["corpus"]
 
@@ -388,13 +397,10 @@ def stage_kill9(a, corpus, out, res) -> dict[str, Any]:
     timings = a.data / f"timings_{a.tag}_kill9_rerun.json"
     r["rerun"] = run_stage(shard_cmd(a, corpus, dst, *local(timings)), dst)
     if r["rerun"]["rc"] == 0:
-        totals = json.loads((dst / "manifest.json").read_text())["totals"]
-        n = res["corpus"]["utterances"]
-        r.update(rerun_built_shards=len(json.loads(timings.read_text())["tasks"]), totals=totals,
-                 accounted=totals["written"] + totals["rejected"] == totals["discovered"] == n,
-                 compare_with_uninterrupted=compare_trees(out, dst))
-        if r["compare_with_uninterrupted"]["identical"]:
-            shutil.rmtree(dst)
+        totals = compared(r, out, dst, "compare_with_uninterrupted")
+        written_or_rejected = totals["written"] + totals["rejected"]
+        r.update(rerun_built_shards=len(json.loads(timings.read_text()).get("tasks", [])),  # {}: nothing to do
+                 accounted=written_or_rejected == totals["discovered"] == res["corpus"]["utterances"])
     return r
 
 
@@ -413,10 +419,7 @@ def stage_ray(a, corpus, out, res) -> dict[str, Any]:
         cluster.stop()
     r.update(raylets=3, cluster_start_s=round(start_s, 1))
     if r["rc"] == 0:
-        r.update(totals=json.loads((dst / "manifest.json").read_text())["totals"],
-                 compare_with_local_engine=compare_trees(out, dst))
-        if r["compare_with_local_engine"]["identical"]:
-            shutil.rmtree(dst)
+        compared(r, out, dst, "compare_with_local_engine")
     return r
 
 
