@@ -140,7 +140,7 @@ def corpus_for(data: Path, n: int) -> tuple[Path, dict[str, Any]]:
     sub = data / f"sub_{n}"
     sub.mkdir(exist_ok=True)
     for link in (sub / f"spk{s:04d}" for s in range(n // per)):
-        if not link.is_symlink():  # (an interrupted run left the others)
+        if not link.is_symlink():  # a link an interrupted run made is kept
             link.symlink_to(data / "corpus" / link.name)
     return sub, {**stats, "utterances": n, "subset_of": stats["utterances"]}
 
