@@ -1,13 +1,6 @@
 """Chaos: lose a Ray worker node at random points of `audiopipe shard --ray-address`, under CPU stress, N times.
-
-    python benchmarks/bench_chaos.py --runs 10 --stress 1 --json benchmarks/results/chaos.json
-
-On a real 2-node Ray cluster on this machine (tests/ray_cluster.py), each run shards an espeak-ng corpus and
-SIGKILLs the worker node at a point drawn at random: before the first shard; mid-group (once k of n shards are
-done, k in 1..n-4, while the node runs a shard task, or once k+2 are done); or after the last shard, before the
-manifest; and either its raylet alone (its workers are orphaned and must stop writing) or the whole node, while
-`--stress N` processes spin on the CPU. A run passes when it exits 0 with every file equal (sha256) to an
-uninterrupted run's, or exits with one line `audiopipe: error: ...` saying to rerun and the rerun does so.
+Each run must end byte-identical to an uninterrupted run, or in one line saying to rerun whose rerun is; the
+points, the ways a node is lost and the command: docs/extraction.md ("Chaos").
 """
 
 from __future__ import annotations
@@ -23,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from results_io import ROOT, child_env, host, output_args, write_results
+
 sys.path.insert(0, str(ROOT / "tests"))
-from results_io import host, output_args, write_results  # noqa: E402  (benchmarks/: the script's own folder)
 from ray_cluster import Cluster, Stress, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
 from shard_helpers import tree_digest  # noqa: E402
 
@@ -34,7 +27,8 @@ POINTS = ("before_first_shard", "mid_group", "during_index")
 MODES = ("raylet", "node")
 
 
-def _done(out: Path) -> int:
+def done_shards(out: Path) -> int:
+    """Shards whose done record is in place (not the records still being written, dot-prefixed)."""
     d = out / "done"
     return len([p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]) if d.is_dir() else 0
 
@@ -65,7 +59,7 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
     deadline = time.monotonic() + timeout
     seen = None
     while time.monotonic() < deadline and proc.poll() is None:
-        done = _done(out)
+        done = done_shards(out)
         if point == "before_first_shard":
             ready = (out / ".audiopipe.lock").exists() and done == 0
         elif point == "mid_group":  # the node holding a shard; past 2 more shards, mid-job whatever it holds
@@ -78,7 +72,7 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
             break
         time.sleep(0.005)  # polling the output folder, not waiting for an effect
     killed = seen is not None
-    seen = seen or {"done": _done(out), "manifest": (out / "manifest.json").exists(), "busy": False}
+    seen = seen or {"done": done_shards(out), "manifest": (out / "manifest.json").exists(), "busy": False}
     result = {"point": point, "mode": mode, "killed": killed, "at_kill": seen, "error_line": None}
 
     def end(rc: int, outcome: str, stderr: str) -> dict:
@@ -120,7 +114,7 @@ def main() -> int:
 
         make_espeak_corpus(work / "corpus", speakers=4, per_speaker=6)
         r = subprocess.run(shard_cmd(work / "corpus", work / "clean", None), capture_output=True, text=True,
-                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+                           cwd=ROOT, env=child_env(), timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"the uninterrupted run failed:\n{r.stderr}")
         clean = tree_digest(work / "clean")

@@ -1,28 +1,15 @@
-"""Discovery of many small files against reading their headers in parallel, at 10k, 100k and 1M files.
-
-    python benchmarks/bench_discovery.py --files 10000,100000,1000000 --rounds 3 --cold 100000,1000000 \
-        --json benchmarks/results/discovery.json --plot docs/img/discovery.png --clean
-    python benchmarks/bench_discovery.py --quick        # 10k and 100k files, 1 round, < 2 min
-
-Corpora (built on the first run under --dir): N tiny real WAV
-files (8 kHz 16-bit cuts of Debian's asterisk prompts, 0.2-0.6 KB) in 1,000 speaker folders, a sidecar `.txt`
-for every 10th file, and per 10,000 files four odd ones: a text file named `.wav`, a header cut at 30 bytes, a
-zero-length `.wav` (three rejects) and a file whose data chunk runs past its end (libsndfile reads it shortened).
-
-Each measurement runs in a fresh child process (its peak RSS its own), in rotating order, over the same files:
-`discover(root)`, walk included; `info`, a bare 16-thread `soundfile.info()` of every audio file; `open`, a bare
-16-thread `soundfile.SoundFile` open (the lighter libsndfile read); the baselines get the file list before their
-clock starts. Ratios are discover / baseline per round (median and range). `--cold` drops the page cache before
-every measurement (root only). The JSON is rewritten after each corpus size.
+"""Discovery of many small files against reading their headers in parallel, at 10k, 100k and 1M files. The corpora
+(built under --dir on the first run), the measurements and the commands: docs/corpus.md ("Benchmark: discovery vs
+a bare parallel header read").
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
-import struct
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +29,8 @@ ODD_REJECTS = 3  # junk, cut header, zero length; the fourth (data past the end)
 
 
 def _templates(k: int = 64) -> list[bytes]:
-    """k small real WAV files as bytes: 100-300 samples cut from the asterisk prompts at varied offsets."""
+    """k small real WAV files as bytes (16-bit mono PCM, a 44-byte header): 100-300 samples cut from the asterisk
+    prompts at varied offsets."""
     import soundfile as sf
 
     prompts = sorted(PROMPTS.glob("*.wav"))
@@ -53,15 +41,10 @@ def _templates(k: int = 64) -> list[bytes]:
         x, sr = sf.read(str(prompts[(j * 7) % len(prompts)]), dtype="int16")
         n = 100 + (j * 37) % 201
         start = min(len(x) - n, 800 + 97 * j) if len(x) > n else 0
-        out.append(_wav_bytes(x[start:start + n].tobytes(), sr))
+        buf = io.BytesIO()
+        sf.write(buf, x[start:start + n], sr, format="WAV", subtype="PCM_16")
+        out.append(buf.getvalue())
     return out
-
-
-def _wav_bytes(pcm: bytes, sr: int) -> bytes:
-    """A canonical 44-byte-header PCM 16-bit mono WAV."""
-    n = len(pcm)
-    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + n, b"WAVE", b"fmt ", 16, 1, 1, sr, 2 * sr, 2, 16,
-                       b"data", n) + pcm
 
 
 def _write_folder(job: tuple[str, int, int, list[bytes]]) -> None:
@@ -84,7 +67,13 @@ def _write_folder(job: tuple[str, int, int, list[bytes]]) -> None:
 
 
 def make_corpus(root: Path, n: int, procs: int = 4) -> dict:
-    """Write the corpus of n files under root (in parallel, bytes written directly); returns its expected counts."""
+    """The corpus of n files under root, written in parallel (bytes written directly) unless an earlier run
+    finished it; returns its expected counts."""
+    if (root / "EXPECTED.json").exists():
+        return json.loads((root / "EXPECTED.json").read_text())
+    shutil.rmtree(root, ignore_errors=True)  # a half-written one
+    root.mkdir(parents=True)
+    print(f"making {n:,} files under {root}", file=sys.stderr, flush=True)
     templates = _templates()
     per = -(-n // SPEAKERS)
     jobs = [(f"{root}/spk{s:04d}", s * per, min(n, (s + 1) * per), templates)
@@ -95,17 +84,6 @@ def make_corpus(root: Path, n: int, procs: int = 4) -> dict:
     expected = {"files": n, "utterances": n + odd, "rejects": ODD_REJECTS * odd, "audio_files": n + 4 * odd}
     (root / "EXPECTED.json").write_text(json.dumps(expected))
     return expected
-
-
-def corpus(base: Path, n: int) -> tuple[Path, dict]:
-    root = base / f"n{n}"
-    exp = root / "EXPECTED.json"
-    if not exp.exists():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        print(f"making {n:,} files under {root}", file=sys.stderr, flush=True)
-        make_corpus(root, n)
-    return root, json.loads(exp.read_text())
 
 
 # ------------------------------------------------------------------ the three measurements
@@ -157,13 +135,12 @@ def child(what: str, root: str) -> dict:
     return {"seconds": sec, "peak_rss_mb": peak_rss_mb(), **counts}
 
 
-def _drop_caches() -> bool:
+def _drop_caches() -> None:
+    os.sync()
     try:
-        os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
     except OSError:
-        return False
+        raise SystemExit("--cold needs root (cannot write /proc/sys/vm/drop_caches)") from None
 
 
 def measure(root: Path, expected: dict, rounds: int, cold: bool) -> list[dict]:
@@ -171,8 +148,8 @@ def measure(root: Path, expected: dict, rounds: int, cold: bool) -> list[dict]:
     for rnd in range(rounds):
         r: dict = {}
         for what in rotated(["info", "open", "discover"], rnd):
-            if cold and not _drop_caches():
-                raise SystemExit("--cold needs root (cannot write /proc/sys/vm/drop_caches)")
+            if cold:
+                _drop_caches()
             r[what] = _run_child(what, root)
         # Every measurement must have done all of its work, or its time means nothing.
         assert r["discover"]["utterances"] == expected["utterances"], r
@@ -180,8 +157,7 @@ def measure(root: Path, expected: dict, rounds: int, cold: bool) -> list[dict]:
         for b in ("info", "open"):
             assert r[b]["headers"] == expected["audio_files"], r
             assert r[b]["readable"] == expected["utterances"], r
-        r["ratio_info"] = r["discover"]["seconds"] / r["info"]["seconds"]
-        r["ratio_open"] = r["discover"]["seconds"] / r["open"]["seconds"]
+            r[f"ratio_{b}"] = r["discover"]["seconds"] / r[b]["seconds"]
         print(f"{root.name} {'cold' if cold else 'warm'} round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
         res.append(r)
     return res
@@ -195,8 +171,7 @@ def summarise(runs: dict) -> dict:
     out = {}
     for key, rs in runs.items():
         out[key] = {
-            "ratio_info": spread([r["ratio_info"] for r in rs]),
-            "ratio_open": spread([r["ratio_open"] for r in rs]),
+            **{f"ratio_{b}": spread([r[f"ratio_{b}"] for r in rs]) for b in ("info", "open")},
             **{f"{w}_s": spread([r[w]["seconds"] for r in rs]) for w in ("discover", "info", "open")},
             **{f"{w}_peak_rss_mb": max(r[w]["peak_rss_mb"] for r in rs) for w in ("discover", "info", "open")},
         }
@@ -236,7 +211,8 @@ def main() -> int:
     result: dict = {"command": " ".join(["python", "benchmarks/bench_discovery.py", *sys.argv[1:]]),
                     "machine": host(a.machine), "loads": [], "runs": {}}
     for n in (int(s) for s in a.files.split(",")):
-        root, expected = corpus(a.dir, n)
+        root = a.dir / f"n{n}"
+        expected = make_corpus(root, n)
         for cache in ("warm", "cold") if n in cold else ("warm",):
             if cache == "warm":  # the listing and the headers in the page cache (in a child: this process stays small)
                 _run_child("open", root)

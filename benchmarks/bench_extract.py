@@ -1,23 +1,6 @@
-"""Extraction speed of `audiopipe shard` against a hand-written multiprocessing.Pool loop and the decode floor.
-
-    python benchmarks/bench_extract.py --make-ogg --files 0 --workers 1,2 --rounds 3 --json X.json --plot X.png
-    python benchmarks/bench_extract.py --profile [--together 2] --files 480 --corpora WAV --json X.json
-    python benchmarks/bench_extract.py --ceiling --corpora WAV --files 480 --rounds 3 --json X.json
-
-Corpora: --wav-corpus (`make_loader_corpus.py /tmp/extractbench/wav --speakers 12 --per-speaker 48`) and
---ogg-corpus (its OGG Vorbis copy, made by --make-ogg); --files takes every k-th file (0: all). Per corpus and
-round, in an order that rotates from round to round (x_rt: audio seconds per wall second):
-- floor: ONE process decodes (soundfile -> mono), resamples (soxr to 24 kHz) and computes the stored vocos mel,
-  file by file: what one core can do;
-- hand-written: a fresh `python` that imports its libraries and maps the same decode and resample, torch STFT +
-  the same 100-bin HTK mel -> one np.save per file over a Pool: its Pool's time and its wall time;
-- audiopipe: `audiopipe shard --preset f5tts`, tars on and off, on each of --engines, a fresh process each: its
-  extraction phase (the job less its start-up), its wall time from launch to exit and, from its --timings, the
-  time from launch to the first decode.
-Ratios are taken within a round (the machine is shared): extraction (Pool / extraction phase) and whole run
-(wall / wall), as median and range over rounds. --profile times `build_shard`'s stages by wrappers in one
-process (--together N: alone, then N at once); --ceiling runs the floor in 1 process, then in max(--workers) at
-once on the same files: t_1 / t_N is the most any pipeline can get from the cores.
+"""Extraction speed of `audiopipe shard` against a hand-written multiprocessing.Pool loop and the decode floor;
+where a worker's time goes (--profile, --together N); how far the cores themselves scale (--ceiling). The corpora,
+the commands and what each ratio covers: docs/extraction.md.
 """
 
 from __future__ import annotations
@@ -31,15 +14,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import soxr
-from results_io import ROOT, bars, child_env, host, output_args, pyplot, rotated, save, spread, write_results
+from results_io import (ROOT, bars, child_env, child_result, host, output_args, pyplot, rotated, save, spread,
+                        write_results)
 
 sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent  # a child's working folder: `python -c` imports this script from it
 
 MEL_RATE = 24000
 AUDIO_EXTS = (".wav", ".ogg", ".flac", ".mp3")
@@ -47,8 +31,7 @@ TARS = ("tar", "notar")
 
 # ------------------------------------------------------------------ the hand-written baseline and the floor
 
-_WINDOW = None
-_FBANK = None
+_WINDOW = _FBANK = None  # set in each process by _baseline_init
 
 
 def _baseline_init() -> None:
@@ -73,8 +56,6 @@ def handwritten_mel(job: tuple[str, str]) -> float:
     import torch
 
     path, out = job
-    if _WINDOW is None:
-        _baseline_init()
     wav, sr = _decode(path)
     x = soxr.resample(wav, sr, MEL_RATE) if sr != MEL_RATE else wav
     spec = torch.stft(torch.from_numpy(np.ascontiguousarray(x)), 1024, hop_length=256, win_length=1024,
@@ -88,22 +69,20 @@ def run_handwritten(files: list[Path], out: Path, workers: int) -> float:
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(str(f), str(out / f"{i:06d}.npy")) for i, f in enumerate(files)]
     t0 = time.perf_counter()
-    with Pool(workers, initializer=_baseline_init) as pool:
+    with mp.Pool(workers, initializer=_baseline_init) as pool:
         for _ in pool.imap_unordered(handwritten_mel, jobs, chunksize=4):
             pass
     return time.perf_counter() - t0
 
 
 _HANDWRITTEN_SCRIPT = """
-import sys, time
-t0 = time.perf_counter()
-sys.path.insert(0, sys.argv[4])
+import json, sys
 import numpy, soundfile, soxr, torch  # what the script imports at its top, as a user's script would
 import audiopipe.features.mel  # the mel filterbank the loop uses
 from pathlib import Path
 from bench_extract import corpus_files, run_handwritten
 pool_s = run_handwritten(corpus_files(Path(sys.argv[1])), Path(sys.argv[2]), int(sys.argv[3]))
-print("POOL", pool_s, time.perf_counter() - t0)
+print("RESULT " + json.dumps({"pool_s": pool_s}))
 """
 
 
@@ -111,13 +90,11 @@ def run_handwritten_process(root: Path, out: Path, workers: int) -> dict[str, fl
     """The loop as a user runs it: a fresh `python` that imports its libraries, lists the files and runs the Pool
     (fork: its processes inherit the imports). Wall time from launch to exit, and the Pool's part."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", _HANDWRITTEN_SCRIPT, str(root), str(out), str(workers),
-                        str(Path(__file__).resolve().parent)], capture_output=True, text=True, env=child_env())
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"the hand-written loop failed:\n{r.stderr}")
+    r = child_result([sys.executable, "-c", _HANDWRITTEN_SCRIPT, str(root), str(out), str(workers)],
+                     what="the hand-written loop", env=child_env(), cwd=HERE)
+    r["wall_s"] = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return {"wall_s": wall, "pool_s": float(r.stdout.split("POOL ")[1].split()[0])}
+    return r
 
 
 def measure_floor(files: list[Path]) -> float:
@@ -154,20 +131,17 @@ sys.exit(audiopipe.cli.main())  # as the program: it ends the process itself
 """
 
 
-def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, engine: str | None = None) -> dict[str, float]:
+def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, engine: str) -> dict[str, float]:
     """One `audiopipe shard` run of this checkout in a fresh process."""
     timings = out.parent / "timings.json"
     cmd = [sys.executable, "-c", _EXACT_SUMMARY, "shard", "--corpus", str(corpus), "--out", str(out),
            "--preset", "f5tts", "--workers", str(workers), "--shard-size", "4MB", "--no-progress", "--nice", "0",
-           "--timings", str(timings)] + ([] if tar else ["--no-tar"]) + (["--engine", engine] if engine else [])
+           "--timings", str(timings), "--engine", engine] + ([] if tar else ["--no-tar"])
     launched = time.time()
     t0 = time.perf_counter()
     # cwd: `python -c` puts the working folder first on sys.path, and Ray gives its workers the driver's folder
-    r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=ROOT)
+    s = child_result(cmd, tag=_SUMMARY_MARK, what="audiopipe shard", env=child_env(), cwd=ROOT)
     wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"audiopipe shard failed:\n{r.stderr}")
-    s = json.loads(r.stdout.split(_SUMMARY_MARK)[1].splitlines()[0])
     shutil.rmtree(out, ignore_errors=True)
     # Extraction: the job's own time less its start-up (Ray start and worker warm-up, side by side with
     # discovery); the index and the manifest stay in, they are part of the job.
@@ -190,11 +164,11 @@ def run_rounds(corpora: dict[str, Path], workers: list[int], engines: list[str],
         res = {}
         for c, root in corpora.items():
             files = corpus_files(root)
-            steps = [("floor", lambda: {"floor_s": measure_floor(files)})] + [step for w in workers
-                     for step in ((f"handwritten_w{w}", lambda w=w: run_handwritten_process(root, tmp / "npy", w)),
-                                  *((f"{e}_w{w}_{t}", lambda w=w, e=e, t=t: run_audiopipe(root, tmp / "out", w,
-                                                                                          t == "tar", e))
-                                    for e in engines for t in TARS))]
+            steps = [("floor", lambda: {"floor_s": measure_floor(files)})]
+            for w in workers:
+                steps.append((f"handwritten_w{w}", lambda w=w: run_handwritten_process(root, tmp / "npy", w)))
+                steps += [(f"{e}_w{w}_{t}", lambda w=w, e=e, t=t: run_audiopipe(root, tmp / "out", w, t == "tar", e))
+                          for e in engines for t in TARS]
             res[c] = {key: fn() for key, fn in rotated(steps, rnd)}
             res[c]["load_1m"] = os.getloadavg()[0]
             print(f"round {rnd + 1}/{rounds} {c} done", file=sys.stderr, flush=True)
@@ -260,11 +234,9 @@ PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + lo
 
 
 def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
-    """`build_shard` (what one shard task runs) on the whole of `corpus` as one shard, in this process, each
-    stage of the hot path timed by a wrapper; "glue" is the rest (checks, row building, the loop). Each round
-    then runs the hand-written loop's per-file work and the floor on the same files in the same process:
-    per-core ratios without start-up, under the same load. "fsync + rename wait" is what is left of the
-    background fsyncs when the shard is finished (in a task a group hides it behind the next shard)."""
+    """`build_shard` (what one shard task runs) on all of `corpus` as one shard in this process, each stage of the
+    hot path timed by a wrapper ("glue": the rest); each round then times the hand-written loop's per-file work and
+    the floor on the same files, under the same load (docs/extraction.md, "Where a worker's time goes")."""
     from dataclasses import asdict
 
     import torch
@@ -336,21 +308,22 @@ def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
     return {"utterances": len(utts), "audio_s": audio, "tar": tar, "rounds": out}
 
 
-_PROFILE_CHILD = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[4]); "
-                  "from bench_extract import profile_worker; "
-                  "print(json.dumps(profile_worker(Path(sys.argv[1]), sys.argv[2] == '1', int(sys.argv[3]))))")
+_PROFILE_CHILD = """
+import json, sys
+from pathlib import Path
+from bench_extract import profile_worker
+print(json.dumps(profile_worker(Path(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]))))
+"""
 
 
 def profile_together(corpus: Path, tar: bool, procs: int, rounds: int, inner: int = 3) -> dict[str, list[dict]]:
     """`profile_worker` in one process alone, then in `procs` processes at once (same files), `rounds` times in
-    turn: what contention for what the cores share (caches, memory, the disk's journal) costs each stage. Each
-    process runs `inner` rounds so that the copies overlap once their start-up is behind them."""
+    turn; each process runs `inner` rounds, so that the copies overlap once their start-up is behind them."""
     runs: dict[str, list[dict]] = {"alone": [], "together": []}
     for _ in range(rounds):
         for label, n in (("alone", 1), ("together", procs)):
-            ps = [subprocess.Popen([sys.executable, "-c", _PROFILE_CHILD, str(corpus), str(int(tar)), str(inner),
-                                    str(Path(__file__).resolve().parent)], stdout=subprocess.PIPE, text=True,
-                                   env=child_env()) for _ in range(n)]
+            ps = [subprocess.Popen([sys.executable, "-c", _PROFILE_CHILD, str(corpus), str(int(tar)), str(inner)],
+                                   stdout=subprocess.PIPE, text=True, env=child_env(), cwd=HERE) for _ in range(n)]
             outs = [proc.communicate()[0] for proc in ps]
             if any(proc.returncode for proc in ps):
                 raise SystemExit(f"a profile process failed ({[proc.returncode for proc in ps]})")
@@ -451,7 +424,7 @@ def main() -> int:
         for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
             if name in a.corpora.upper():
                 if not root.is_dir():
-                    raise SystemExit(f"corpus folder not found: {root} (see the module docstring)")
+                    raise SystemExit(f"corpus folder not found: {root} (how to make it: docs/extraction.md)")
                 corpora[name] = subset(root, a.files, tmp / f"corpus-{name}")
         if a.profile:
             result.update(together=a.together, profiles={

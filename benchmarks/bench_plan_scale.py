@@ -1,18 +1,6 @@
-"""The sampler's start-up at scale: build, first batch, mid-epoch resume and peak memory, 1M to 50M utterances.
-
-    python benchmarks/bench_plan_scale.py --json benchmarks/results/plan_scale.json --plot docs/img/plan_scale.png
-    python benchmarks/bench_plan_scale.py --quick      # 1M utterances only (< 2 min)
-
-Each case (corpus size x world size) runs in a FRESH process per round, so peak memory (ru_maxrss) and the
-numba cache load are those of a real start. In it:
-  lengths      libritts_like frame counts (audiopipe/bench/synthetic_lengths.py), made in chunks of 1M so that
-               generating them does not set the memory peak; RSS after this is reported
-  build        BucketBatchSampler(lengths, 38,400, rank=W/2, world_size=W)
-  first batch  iter() + next(): plans epoch 0 and computes this rank's first batch
-  resume       a second, fresh sampler (its build timed apart) + load_state_dict(state at the middle step of
-               the epoch) + next(): the batch is checked equal to the one the first sampler yielded there
-Targets at 50M x 1,024 ranks: first batch < 10 s, resume < 2 s, peak RSS < 2 GB. The median round is reported
-with the range over rounds.
+"""The sampler's start-up at scale: build, first batch, mid-epoch resume and peak memory, 1M to 50M utterances
+x 1,024 ranks. Each case runs in a fresh process per round (its own peak memory and numba cache load); the median
+round is reported with the range. The commands and what each figure covers: docs/sampler.md ("Plans at scale").
 """
 
 from __future__ import annotations
@@ -20,14 +8,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from results_io import child_env, child_result, host, output_args, pyplot, save, write_results  # benchmarks/ is on sys.path
+from results_io import child_env, child_result, host, output_args, peak_rss_mb, pyplot, save, write_results
 
 CHUNK = 1_000_000
 KIND, MAX_FRAMES, SEED, WORLD = "libritts_like", 38_400, 0, 1024
@@ -42,49 +29,40 @@ def lengths_of(n: int, kind: str, seed: int) -> np.ndarray:
     return out
 
 
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def child(n: int, world: int) -> dict:
     from audiopipe.sampler.bucket import BucketBatchSampler
 
-    lengths, max_frames, seed = lengths_of(n, KIND, SEED), MAX_FRAMES, SEED
-    out = {"utterances": n, "world_size": world, "rss_after_lengths_mb": peak_mb()}
-    rank = world // 2
+    lengths = lengths_of(n, KIND, SEED)
+    out = {"utterances": n, "world_size": world, "rss_after_lengths_mb": peak_rss_mb()}
     t0 = time.perf_counter()
-    s = BucketBatchSampler(lengths, max_frames, seed=seed, rank=rank, world_size=world)
+    s = BucketBatchSampler(lengths, MAX_FRAMES, seed=SEED, rank=world // 2, world_size=world)
     out["build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     it = iter(s)
     first = next(it)
     out["first_batch_s"] = time.perf_counter() - t0
-    out["build_and_first_batch_s"] = out["build_s"] + out["first_batch_s"]
-    out["items_computed_for_first_batch"] = int(s._plan(0).items_computed)
-    out["first_batch_items"] = len(first)
-    out["steps_per_rank"] = len(s)
-    out["pools"] = s.pools
+    out.update(build_and_first_batch_s=out["build_s"] + out["first_batch_s"], first_batch_items=len(first),
+               items_computed_for_first_batch=int(s._plan(0).items_computed), steps_per_rank=len(s), pools=s.pools)
     mid = len(s) // 2
     for _ in range(mid - 1):
         next(it)
     state = json.loads(json.dumps(s.state_dict()))
     want = next(it)
-    out["peak_rss_to_first_batch_mb"] = peak_mb()
+    out["peak_rss_to_first_batch_mb"] = peak_rss_mb()
     # A real resume is a new process: the first sampler is gone before the fresh one is built.
     del s, it
     gc.collect()
     t0 = time.perf_counter()
-    fresh = BucketBatchSampler(lengths, max_frames, seed=seed, rank=rank, world_size=world)
+    fresh = BucketBatchSampler(lengths, MAX_FRAMES, seed=SEED, rank=world // 2, world_size=world)
     out["resume_build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     fresh.load_state_dict(state)
     got = next(iter(fresh))
     out["resume_s"] = time.perf_counter() - t0
-    out["resume_with_build_s"] = out["resume_build_s"] + out["resume_s"]
-    out["resume_step"] = mid
     if got != want:
         raise SystemExit(f"resumed batch at step {mid} differs from the uninterrupted one")
-    out["peak_rss_mb"] = peak_mb()
+    out.update(resume_with_build_s=out["resume_build_s"] + out["resume_s"], resume_step=mid,
+               peak_rss_mb=peak_rss_mb())
     return out
 
 
@@ -112,14 +90,11 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
     ax_m.plot(n, [r["peak_rss_mb"] for r in rows], "o-", label="peak RSS")
     ax_m.plot(n, [r["rss_after_lengths_mb"] for r in rows], "s--", label="RSS with the lengths alone")
     ax_m.axhline(2048, color="grey", linestyle="dashed", label="target 2 GB")
-    for ax, title in ((ax_t, "seconds"), (ax_m, "MB")):
-        ax.set_xscale("log")
-        ax.set_xlabel("utterances")
-        ax.set_ylabel(title)
+    for ax, unit in ((ax_t, "seconds"), (ax_m, "MB")):
+        ax.set(xscale="log", xlabel="utterances", ylabel=unit)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    ranks = rows[0]["world_size"] if rows else 0
-    fig.suptitle(f"bench_plan_scale: BucketBatchSampler, {ranks:,} ranks; {machine}", fontsize=9)
+    fig.suptitle(f"bench_plan_scale: BucketBatchSampler, {WORLD:,} ranks; {machine}", fontsize=9)
     save(fig, path)
 
 

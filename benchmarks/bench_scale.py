@@ -1,23 +1,6 @@
-"""Scale rehearsal: the whole user path on a corpus of hundreds of thousands of real-speech utterances.
-
-    python benchmarks/bench_scale.py --data /data/scale --utterances 500000 --features energy --shard-size 2MB \
-        --loader-feature energy --stages shard,noop,verify,inspect,loader,resume --json X.json
-    python benchmarks/bench_scale.py plot OUT.png RESULT.json...     # throughput deciles of each run
-
-The corpus (<data>/corpus, built by 2 processes when missing; a rerun resumes an interrupted build): Asterisk
-prompts (one woman's voice, 8 kHz) joined, a random window of 0.5-4 s, 0.9-1.1x speed, -12..+3 dB, white noise at
-15-40 dB SNR; utterance i draws everything from a generator seeded by (seed, i), so the corpus does not depend on
-the processes that write it, and a duplicate file stops the build. LJSpeech folders of 250 utterances. A smaller
---utterances takes its first speaker folders (symlinked under <data>/sub_N).
-Each stage is its own process at niceness 10, measured from outside: wall, CPU, the driver's peak RSS and every
-worker's (first, last, peak; /proc every 0.5 s), files and bytes written, the load before and after. The stages:
-corpus; shard (with deciles of x real time per CPU-second of the shard tasks, in finishing order); noop (the same
-command again); verify (bytes per CPU-second of verify() on the page cache, then the command); inspect; loader
-(make_loader open + first batch, rank 0 of 1 and of 64); resume (K batches, state_dict, a new loader: open +
-first batch); export (export-lhotse, export-hf); kill9 (SIGKILL of the whole job at half its shards, the rerun,
-every file compared with the shard stage's output); ray (the job on 3 raylets on 127.0.0.1, compared likewise);
-compare (the kill9 and ray outputs kept because they differed, against each other; plan.json by content).
-The JSON is rewritten after every stage, so a long run keeps what it has measured.
+"""Scale rehearsal: the whole user path on a corpus of hundreds of thousands of real-speech utterances, stage by
+stage, each stage its own process at niceness 10, measured from outside. The corpus, the stages, the commands that
+made the figures and the plot (`bench_scale.py plot OUT.png RESULT.json...`): docs/scale.md.
 """
 
 from __future__ import annotations
@@ -41,13 +24,16 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
+from tqdm import tqdm
 from results_io import ROOT, child_env, host, pyplot, save
 
 sys.path.insert(0, str(ROOT / "tests"))
+from bench_chaos import done_shards  # noqa: E402
 from ray_cluster import Cluster, descendants, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
+from shard_helpers import tree_digest  # noqa: E402
 
 PY = sys.executable
-PAGE = os.sysconf("SC_PAGE_SIZE")
+PAGE, TICK = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
 SR, MIN_S, MAX_S, PER_SPEAKER = 8000, 0.5, 4.0, 250
 WORKERS = 2
 
@@ -125,17 +111,14 @@ def build(root: Path, n: int, seed: int = 0, per_speaker: int = PER_SPEAKER, pro
     speakers = -(-n // per_speaker)
     seen: set[bytes] = set()
     files = nbytes = 0
-    with mp.get_context("fork").Pool(processes, initializer=_load_sources) as pool:
+    with (mp.get_context("fork").Pool(processes, initializer=_load_sources) as pool,
+          tqdm(total=n, unit="utt", desc="corpus", disable=not progress, file=sys.stderr) as bar):
         for f, b, digests in pool.imap(_speaker, [(root, seed, n, per_speaker, s) for s in range(speakers)]):
             files, nbytes = files + f, nbytes + b
             if seen & set(digests) or len(set(digests)) < len(digests):
                 raise RuntimeError("two utterances came out byte-identical")
             seen.update(digests)
-            if progress:
-                print(f"\rcorpus {len(seen):,}/{n:,} utterances, {nbytes / 1e9:.2f} GB, "
-                      f"{time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+            bar.update(len(digests))
     return {"utterances": len(seen), "unique_contents": len(seen), "speakers": speakers, "files": files,
             "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1), "seed": seed, "sample_rate": SR,
             "per_speaker": per_speaker}
@@ -155,31 +138,22 @@ def corpus_for(data: Path, n: int) -> tuple[Path, dict[str, Any]]:
     if n % per:
         raise SystemExit(f"--utterances must be a multiple of {per} below the whole corpus")
     sub = data / f"sub_{n}"
-    if not sub.is_dir():
-        tmp = data / f".sub_{n}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for s in range(n // per):
-            (tmp / f"spk{s:04d}").symlink_to(data / "corpus" / f"spk{s:04d}")
-        tmp.rename(sub)
+    sub.mkdir(exist_ok=True)
+    for link in (sub / f"spk{s:04d}" for s in range(n // per)):
+        if not link.is_symlink():  # a link an interrupted run made is kept
+            link.symlink_to(data / "corpus" / link.name)
     return sub, {**stats, "utterances": n, "subset_of": stats["utterances"]}
 
 
 # ------------------------------------------------------------------ measuring a process tree
 
-def _rss(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _cpu_s(pid: int) -> float:
-    try:
+def _sample(pid: int) -> tuple[int, float]:
+    """A process's RSS (bytes) and CPU-seconds, from /proc/PID/stat; (0, 0.0) once it has gone."""
+    try:  # the fields after the command name, which may hold spaces and parentheses
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    except OSError:
+        return 0, 0.0
+    return int(f[21]) * PAGE, (int(f[11]) + int(f[12])) / TICK
 
 
 class TreeMonitor(threading.Thread):
@@ -197,12 +171,13 @@ class TreeMonitor(threading.Thread):
     def run(self) -> None:
         while not self.stop_flag.is_set():
             now = time.monotonic()
-            self.driver_peak = max(self.driver_peak, _rss(self.pid))
-            self.cpu[self.pid] = _cpu_s(self.pid) or self.cpu.get(self.pid, 0.0)
+            r, cpu = _sample(self.pid)
+            self.driver_peak = max(self.driver_peak, r)
+            self.cpu[self.pid] = cpu or self.cpu.get(self.pid, 0.0)
             for c in descendants(self.pid):
-                r = _rss(c)
+                r, cpu = _sample(c)
                 if r:
-                    self.cpu[c] = _cpu_s(c) or self.cpu.get(c, 0.0)
+                    self.cpu[c] = cpu
                     w = self.workers.setdefault(c, {"first": r, "peak": r, "t0": now})
                     w["peak"] = max(w["peak"], r)
                     w["last"], w["t1"] = r, now
@@ -278,15 +253,14 @@ def local(timings: Path | None = None) -> list[str]:
 def deciles(timings: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
     """Shard throughput over time: tasks in finishing order, in ten equal groups, audio s / CPU s each."""
     dur = {s["name"]: s["duration"] for s in manifest["shards"]}
-    rows = sorted((t["end"], dur.get(t["name"], 0.0), t["cpu"], t["end"] - t["start"]) for t in timings["tasks"])
+    rows = sorted((t["end"], dur.get(t["name"], 0.0), t["cpu"]) for t in timings["tasks"])
     out = []
     for k in range(10):
         g = rows[k * len(rows) // 10:(k + 1) * len(rows) // 10]
         if g:
-            audio, cpu, busy = (sum(r[j] for r in g) for j in (1, 2, 3))
+            audio, cpu = sum(r[1] for r in g), sum(r[2] for r in g)
             out.append({"decile": k + 1, "tasks": len(g), "audio_s": round(audio, 1),
-                        "x_rt_per_cpu_s": round(audio / cpu, 1) if cpu else None,
-                        "x_rt_per_busy_worker_s": round(audio / busy, 1) if busy else None})
+                        "x_rt_per_cpu_s": round(audio / cpu, 1) if cpu else None})
     res: dict[str, Any] = {"deciles": out}
     if out and out[0]["x_rt_per_cpu_s"] and out[-1]["x_rt_per_cpu_s"]:
         res["last_over_first"] = round(out[-1]["x_rt_per_cpu_s"] / out[0]["x_rt_per_cpu_s"], 3)
@@ -294,17 +268,18 @@ def deciles(timings: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]
 
 
 def compare_trees(a: Path, b: Path) -> dict[str, Any]:
-    def digests(root: Path) -> dict[str, str]:
-        out = {}
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    out[str(p.relative_to(root))] = hashlib.file_digest(f, "sha256").hexdigest()
-        return out
-
-    da, db = digests(a), digests(b)
+    da, db = tree_digest(a), tree_digest(b)
     diff = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
     return {"files": len(da), "identical": not diff, "differing": diff[:20]}
+
+
+def compared(r: dict[str, Any], out: Path, dst: Path, key: str) -> dict[str, Any]:
+    """The totals of the run that wrote `dst` and, under `key`, its files against the shard stage's (`out`); `dst`
+    is deleted when they are identical (`compare` looks at the runs that differed). Returns the totals."""
+    r.update({"totals": json.loads((dst / "manifest.json").read_text())["totals"], key: compare_trees(out, dst)})
+    if r[key]["identical"]:
+        shutil.rmtree(dst)
+    return r["totals"]
 
 
 def stage_corpus(a, corpus, out, res) -> dict[str, Any]:
@@ -340,17 +315,13 @@ print("RESULT " + json.dumps({"verify_wall_s": round(time.perf_counter() - t, 3)
 
 def stage_verify(a, corpus, out, res) -> dict[str, Any]:
     """verify() on the page cache (every file read once first): bytes per CPU-second of verify() itself (its
-    imports apart), then the command as a user runs it."""
+    imports apart)."""
     nbytes = tree_size(out)[1]
     for p in (p for p in out.rglob("*") if p.is_file()):  # into the page cache
-        with open(p, "rb") as f:
-            while f.read(1 << 24):
-                pass
+        p.read_bytes()
     r = run_stage([PY, "-c", _VERIFY, str(out), "0" if a.no_tar else "1"], None)
     r.update(bytes_checked=nbytes,
              gb_per_cpu_s=round(nbytes / r["verify_cpu_s"] / 1e9, 3) if r.get("verify_cpu_s") else None)
-    r["command"] = run_stage([PY, "-m", "audiopipe.cli", "verify", str(out), *(["--no-tar"] if a.no_tar else [])],
-                             None)
     return r
 
 
@@ -415,27 +386,21 @@ def stage_export(a, corpus, out, res) -> dict[str, Any]:
     return r
 
 
-def _done(out: Path) -> int:
-    return len(list((out / "done").glob("*.json"))) if (out / "done").is_dir() else 0
-
-
 def stage_kill9(a, corpus, out, res) -> dict[str, Any]:
     n_shards = res["stages"].get("shard", {}).get("shards")
     if not n_shards:
         raise SystemExit("kill9 needs the shard stage's result (its shard count and output)")
     dst = a.data / f"shards_{a.tag}_kill9"
     shutil.rmtree(dst, ignore_errors=True)
-    first = run_stage(shard_cmd(a, corpus, dst, *local()), dst, kill_when=lambda: _done(dst) >= n_shards // 2)
-    r: dict[str, Any] = {"killed_run": first, "done_at_kill": _done(dst), "shards": n_shards}
+    first = run_stage(shard_cmd(a, corpus, dst, *local()), dst, kill_when=lambda: done_shards(dst) >= n_shards // 2)
+    r: dict[str, Any] = {"killed_run": first, "done_at_kill": done_shards(dst), "shards": n_shards}
     timings = a.data / f"timings_{a.tag}_kill9_rerun.json"
     r["rerun"] = run_stage(shard_cmd(a, corpus, dst, *local(timings)), dst)
     if r["rerun"]["rc"] == 0:
-        totals = json.loads((dst / "manifest.json").read_text())["totals"]
-        r.update(rerun_built_shards=len(json.loads(timings.read_text())["tasks"]), totals=totals,
-                 accounted=totals["written"] + totals["rejected"] == totals["discovered"] == res["corpus"]["utterances"],
-                 compare_with_uninterrupted=compare_trees(out, dst))
-        if r["compare_with_uninterrupted"]["identical"]:
-            shutil.rmtree(dst)
+        totals = compared(r, out, dst, "compare_with_uninterrupted")
+        written_or_rejected = totals["written"] + totals["rejected"]
+        r.update(rerun_built_shards=len(json.loads(timings.read_text()).get("tasks", [])),  # {}: nothing to do
+                 accounted=written_or_rejected == totals["discovered"] == res["corpus"]["utterances"])
     return r
 
 
@@ -454,10 +419,7 @@ def stage_ray(a, corpus, out, res) -> dict[str, Any]:
         cluster.stop()
     r.update(raylets=3, cluster_start_s=round(start_s, 1))
     if r["rc"] == 0:
-        r.update(totals=json.loads((dst / "manifest.json").read_text())["totals"],
-                 compare_with_local_engine=compare_trees(out, dst))
-        if r["compare_with_local_engine"]["identical"]:
-            shutil.rmtree(dst)
+        compared(r, out, dst, "compare_with_local_engine")
     return r
 
 
