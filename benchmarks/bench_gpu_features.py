@@ -1,23 +1,12 @@
 """Mel, fbank and codec codes on a GPU (or any torch device): x real time one utterance at a time against batches,
 on real speech, each batched result checked against the one-at-a-time one. The GPU proof's `features` part runs it
-(benchmarks/gpu_proof.py --parts features; docs/extraction.md).
+(benchmarks/gpu_proof.py --parts features); docs/extraction.md says what it measures and how.
 
-Features (the library's own batched torch code):
-- mel: `mel_spectrogram` with the vocos (F5-TTS) settings at 24 kHz; batches pass `lengths`, so each row is
-  reflect-padded at its own end and its frames equal those of the utterance alone;
-- fbank: `kaldi_fbank_torch` (80 bins, 3D-Speaker defaults) at 16 kHz; snip-edges framing never reaches past an
-  utterance's own samples, so zero-padding changes none of its frames;
-- codec: `EncodecEncoder` (EnCodec 24 kHz, random-init weights: the released model's compute, no hub download),
-  whose `encode_batch` defines batched codes to equal one-at-a-time codes.
-
-Per feature and method ("one at a time", "batch B": clips sorted by length, B per batch; with `equal`, also "equal
-batch B": each group of B length-sorted clips cut to its shortest, against the same cut clips one at a time, the
-share of the audio the cut keeps recorded), each round times the whole pass: host padding, host -> device copy,
-compute, device -> host copy, one array per utterance, so x real time is what an extraction job would get. A
-warm-up pass (kernels, FFT plans, the allocator) comes first, untimed; methods run side by side within a round.
-Then every batched result is compared with the one-at-a-time one (max |difference|; for codes, the share of equal
-codes). The one-at-a-time mel and fbank against torchaudio's (the F5-TTS and 3D-Speaker references) are the CUDA
-tests' (tests/test_cuda.py), on the same speech.
+The library's own batched torch code: `mel_spectrogram` (vocos settings, 24 kHz) with `lengths`, so each row is
+reflect-padded at its own end; `kaldi_fbank_torch` (16 kHz), whose snip-edges frames never reach past an
+utterance's samples; `EncodecEncoder.encode_batch` (random-init weights, no download), whose batched codes are
+defined to equal one-at-a-time codes. A warm-up pass comes first, untimed; each round then times every method's
+whole pass (host padding, copies both ways, compute, one array per utterance), side by side.
 """
 
 from __future__ import annotations

@@ -3,26 +3,11 @@
     make gpu-bundle                       # = python benchmarks/gpu_bundle.py --out .gpu-bundle
     python benchmarks/gpu_bundle.py --out .gpu-bundle --quick --no-wheels     # tiny, for the tests
 
-What it writes (docs/gpu-proof.md):
-  wavs/en/allison/*.wav,.txt  real English speech re-sliced to LibriTTS-like lengths (Asterisk prompts, 8 kHz, joined
-                              end to end in a seeded order and cut into items of 1-20 s, median ~5.5 s, with their
-                              transcripts joined): F5's own loading rule decodes these, the features part takes its
-                              clips from them, the CUDA tests read them
-  shards/f5tts                the f5tts preset (mel) of exactly those files, no tars
-  shards/ns2                  the ns2 preset (EnCodec codes from random-init weights, F0, energy, phones)
-  tokens/gpt_sovits           a GPT-SoVITS token folder: phones + k-means units of fbank (shards made on the way
-                              stay here)
-  shards/speakers             int16 PCM at 16 kHz of five real voices (Asterisk prompts in four languages),
-                              re-sliced per voice the same way to VoxCeleb-like lengths (8.0 s on average)
-  wheels/                     cp312 manylinux wheels of soundfile, cffi, pycparser and soxr, and julius (pure
-                              Python), which the GPU image lacks (the reader and trainers import without them;
-                              F5's loading rule, the feature clips and speed perturbation use them)
-  bundle.json                 what is in it, how it was made, and its size
-
-The reader and trainers need neither ray nor webdataset nor kaldi-native-fbank, so those do not travel. The whole
-bundle must fit beside the repository in the 64 MiB a device call carries: it refuses to finish above 48 MiB.
-Needs the Debian packages of `make sysdeps` (Asterisk prompts in en, fr, it, ru) and, for the wheels, pip with
-access to its index.
+What it writes (wavs/en, shards/f5tts, shards/ns2, tokens/gpt_sovits, shards/speakers, wheels/, bundle.json), and
+what each folder is for: docs/gpu-proof.md, section 1. The reader and trainers need neither ray nor webdataset nor
+kaldi-native-fbank, so those do not travel. The whole bundle must fit beside the repository in the 64 MiB a device
+call carries: it refuses to finish above 48 MiB. Needs the Debian packages of `make sysdeps` (Asterisk prompts in
+en, fr, it, ru) and, for the wheels, pip with access to its index.
 """
 
 from __future__ import annotations
@@ -52,12 +37,11 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 MAX_MIB = 48  # the largest bundle accepted: with the repository (~6 MiB), inside the 64 MiB a device call carries
 SIZES = {  # seconds of audio per part: (default, --quick)
     "f5": (600.0, 30.0),
-    "ns2": (1200.0, 20.0),
+    "ns2": (1200.0, 4.0),  # --quick: one or two prompts (the codec's set-up, not its audio, is what the tests need)
     "gpt_sovits": (0.0, 40.0),  # 0: every usable English prompt (~0.7 h)
     "speaker": (60.0, 12.0),  # per voice
 }
-# The speakers' target median (default, --quick): cut at prompt ends, the items average 8.0 s (median 6.0 s), about
-# VoxCeleb's 8.2 s (VoxCeleb1) and 7.8 s (VoxCeleb2)
+# The speakers' target median (default, --quick): cut at prompt ends, the items average 8.0 s, as VoxCeleb's
 SPEAKER_MEDIAN_S = (5.0, 2.5)
 
 
@@ -94,13 +78,9 @@ def english_prompts() -> list[tuple[Path, str]]:
 def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int = 0, median_s: float = 5.5
             ) -> tuple[int, float]:
     """Join the prompts end to end (a seeded order) and cut the stream into items of LibriTTS-like length
-    (log-normal, median `median_s`, within 1-20 s), each cut at a prompt's end: dest/speaker/slice_NNNNN.wav + .txt.
-    (--quick takes a median of 2.5 s, so that its few seconds still make several items of the lengths the CUDA
-    tests take: 0.6-6 s.)
-
-    Why: F5-TTS's budget is 38,400 mel frames and 64 items a batch, so items of ~3 s (the prompts) fill a batch
-    to about 18,000 frames; LibriTTS's lengths fill it. Every sample is real speech of the prompts, written once
-    (no audio repeats); the joins are the only thing not in the source. Returns (items, seconds)."""
+    (log-normal, median `median_s`, within 1-20 s), each cut at a prompt's end: dest/speaker/slice_NNNNN.wav + .txt;
+    returns (items, seconds). Every sample once, only the joins are new: why, docs/gpu-proof.md. (--quick takes a
+    median of 2.5 s, so that its few seconds still make several items of the CUDA tests' lengths: 0.6-6 s.)"""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -226,8 +206,7 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
     prompts = english_prompts()
     t0 = time.monotonic()
     try:
-        # F5-TTS: the files travel (F5's own loading rule decodes them) with the shards made of exactly them.
-        # Re-sliced to LibriTTS-like lengths, so that F5's 38,400-frame budget is filled (gpu_proof.py).
+        # F5-TTS: the re-sliced files travel (F5's own loading rule decodes them) with the shards made of them.
         en = pick(prompts, size["f5"], seed=0)
         n, secs = reslice(out / "wavs" / "en", "allison", en, seed=0, median_s=2.5 if quick else 5.5)
         shard(out / "wavs" / "en", out / "shards" / "f5tts", "--preset", "f5tts", workers=workers)
@@ -250,10 +229,8 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
             "--kmeans", str(k))
         doc["parts"]["gpt_sovits"] = {"files": len(gs), "audio_s": round(secs, 1), "shards": "tokens/gpt_sovits",
                                       "tokens": f"k-means of fbank, {k} units"}
-        # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device).
-        # Re-sliced per voice to VoxCeleb-like lengths (SPEAKER_MEDIAN_S): 3D-Speaker's
-        # rule decodes and speed-perturbs the whole file for each 3 s crop (gpu_proof.py, speaker_cores), so the
-        # file's length is its cost; the prompts (3.3 s on average, 71 % shorter than a crop) would flatter it.
+        # ERes2Net / CAM++: five real voices, PCM only (the trainers crop it and compute fbank on the device),
+        # re-sliced per voice to VoxCeleb-like lengths: 3D-Speaker's rule pays per file (docs/gpu-proof.md).
         total, files, median = 0.0, 0, SPEAKER_MEDIAN_S[1 if quick else 0]
         for voice in VOICES:
             wavs = sorted((SOUNDS / voice).glob("*.wav"))
@@ -268,9 +245,8 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
                                     "resliced": "each voice's prompts joined in a seeded order, cut at prompt ends "
                                                 f"into 1-20 s items (log-normal, target median {median} s)"}
     finally:
-        import ray
-
-        if ray.is_initialized():
+        ray = sys.modules.get("ray")  # a job with workers started it; --workers 0 never imports it
+        if ray is not None and ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(scratch, ignore_errors=True)
     if wheels:

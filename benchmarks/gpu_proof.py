@@ -1,31 +1,17 @@
 """The GPU proof: what only a GPU can show, measured in one call that a machine with one NVIDIA GPU runs in under
-8 minutes of device time, everything prepared here (docs/gpu-proof.md gives the exact call).
+8 minutes of device time, everything prepared here. docs/gpu-proof.md gives the exact calls and, part by part, what
+each runs, what it shows and what it does not.
 
     make gpu-bundle                                                     # here, once: data, wheels (.gpu-bundle/)
     python3 benchmarks/gpu_proof.py --bundle .gpu-bundle --out $OUT     # there: the default parts
     python benchmarks/gpu_proof.py --bundle B --out R --device cpu --quick --parts all   # every code path on a CPU
 
-Parts, in order of value; each runs in its own process group under its own cap, so a failing or hanging part never
-stops the others, and all of them together stay inside --budget-s. The default call runs those marked *:
-  cuda_tests      pytest -m cuda tests/test_cuda.py: mixed precision through trainers/core.py, the pinned side-stream
-                  prefetch, core's CUDA-event clock, mel/fbank against torchaudio, batched EnCodec
-  full_batches *  F5-TTS `default` at its own budget on a corpus grown on the machine: 200 steps mid-epoch, then
-                  the steps around the epoch's end
-  cores *         F5-TTS `default`, the same batches, the process pinned to 1, 2, 4, 8 and all cores: audiopipe
-                  (prefetch 2, no workers) against F5's own rule (decode + resample + mel per item, workers = cores)
-                  against the batches already on the device
-  speaker_cores * ERes2Net `default` the same way: audiopipe (crops finished on the device) against 3D-Speaker's
-                  rule (SpeakerlabRule: whole-file decode, speed perturbation, crop, fbank per item on the CPU)
-  features *      bench_gpu_features: mel, fbank and codec x real time, batched (length-sorted and equal-length)
-                  against one at a time
-  calibrate *     calibrate_batches: the bucket budgets of ERes2Net and F5-TTS; whether F5's holds (every bucket's
-                  largest shapes, peak reserved <= 92 %) and its frames/s against one global budget's
-  speakers *      ERes2Net and CAM++ `default` through their own main(), crops finished on the device and on the CPU
-  trainers        every trainer at `default` through its own main(), 10 warm-up + 60 timed steps, prefetch 2 and 0
-  shapes          (a call of its own) F5-TTS eager / --shapes 8 / compiled, GPT-SoVITS eager against --compile
-
-Writes to --out (a device call brings back at most 8 files): gpu_proof.json (everything, rewritten after every
-part), gpu_proof.log (device, versions, each part's seconds and headline) and the calibrated bucket budgets.
+Parts, in order of value (* the default call's): cuda_tests (pytest -m cuda tests/test_cuda.py), full_batches *,
+cores *, speaker_cores *, features * (bench_gpu_features), calibrate * (calibrate_batches), speakers *, trainers
+(every trainer's own main()) and shapes (a call of its own). Each runs in its own process group under its own cap,
+so a failing or hanging part never stops the others, and all of them together stay inside --budget-s. Writes to
+--out (a device call brings back at most 8 files): gpu_proof.json (everything, rewritten after every part),
+gpu_proof.log (device, versions, each part's seconds and headline) and the calibrated bucket budgets.
 """
 
 from __future__ import annotations
@@ -48,15 +34,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+sys.path[:0] = [str(p) for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks") if str(p) not in sys.path]
 
 PARTS = ("cuda_tests", "full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers", "trainers",
          "shapes")
-# cuda_tests and trainers back the first call's figures (benchmarks/results/gpu_proof_h200*.json) and rerun with
-# --parts; the default call is what issue 36 still needs measured. shapes compiles two models, more than the default
-# budget leaves: a second call runs it (--parts shapes --budget-s 300).
+# cuda_tests and trainers back the first call's figures (benchmarks/results/gpu_proof_h200*.json); shapes compiles
+# two models, more than the default budget leaves: a second call runs it (--parts shapes --budget-s 300).
 DEFAULT_PARTS = ("full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers")
 # Seconds per part: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step), then (cap, floor) with
 # --quick on a CPU, where the caps are only a safety net. Default budget 420 s: with the machine's start-up and the
@@ -226,9 +209,8 @@ def _forget_group(work: Path, pid: int) -> None:
 
 
 def kill_groups(work: Path, since: int | None = None) -> None:
-    """End the process groups parts started that are still running: the group `since` and every group started
-    after it (a trainer a part runs, their DataLoader workers), or all of them; never those of the parts that
-    started it."""
+    """End the running process groups parts started: the group `since` and every group started after it (a
+    trainer a part runs, their DataLoader workers), or all of them; never those of the parts that started it."""
     path = work / "process_groups"
     pids = [int(x) for x in path.read_text().split()] if path.exists() else []
     if since is not None and since not in pids:
@@ -340,23 +322,18 @@ def run_main(a: argparse.Namespace, name: str, shards: list[str], out: Path, ste
 def repeated(a: argparse.Namespace, folder: Path, copies: int) -> list[str]:
     """--shards and --weights that read `folder` `copies` times an epoch (the first call's way, kept so that its
     figures reproduce): the folder and a link to it as two corpora, each weighted copies / 2."""
-    alias = a.work / "again" / f"{folder.name}_again"
-    alias.parent.mkdir(parents=True, exist_ok=True)
-    if not alias.is_symlink():
-        alias.symlink_to(folder, target_is_directory=True)
-    return ["--shards", f"{folder},{alias}", "--weights", f"{copies / 2:g},{copies / 2:g}"]
+    return ["--shards", ",".join(map(str, grown(a, folder, 2))), "--weights", f"{copies / 2:g},{copies / 2:g}"]
 
 
 def part_trainer(a: argparse.Namespace) -> dict[str, Any]:
     """One trainer at prefetch 2, then 0 (each batch built on the training thread when the step asks)."""
     _, folder, _, _, copies = TRAINERS[a.trainer]
     steps = TRAINER_STEPS[1] if a.quick else NS2_STEPS if a.trainer == "ns2" else TRAINER_STEPS[0]
-    dev_shm = Path("/dev/shm")
-    scratch = dev_shm if a.device.startswith("cuda") and dev_shm.is_dir() and \
-        shutil.disk_usage(dev_shm).free > 32 << 30 else a.work
+    shm = Path("/dev/shm")
+    scratch = shm if a.device.startswith("cuda") and shm.is_dir() and shutil.disk_usage(shm).free > 32 << 30 else a.work
+    shards = repeated(a, a.bundle / folder, 2 if a.quick else copies)
     res: dict[str, Any] = {"trainer": a.trainer, "warmup_steps": steps[0], "timed_steps": steps[1]}
     for prefetch in (2, 0):
-        shards = repeated(a, a.bundle / folder, 2 if a.quick else copies)
         res[f"prefetch_{prefetch}"] = run_main(a, a.trainer, shards, scratch / "gpu_proof_runs" / a.trainer,
                                                steps, prefetch, [])
         save_partial(a, res)
@@ -378,16 +355,15 @@ def part_trainers(a: argparse.Namespace) -> dict[str, Any]:
 
 def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
     """ERes2Net and CAM++ as they train, crops finished on the device (their default) and on the CPU (--augment-on
-    cpu: speed perturbation through soxr per crop in the loader). On a CPU, CAM++ its default path only: both
-    trainers share the data path."""
+    cpu). On a CPU, CAM++ its default path only: both trainers share the data path."""
     steps = q(a, SPEAKER_STEPS)
     dirs = grown(a, a.bundle / "shards" / "speakers", 2 if a.quick else SPEAKER_COPIES)
     res: dict[str, Any] = {"warmup_steps": steps[0], "timed_steps": steps[1], "copies": len(dirs)}
     for name in ("eres2net", "campplus"):
         for path in ("device", "cpu") if not (a.quick and name == "campplus") else ("device",):
-            res.setdefault(name, {})[path] = run_main(
-                a, name, ["--shards", ",".join(map(str, dirs))], a.work / f"speakers-{name}-{path}", steps, 2,
-                ["--augment-on", path])
+            res.setdefault(name, {})[path] = run_main(a, name, ["--shards", ",".join(map(str, dirs))],
+                                                      a.work / f"speakers-{name}-{path}", steps, 2,
+                                                      ["--augment-on", path])
             save_partial(a, res)
     return res
 
@@ -397,9 +373,7 @@ def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
 
 def grown(a: argparse.Namespace, folder: Path, copies: int) -> list[Path]:
     """`folder` and copies - 1 links to it, each a corpus of its own name: one epoch plans every copy's items as
-    distinct items (one plan over the union), so batches pack full. A weight of k on one folder would not: the
-    sampler packs each copy of a repeated item as its own round (sampler/corpus_weights.py), and a round of a small
-    corpus fills one or two batches, the last one part-full."""
+    distinct items, so batches pack full (a weight on one folder does not: docs/gpu-proof.md)."""
     links = a.work / "grown"
     links.mkdir(parents=True, exist_ok=True)
     out = [folder]
@@ -410,44 +384,45 @@ def grown(a: argparse.Namespace, folder: Path, copies: int) -> list[Path]:
     return out
 
 
-def f5_setup(a: argparse.Namespace, copies: int) -> dict[str, Any]:
+def f5_setup(a: argparse.Namespace, batches: int) -> dict[str, Any]:
     """F5-TTS as its trainer builds it (calibrate_batches' F5Target: model, AdamW, precision, the step) and the run
-    config over `copies` corpora of the bundle's F5 shards."""
+    config over as many corpora of the bundle's F5 shards as make one epoch at least `batches` batches."""
     import calibrate_batches as cb
     import core
-    import torch
-    import train_f5tts as f5
-
-    t = cb.F5Target(torch.device(a.device), "tiny" if a.quick else "default")
-    shards = a.bundle / "shards" / "f5tts"
-    cfg = core.RunConfig(shards=",".join(map(str, grown(a, shards, copies))), out=str(a.work / "f5"),
-                         batch_frames=2000 if a.quick else f5.RUN_DEFAULTS["batch_frames"],
-                         max_items=f5.RUN_DEFAULTS["max_items"], prefetch=2, seed=0)
-    return {"t": t, "dev": t.device, "cfg": cfg, "shards": shards, "copies": copies,
-            "kw": {"batch_transform": f5.AddTextIds(t.tok)}}
-
-
-def f5_loader(s: dict[str, Any], prefetch: int, device: Any):
-    """audiopipe's loader over the F5 shards exactly as core.train builds it, with the given hand-over."""
-    import core
-    import train_f5tts as f5
-
-    cfg = replace(s["cfg"], prefetch=prefetch)
-    return core._make_loader(cfg, core.Dist(device=device), ["mel"], None, {"mel": f5.MEL_HASH}, s["kw"],
-                             Path(cfg.out))
-
-
-def copies_for(a: argparse.Namespace, batches: int) -> int:
-    """How many copies make one epoch at least `batches` batches at F5's budget (estimated from the frames)."""
     import numpy as np
-
+    import torch
     import train_f5tts as f5
     from audiopipe.reader.arrow_dataset import ShardDataset
 
-    lengths = ShardDataset(str(a.bundle / "shards" / "f5tts"), ["mel"]).lengths("mel").astype(np.int64)
-    per_copy = max(lengths.sum() / (2000 if a.quick else f5.RUN_DEFAULTS["batch_frames"]),
-                   len(lengths) / f5.RUN_DEFAULTS["max_items"])
-    return max(2, int(np.ceil(1.02 * batches / per_copy)))  # 2 %: packing's part-full batches
+    t = cb.F5Target(torch.device(a.device), "tiny" if a.quick else "default")
+    shards = a.bundle / "shards" / "f5tts"
+    budget, items = 2000 if a.quick else f5.RUN_DEFAULTS["batch_frames"], f5.RUN_DEFAULTS["max_items"]
+    lengths = ShardDataset(str(shards), ["mel"]).lengths("mel").astype(np.int64)
+    per_copy = max(lengths.sum() / budget, len(lengths) / items)  # batches, if every one were full
+    copies = 2 if a.quick else max(2, int(np.ceil(1.02 * batches / per_copy)))  # --quick: as few as will do
+    s = {"t": t, "dev": t.device, "shards": shards, "features": ["mel"], "hashes": {"mel": f5.MEL_HASH},
+         "kw": {"batch_transform": f5.AddTextIds(t.tok)}}
+    while True:
+        s["cfg"] = core.RunConfig(shards=",".join(map(str, grown(a, shards, copies))), out=str(a.work / "f5"),
+                                  batch_frames=budget, max_items=items, prefetch=2, seed=0)
+        s["copies"], s["batches"] = copies, len(trainer_loader(s, 0, torch.device("cpu")))
+        if s["batches"] >= batches:
+            return s
+        copies += max(1, copies // 20)  # packing filled fewer batches than the frames promised
+
+
+def trainer_loader(s: dict[str, Any], prefetch: int, device: Any, epoch: int | None = None):
+    """audiopipe's loader exactly as core.train builds it for the trainer `s` sets up, with the given hand-over;
+    at `epoch` when given, as core.train sets it (the speaker crops' draws too)."""
+    import core
+
+    cfg = replace(s["cfg"], prefetch=prefetch)
+    loader = core._make_loader(cfg, core.Dist(device=device), s["features"], None, s["hashes"], s["kw"], Path(cfg.out))
+    if epoch is not None:
+        loader.set_epoch(epoch)
+        if "data" in s:
+            s["data"].crops.set_epoch(epoch)
+    return loader
 
 
 def clocked(dev, feed, n: int, step: Callable[[dict[str, Any]], Any],
@@ -504,18 +479,12 @@ def with_epochs(loader):
 
 def part_full_batches(a: argparse.Namespace) -> dict[str, Any]:
     (warm, timed), edge = q(a, STEPS), q(a, BOUNDARY)
-    copies = copies_for(a, warm + timed + 2 * edge)
-    s = f5_setup(a, copies)
-    loader = f5_loader(s, 2, s["dev"])
-    while len(loader) < warm + timed + 2 * edge:  # packing filled fewer batches than the frames promised
-        copies += max(1, copies // 20)
-        s["cfg"] = replace(s["cfg"], shards=",".join(map(str, grown(a, s["shards"], copies))))
-        loader = f5_loader(s, 2, s["dev"])
-    per_epoch = len(loader)
+    s = f5_setup(a, warm + timed + 2 * edge)
+    per_epoch = s["batches"]
     res: dict[str, Any] = {"model": s["t"].config, "precision": s["t"].precision, "batch_frames": s["cfg"].batch_frames,
-                           "max_items": s["cfg"].max_items, "copies": copies, "batches_per_epoch": per_epoch,
+                           "max_items": s["cfg"].max_items, "copies": s["copies"], "batches_per_epoch": per_epoch,
                            "prefetch": 2}
-    feed = with_epochs(loader)
+    feed = with_epochs(trainer_loader(s, 2, s["dev"]))
     t0 = time.perf_counter()
     steps, info = train_steps(s, feed, warm + timed)
     res["mid_epoch"] = {"first_step": warm, **summary(steps[warm:], info[warm:])}
@@ -556,19 +525,19 @@ def core_counts(a: argparse.Namespace, allowed: list[int]) -> list[int]:
     return [1] if a.quick else sorted({c for c in CORES if c < len(allowed)} | {len(allowed)})
 
 
-def sweep(a: argparse.Namespace, res: dict[str, Any], feeds: dict[str, Callable[[int], tuple[list, list]]],
-          refs: dict[str, str], same: Callable[[list], Any], want: Any) -> None:
-    """Each feed at each core count (`feeds[name](cores)` trains the timed steps), checked to train on the same
-    batches as the on-device reference (`same(info) == want`), its step against its reference's."""
+def sweep(a: argparse.Namespace, res: dict[str, Any], feeds: dict[str, tuple[Callable[[int], tuple], str]],
+          key: str, want: list) -> None:
+    """Each feed `name: (run, ref)` at each core count (`run(cores)` trains the timed steps), checked to train on
+    the on-device reference's batches (each batch's `key` as in `want`), its step against `res[ref]`'s."""
     warm = res["warmup_steps"]
     allowed = sorted(os.sched_getaffinity(0))
     for c in core_counts(a, allowed):
         row: dict[str, Any] = {"cpus": pin(c, allowed)}
-        for feed, run in feeds.items():
+        for feed, (run, ref) in feeds.items():
             steps, info = run(c)
-            ensure(same(info) == want, f"{feed}'s batches differ from the on-device ones")
-            row[feed] = {**summary(steps[warm:], info[warm:])}
-            row[feed]["vs_on_device"] = row[feed]["step_ms"] / res[refs[feed]]["step_ms"]
+            ensure([i[key] for i in info] == want, f"{feed}'s batches differ from the on-device ones")
+            row[feed] = summary(steps[warm:], info[warm:])
+            row[feed]["vs_on_device"] = row[feed]["step_ms"] / res[ref]["step_ms"]
         res["by_cores"][str(c)] = row
         save_partial(a, res)
         print(f"[{a.child}] {c} cores: " + ", ".join(f"{f} {row[f]['vs_on_device']:.3f}x" for f in feeds), flush=True)
@@ -578,8 +547,7 @@ def sweep(a: argparse.Namespace, res: dict[str, Any], feeds: dict[str, Callable[
 
 
 def on_device(batches, dev, k: int) -> list[dict[str, Any]]:
-    """The first k batches moved to the device (copied: the loader's collate buffers are reused, and on a CPU the
-    move is no copy)."""
+    """The first k batches moved to the device (copied: the loader reuses its collate buffers; on a CPU, no move)."""
     import core
     import torch
 
@@ -597,45 +565,36 @@ def part_cores(a: argparse.Namespace) -> dict[str, Any]:
 
     warm, timed = q(a, CORE_STEPS)
     k = warm + timed
-    s = f5_setup(a, copies_for(a, k + 2))
+    s = f5_setup(a, k + 2)
     dev = s["dev"]
     res: dict[str, Any] = {"model": s["t"].config, "precision": s["t"].precision, "batch_frames": s["cfg"].batch_frames,
                            "cores_available": len(os.sched_getaffinity(0)), "warmup_steps": warm, "timed_steps": timed,
                            "within": WITHIN, "by_cores": {}}
     # The k batches every feed trains on: the loader's first k of epoch 0, every shape seen once before timing.
-    src = f5_loader(s, 0, torch.device("cpu"))
-    src.set_epoch(0)
-    ready = on_device(src, dev, k)
+    ready = on_device(trainer_loader(s, 0, torch.device("cpu"), epoch=0), dev, k)
     for b in ready:
         s["t"].step(b)
     steps, info = train_steps(s, iter(ready), k)
     res["on_device"] = summary(steps[warm:], info[warm:])
-    frames = [i["frames"] for i in info]
     save_partial(a, res)
     # F5's own rule over the same rows: the shards' items map to the files they were made from.
     ds = OnTheFlyMel(str(s["shards"]), "mel", str(a.bundle / "wavs" / "en"))
     plan = [[int(i) % len(ds) for i in b["index"]] for b in ready]  # copy c's item i is c * len + i (one folder)
     del ready
 
-    def ours(c: int) -> tuple[list, list]:
-        loader = f5_loader(s, 2, dev)
-        loader.set_epoch(0)
-        return train_steps(s, iter(loader), k)
-
     def f5_rule(c: int) -> tuple[list, list]:
         dl = torch.utils.data.DataLoader(ds, batch_sampler=plan, num_workers=min(c, 16), pin_memory=dev.type == "cuda",
                                          collate_fn=_Collate(PadCollator(["mel"]), f5.AddTextIds(s["t"].tok)))
         return train_steps(s, iter(dl), k)
 
-    sweep(a, res, {"audiopipe": ours, "f5_own_rule": f5_rule}, {"audiopipe": "on_device", "f5_own_rule": "on_device"},
-          lambda info: [i["frames"] for i in info], frames)
+    sweep(a, res, {"audiopipe": (lambda c: train_steps(s, iter(trainer_loader(s, 2, dev, epoch=0)), k), "on_device"),
+                   "f5_own_rule": (f5_rule, "on_device")}, "frames", [i["frames"] for i in info])
     return res
 
 
 def kaldi_fbank_cpu() -> tuple[str, Callable[[Any], Any]]:
-    """3D-Speaker's FBank(80, mean_nor=True) for one crop on the CPU: (which code, wav [N] -> [T, 80]).
-    torchaudio.compliance.kaldi.fbank where it imports (speakerlab's own call), else audiopipe's kaldi_fbank_torch
-    (the same Kaldi fbank; tests/test_features_fbank.py holds it to kaldi-native-fbank)."""
+    """3D-Speaker's FBank(80, mean_nor=True) for one crop on the CPU: (which code, wav [N] -> [T, 80]). speakerlab's
+    own call where torchaudio imports, else audiopipe's kaldi_fbank_torch (tests hold it to kaldi-native-fbank)."""
     try:
         import torchaudio.compliance.kaldi as kaldi
 
@@ -651,13 +610,11 @@ def kaldi_fbank_cpu() -> tuple[str, Callable[[Any], Any]]:
 
 class SpeakerlabRule:
     """3D-Speaker's training item as speakerlab's WavSVDataset builds it, per item in DataLoader workers: read the
-    whole file; speed-perturb it whole (1.0, 0.9 or 1.1: sox's `speed` then `rate`); a random 3 s crop (a shorter
-    one zero-padded); Kaldi fbank 80 minus its mean, on the CPU; class speaker + speakers * speed. Written out
-    because speakerlab's WavReader needs torchaudio.load's torchcodec and sox_effects (gone from torchaudio 2.9;
-    the GPU image has 2.11): soundfile reads, soxr (SoX's resampler) does speed + rate. The draws (speed, then crop
-    start) follow SpeakerCrops' (np.random.default_rng([seed, 0, index])): each item gets audiopipe's speed for it.
-    Items are the grown corpus's global indices (copy c's item i is c * len(files) + i); each counts the samples
-    it decoded and speed-perturbed for its crop."""
+    whole file; speed-perturb it whole (1.0, 0.9 or 1.1: sox's `speed` then `rate`, here soxr); a random 3 s crop
+    (a shorter one zero-padded); Kaldi fbank 80 minus its mean; class speaker + speakers * speed (docs/gpu-proof.md
+    says why it is written out). The draws follow SpeakerCrops' (np.random.default_rng([seed, 0, index])), so each
+    item gets audiopipe's speed for it. Items are the grown corpus's indices (copy c's item i is c * len(files) + i);
+    each counts the samples it decoded and speed-perturbed for its crop."""
 
     def __init__(self, files: list[str], speaker: Any, num_speakers: int, *, seed: int = 0, crop: int = 48000):
         self.files, self.speaker, self.num_speakers = list(files), speaker, int(num_speakers)
@@ -724,7 +681,8 @@ def speaker_setup(a: argparse.Namespace, copies: int) -> dict[str, Any]:
                                  lambda step: er.RECIPE.margin, scale=args.scale).to(dev)
     precision, autocast = core.autocast_for(cfg.precision, dev)
     return {"dev": dev, "cfg": cfg, "data": data, "model": model, "opt": speaker.sgd(model, cfg),
-            "precision": precision, "autocast": autocast, "dirs": dirs, "crop": data.crops.crop_samples}
+            "precision": precision, "autocast": autocast, "dirs": dirs, "crop": data.crops.crop_samples,
+            "features": ["pcm"], "hashes": None, "kw": data.loader_kw}
 
 
 def speaker_steps(s: dict[str, Any], feed, n: int, fn) -> tuple[list, list]:
@@ -785,17 +743,7 @@ def part_speaker_cores(a: argparse.Namespace) -> dict[str, Any]:
                            "batch_frames": s["cfg"].batch_frames, "crop_samples": s["crop"], "copies": len(s["dirs"]),
                            "cores_available": len(os.sched_getaffinity(0)), "warmup_steps": warm, "timed_steps": timed,
                            "within": WITHIN, "by_cores": {}}
-
-    def loader(prefetch: int, device: Any):
-        """audiopipe's loader of the crops exactly as core.train builds it for train_eres2net, at epoch 0."""
-        cfg = replace(s["cfg"], prefetch=prefetch)
-        out = core._make_loader(cfg, core.Dist(device=device), ["pcm"], None, None, s["data"].loader_kw,
-                                Path(cfg.out))
-        out.set_epoch(0)
-        s["data"].crops.set_epoch(0)
-        return out
-
-    ready = on_device(loader(0, torch.device("cpu")), dev, k)
+    ready = on_device(trainer_loader(s, 0, torch.device("cpu"), epoch=0), dev, k)
     rows = [[int(i) for i in b["index"]] for b in ready]
     split = s["data"].split
     rule = SpeakerlabRule(export_wavs(a, folder), split.label_of, len(split.train_speakers), seed=0, crop=s["crop"])
@@ -822,9 +770,8 @@ def part_speaker_cores(a: argparse.Namespace) -> dict[str, Any]:
                                          collate_fn=speakerlab_collate)
         return speaker_steps(s, iter(dl), k, speakerlab_loss)
 
-    sweep(a, res, {"audiopipe": lambda c: speaker_steps(s, iter(loader(2, dev)), k, ours), "speakerlab_rule": rule_feed},
-          {"audiopipe": "on_device", "speakerlab_rule": "on_device_features"},
-          lambda info: [i["rows"] for i in info], rows)
+    sweep(a, res, {"audiopipe": (lambda c: speaker_steps(s, iter(trainer_loader(s, 2, dev, epoch=0)), k, ours),
+                                 "on_device"), "speakerlab_rule": (rule_feed, "on_device_features")}, "rows", rows)
     return res
 
 
@@ -832,8 +779,7 @@ def part_speaker_cores(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_features(a: argparse.Namespace) -> dict[str, Any]:
-    """bench_gpu_features on the bundle's re-sliced speech (LibriTTS-like lengths; on a CPU, three half-second
-    pieces), length-sorted and equal-length batches."""
+    """bench_gpu_features on the bundle's re-sliced speech (on a CPU, three half-second pieces)."""
     import bench_gpu_features as bgf
 
     clips = bgf.load_clips(a.bundle / "wavs", 1.5 if a.quick else 240.0, piece_s=0.5 if a.quick else None)
@@ -898,14 +844,13 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
     n = q(a, SHAPE_STEPS)
     res: dict[str, Any] = {"shapes": SHAPES, "steps": n, "f5tts": {}, "gpt_sovits": {}}
     for key, shapes, compile_ in (("eager", 0, False), ("eager_shapes", SHAPES, False), ("compiled_shapes", SHAPES, True)):
-        s = f5_setup(a, copies_for(a, n + 2))
+        s = f5_setup(a, n + 2)
         s["cfg"] = replace(s["cfg"], shapes=shapes, compile=compile_)
         if compile_:  # what --compile runs; on a CPU rehearsal dynamo traces once (dynamic shapes) and runs eagerly
-            t = s["t"]
-            t.model = core.compiled(t.model, s["cfg"]) if not a.quick else torch.compile(t.model, backend="eager",
-                                                                                         dynamic=True)
+            s["t"].model = torch.compile(s["t"].model, backend="eager", dynamic=True) if a.quick else \
+                core.compiled(s["t"].model, s["cfg"])
         t0 = time.perf_counter()
-        steps, info = train_steps(s, with_epochs(f5_loader(s, 2, s["dev"])), n)
+        steps, info = train_steps(s, with_epochs(trainer_loader(s, 2, s["dev"])), n)
         res["f5tts"][key] = {**summary(steps[1:], info[1:]), **first_seen(steps, info),
                              "wall_s": round(time.perf_counter() - t0, 1)}
         save_partial(a, res)
@@ -961,31 +906,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle", help="what `make gpu-bundle` made")
-    ap.add_argument("--out", type=Path, help="the folder for gpu_proof.json, gpu_proof.log and the budgets (required)")
+    ap.add_argument("--out", type=Path, required=True, help="the folder for gpu_proof.json, gpu_proof.log, the budgets")
     ap.add_argument("--work", type=Path, help="scratch (default: a folder in the system temp dir)")
     ap.add_argument("--device", help="cuda (default where torch sees one) or cpu")
     ap.add_argument("--quick", action="store_true", help="tiny models and few steps: the same code paths, fast")
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                     help=f"comma-separated, of {','.join(PARTS)}, or all (default: {','.join(DEFAULT_PARTS)})")
     ap.add_argument("--trainers", default=",".join(TRAINERS), help="the trainers the trainers part runs")
-    ap.add_argument("--budget-s", type=float, help="wall-clock budget of all parts together (default 420; 1200 with "
-                                                   "--quick)")
+    ap.add_argument("--budget-s", type=float, help="wall-clock budget of all parts (default 420; 1200 with --quick)")
     ap.add_argument("--without", default="", help="comma-separated modules made unimportable in every part "
                                                   "(rehearses the GPU image on a machine that has them)")
     for hidden in ("--child", "--trainer", "--deadline", "--cap"):  # what a child gets from its parent
         ap.add_argument(hidden, help=argparse.SUPPRESS, type=float if hidden == "--cap" else str)
     a = ap.parse_args(argv)
-    if a.out is None:
-        ap.error("--out is required: the folder for gpu_proof.json, gpu_proof.log and the budgets")
     a.bundle, a.out = a.bundle.resolve(), a.out.resolve()
     a.work = (a.work or Path(tempfile.gettempdir()) / "gpu_proof_work").resolve()
     if a.child:
         return child_main(a)
-    import torch
+    if a.device != "cpu":  # --device cpu (the rehearsal) needs no torch here: each part imports its own
+        import torch
 
-    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device here")
+        a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if a.device.startswith("cuda") and not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device here")
     wanted = PARTS if a.parts == "all" else [p.strip() for p in a.parts.split(",") if p.strip()]
     for kind, asked, known in (("part", wanted, PARTS), ("trainer", a.trainers.split(","), TRAINERS)):
         if unknown := sorted(set(asked) - set(known)):
