@@ -1,4 +1,4 @@
-"""Small helpers shared by the shard/loader tests: build a job and run it in-process on the session's Ray."""
+"""Small helpers shared by the shard/loader tests: build a job and run it in this process."""
 
 from __future__ import annotations
 

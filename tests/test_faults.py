@@ -3,7 +3,7 @@ a read-only --out, a full output disk, a source file deleted after discovery, a 
 
 Each fault ends in a one-line `audiopipe: error: ...` (exit 2) or a reject, and the rerun (the same command)
 gives the bytes of an uninterrupted run: every file of the output folder is compared (the manifest holds no
-timestamps, so nothing is left out). Reruns run in-process on the test session's Ray to keep Ray starts few.
+timestamps, so nothing is left out). Reruns run in-process (the local engine) to keep process starts few.
 Mount-based faults need root (tmpfs and read-only bind mounts); they are skipped with the reason otherwise.
 """
 
@@ -44,7 +44,7 @@ def _make_corpus(root: Path) -> Path:
 
 def _cmd(corpus: Path, out: Path, workers: int = 2) -> list[str]:
     # Worker count never changes the bytes (the plan depends on the corpus alone): subprocesses use one worker,
-    # in-process runs the session Ray's two.
+    # in-process runs use two.
     return ["shard", "--corpus", str(corpus), "--out", str(out), "--workers", str(workers), *ARGS]
 
 
@@ -116,7 +116,7 @@ def _can_mount(tmp: Path) -> str | None:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """The corpus and its uninterrupted output (the CLI in-process, on the session's Ray)."""
+    """The corpus and its uninterrupted output (the CLI in-process)."""
     corpus = _make_corpus(tmp_path_factory.mktemp("fault_corpus"))
     out = tmp_path_factory.mktemp("fault_clean") / "out"
     assert main(_cmd(corpus, out)) == 0

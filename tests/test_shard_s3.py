@@ -67,8 +67,8 @@ def _get(root: str, rel: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def reference(espeak_corpus, tmp_path_factory):
-    """The job the CLI builds from ARGS, run in-process to a local folder on the session's Ray: what every s3
-    run must reproduce byte for byte."""
+    """The job the CLI builds from ARGS, run in-process to a local folder: what every s3 run must reproduce byte
+    for byte."""
     from shard_helpers import shard
 
     out = tmp_path_factory.mktemp("s3ref") / "local"
