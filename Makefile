@@ -21,6 +21,9 @@ $(BIN)/.ok: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip "setuptools<82" wheel
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# librosa (the tests' reference for the mel) compiles its numba kernels on first import, ~16 s of CPU, and
+	# caches them in the venv: once here, as pip compiles .pyc files, rather than in the first test run.
+	$(BIN)/python -c "import librosa.util.utils"
 	touch $@
 
 venv: $(BIN)/.ok

@@ -113,10 +113,10 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def librosa_kernels(tmp_path_factory: pytest.TempPathFactory) -> None:
     """librosa's numba kernels compiled once per run, not once per test process (`pytestmark =
-    pytest.mark.usefixtures("librosa_kernels")` in a module that uses librosa as its oracle). Importing
-    librosa.util compiles them on a fresh venv (~15 s of CPU) and caches them beside librosa's source: under the
-    lock, which every xdist worker of the run shares, the first worker compiles and the others load its cache
-    (~1 s) instead of compiling the same kernels at the same time."""
+    pytest.mark.usefixtures("librosa_kernels")` in a module that uses librosa as its oracle). `make venv`
+    compiles them already; on a venv built otherwise, importing librosa.util compiles them (~16 s of CPU) and
+    caches them beside librosa's source: under the lock, which every xdist worker of the run shares, the first
+    worker compiles and the others load its cache (~1 s) instead of compiling the same kernels at the same time."""
     from filelock import FileLock
 
     shared = tmp_path_factory.getbasetemp().parent  # under xdist: the run's folder above each worker's own
