@@ -16,13 +16,13 @@ DEBS    := $(shell sed 's/\#.*//' sysdeps.txt)
 
 .PHONY: demo test sysdeps venv upstream bench clean-demo gpu-bundle
 
+# librosa (the tests' reference for the mel) compiles its numba kernels on first import, ~16 s of CPU, and caches
+# them in the venv: the last step compiles them once, as pip compiles .pyc files, rather than in the first test run.
 $(BIN)/.ok: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools<82" wheel
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
-	# librosa (the tests' reference for the mel) compiles its numba kernels on first import, ~16 s of CPU, and
-	# caches them in the venv: once here, as pip compiles .pyc files, rather than in the first test run.
 	$(BIN)/python -c "import librosa.util.utils"
 	touch $@
 
