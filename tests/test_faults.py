@@ -52,10 +52,10 @@ def _spawn(corpus: Path, out: Path, *, lowest_priority: bool = False) -> subproc
     # Its own session, so that kill -9 of the group takes the driver and every Ray process it started.
     # lowest_priority: the job (and all it starts) runs at nice 19, so that on a busy machine the test acting on
     # its progress is scheduled the moment it wakes; at equal priority it could wait out the few ms a shard takes
-    # and find the job already past the point it meant to act at.
-    return subprocess.Popen([sys.executable, "-m", "audiopipe.cli", *_cmd(corpus, out, 1)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=(lambda: os.nice(19)) if lowest_priority else None)
+    # and find the job already past the point it meant to act at. (`nice` execs the job: the pid stays the job's.)
+    nice = ["nice", "-n", "19"] if lowest_priority else []
+    return subprocess.Popen([*nice, sys.executable, "-m", "audiopipe.cli", *_cmd(corpus, out, 1)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
