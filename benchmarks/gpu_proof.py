@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import platform
+import select
 import shutil
 import subprocess
 import sys
@@ -129,12 +130,16 @@ def _output(cmd: list[str]) -> str | None:
 
 
 def device_info(a: argparse.Namespace) -> dict[str, Any]:
+    """The machine, and the device the parts use: --device, else cuda where torch sees one."""
     import torch
 
-    info: dict[str, Any] = {"device": a.device, "python": platform.python_version(), "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+    cuda = torch.cuda.is_available()
+    device = a.device or ("cuda" if cuda else "cpu")
+    info: dict[str, Any] = {"device": device, "cuda_available": cuda, "python": platform.python_version(),
+                            "torch": torch.__version__, "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
+                            "platform": platform.platform(),
                             "commit": _output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])}
-    if a.device.startswith("cuda"):
+    if device.startswith("cuda") and cuda:
         p = torch.cuda.get_device_properties(0)
         info.update(name=p.name, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}",
                     cudnn=torch.backends.cudnn.version(), nvidia_smi=_output(
@@ -172,25 +177,26 @@ def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | N
     name = child_name(part, extra[1] if extra else None)
     result = a.work / f"{name}.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--bundle", str(a.bundle), "--out",
-           str(a.out), "--work", str(a.work), "--device", a.device, "--without", a.without, "--trainers", a.trainers,
-           "--deadline", str(time.time() + cap - 3), "--cap", str(cap), *(extra or []), *(["--quick"] * a.quick)]
+    argv = ["--child", part, "--bundle", str(a.bundle), "--out", str(a.out), "--work", str(a.work), "--device",
+            a.device or "", "--without", a.without, "--trainers", a.trainers, "--deadline", str(time.time() + cap - 3),
+            "--cap", str(cap), *(extra or []), *(["--quick"] * a.quick)]
     t0 = time.perf_counter()
     log = a.work / f"{name}.out"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=a.env, cwd=ROOT, start_new_session=True)
-        with open(a.work / "process_groups", "a") as g:  # every group started: all are ended on a timeout
-            g.write(f"{proc.pid}\n")
-        try:
-            rc = proc.wait(timeout=cap)
-            status = "ok" if rc == 0 else "failed"
-            _forget_group(a.work, proc.pid)  # ended: its number may be reused, never signal it again
-        except subprocess.TimeoutExpired:
-            kill_groups(a.work, since=proc.pid)
-            proc.wait()
-            rc, status = None, "timeout"
+    pid = fork_part(a, argv, log)
+    with open(a.work / "process_groups", "a") as g:  # every group started: all are ended on a timeout
+        g.write(f"{pid}\n")
+    pidfd = os.pidfd_open(pid)
+    if select.select([pidfd], [], [], cap)[0]:
+        rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        status = "ok" if rc == 0 else "failed"
+        _forget_group(a.work, pid)  # ended: its number may be reused, never signal it again
+    else:
+        kill_groups(a.work, since=pid)
+        os.waitpid(pid, 0)
+        rc, status = None, "timeout"
+    os.close(pidfd)
     res: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 1), "cap_s": round(cap, 1),
-                           "exit": rc}
+                           "exit": rc, "pid": pid}
     if result.exists():
         body = json.loads(result.read_text())
         if body.get("error"):
@@ -200,6 +206,42 @@ def run_child(a: argparse.Namespace, part: str, cap: float, extra: list[str] | N
     if res["status"] != "ok":
         res["output_tail"] = tail(log.read_text(errors="replace"), 40)
     return res
+
+
+def fork_part(a: argparse.Namespace, argv: list[str], log: Path) -> int:
+    """A child that runs `gpu_proof.py ARGV` in a session of its own, its output to `log`: forked, so that what
+    this process imported (torch, the trainers' core: seconds a process) is not imported again. This process never
+    touches CUDA, which a forked child could not then use."""
+    torch = sys.modules.get("torch")
+    ensure(torch is None or not torch.cuda.is_initialized(), "a part cannot fork from a process that used CUDA")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    rc = 1
+    try:
+        os.setsid()
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        # Line-buffered: a part stopped at its cap keeps its output to the last line.
+        sys.stdout, sys.stderr = (open(n, "w", buffering=1, closefd=False) for n in (1, 2))
+        os.chdir(ROOT)
+        os.environ.clear()
+        os.environ.update(a.env)  # and its PYTHONPATH (the wheels' folder) on the path, as a new process has it
+        sys.path[1:1] = [p for p in a.env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        importlib.invalidate_caches()
+        sys.argv = [str(Path(__file__).resolve()), *argv]
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the child's output says what went wrong; its exit code that it did
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
 
 
 def _forget_group(work: Path, pid: int) -> None:
@@ -923,12 +965,6 @@ def main(argv: list[str] | None = None) -> int:
     a.work = (a.work or Path(tempfile.gettempdir()) / "gpu_proof_work").resolve()
     if a.child:
         return child_main(a)
-    if a.device != "cpu":  # --device cpu (the rehearsal) needs no torch here: each part imports its own
-        import torch
-
-        a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if a.device.startswith("cuda") and not torch.cuda.is_available():
-            ap.error("--device cuda: torch sees no CUDA device here")
     wanted = PARTS if a.parts == "all" else [p.strip() for p in a.parts.split(",") if p.strip()]
     for kind, asked, known in (("part", wanted, PARTS), ("trainer", a.trainers.split(","), TRAINERS)):
         if unknown := sorted(set(asked) - set(known)):
@@ -944,11 +980,23 @@ def main(argv: list[str] | None = None) -> int:
     a.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
              "PYTHONPATH": os.pathsep.join([*([wheels["site"]] if wheels.get("site") else []), str(ROOT),
                                             str(ROOT / "trainers"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    # The device is read in a child: this process never holds a CUDA context (GPU memory all run long). A failure
-    # is written down, not fatal: each part then records its own.
+    # Every part forks from this process (fork_part), which imports torch and the trainers' core once for all of
+    # them. It never touches CUDA (a forked child could not use it, and GPU memory would be held all run long):
+    # the device is read in a child. A failure to read it is written down, not fatal: each part records its own.
+    block_modules(a.without)
+    try:
+        import core  # noqa: F401
+    except ImportError:  # (--without torch) each part fails with its own reason
+        pass
     info = run_child(a, "info", 120)
-    info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit")} if info["status"] == "ok" \
-        else {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
+    if info["status"] == "ok":
+        if (a.device or "").startswith("cuda") and not info["cuda_available"]:
+            ap.error("--device cuda: torch sees no CUDA device here")
+        info = {k: v for k, v in info.items() if k not in ("status", "seconds", "cap_s", "exit", "pid")}
+        a.device = info["device"]
+    else:
+        a.device = a.device or ("cuda" if Path("/dev/nvidiactl").exists() else "cpu")
+        info = {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
     doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/2", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
                            "without": a.without, "budget_s": budget, "command": " ".join(sys.argv),

@@ -240,8 +240,20 @@ def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
     res = gpu_proof.run_child(a, "trainer", 1.0, extra=["--trainer", "f5tts"])  # no trainer starts in a second
     assert res["status"] == "timeout" and res["exit"] is None and time.monotonic() - t0 < 10
     assert "output_tail" in res
-    ps = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
-    assert ps.stdout.strip() == ""  # the child and anything it started are gone
+    assert running_in_session(res["pid"]) == []  # the child (a session of its own) and all it started are gone
+
+
+def running_in_session(sid: int) -> list[int]:
+    """The live (not zombie) processes of session `sid`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.getsid(int(d.name)) == sid and \
+                    (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(d.name))
+        except (ProcessLookupError, FileNotFoundError):  # ended while listed
+            pass
+    return found
 
 
 def test_a_timeout_ends_that_group_and_the_ones_it_started_not_its_parents(tmp_path):
