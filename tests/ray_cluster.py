@@ -1,5 +1,5 @@
 """Real Ray nodes on this machine, for the tests and benchmarks that lose one (tests/test_shard_cluster.py,
-test_shard_s3.py, test_shard_security.py; benchmarks/bench_chaos.py, bench_scale.py). Cluster: a head node and a
+test_shard_security.py; benchmarks/bench_chaos.py, bench_scale.py). Cluster: a head node and a
 worker node, each its own `ray start` with one CPU, on free ports, in a private temp folder, with a token. Stress:
 processes spinning on the CPU beside it. Processes are found through /proc, so a node is lost by SIGKILL of its
 own pids and other Ray sessions on the machine are left alone.
@@ -69,10 +69,12 @@ class Cluster:
     """A head node and one worker node, each its own `ray start` with one CPU, on free ports, in a private temp
     folder (so other Ray sessions on the machine are left alone), with token authentication."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """`env`: more environment for the nodes, which their workers inherit (as a real cluster's set-up gives)."""
         self.tmp = tempfile.mkdtemp(prefix="aprc-", dir="/tmp")  # short: Ray's socket paths stay < 108 bytes
         self.token = secrets.token_hex(16)
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
+        self.env = dict(os.environ, **(env or {}), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token",
+                        RAY_AUTH_TOKEN=self.token)
         # Notice a dead node in ~1 s instead of Ray's default ~15 s (the behaviour tested is the same).
         self.env.update(RAY_health_check_period_ms="250", RAY_health_check_failure_threshold="4",
                         RAY_health_check_initial_delay_ms="0", RAY_health_check_timeout_ms="1000")

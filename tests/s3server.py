@@ -8,6 +8,7 @@ over TCP with the environment the fixture sets. Its objects live in moto's in-pr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 
@@ -71,6 +72,29 @@ def upload(server: S3Server, folder, url: str) -> str:
     pafs.copy_files(str(folder), parse_s3(url).path, source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=admin_client(server))
     return url
+
+
+def object_keys(root: str) -> list[str]:
+    """The key of every object under the s3:// prefix, relative to it (listed through audiopipe's own client)."""
+    from pyarrow import fs as pafs
+
+    from audiopipe.storage.s3 import filesystem, parse_s3
+
+    url = parse_s3(root)
+    infos = filesystem().get_file_info(pafs.FileSelector(url.path, recursive=True, allow_not_found=True))
+    return [i.path[len(url.path) + 1:] for i in infos if i.type == pafs.FileType.File]
+
+
+def object_digests(root: str) -> dict[str, str]:
+    """Relative key -> sha256 of every object under the prefix (read back through audiopipe's own client)."""
+    from audiopipe.storage.s3 import filesystem, parse_s3
+
+    fs, base = filesystem(), parse_s3(root)
+    out = {}
+    for key in object_keys(root):
+        with fs.open_input_stream(base.child(key).path) as f:
+            out[key] = hashlib.sha256(f.read()).hexdigest()
+    return out
 
 
 @pytest.fixture(scope="session")

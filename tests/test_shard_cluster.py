@@ -1,5 +1,6 @@
 """`audiopipe shard --ray-address` on a real 2-node Ray cluster on this machine with token authentication, losing
-its worker node mid-job under CPU stress (the harness of benchmarks/bench_chaos.py, which runs it 10+ times).
+its worker node mid-job under CPU stress (the harness of benchmarks/bench_chaos.py, which runs it 10+ times), and
+mid-job to an s3:// --out (a real S3 server on 127.0.0.1, tests/s3server.py).
 
 Each node is its own `ray start` (own raylet, object store and workers), on free ports and in a private temp
 folder, so the tests run beside other Ray sessions. Every run must end byte-identical to an uninterrupted run,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +27,14 @@ from ray_cluster import Cluster, Stress, job_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["s3server"]
+
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = Cluster().start()
+def cluster(s3_server):
+    """Its nodes start with the S3 server's AWS_* environment, which each node's workers inherit from its `ray
+    start`, as on a real cluster (the local-folder tests do not read it)."""
+    c = Cluster(env=s3_server.env()).start()
     try:
         yield c
     finally:
@@ -93,3 +99,31 @@ def test_a_job_joins_with_a_token_file_and_without_a_token_is_refused_in_one_lin
     assert lines[0].startswith("audiopipe: error: the Ray cluster at") and "RAY_AUTH_TOKEN" in lines[0]
     assert cluster.token not in r.stderr + r.stdout
     assert not (tmp_path / "without" / "done").exists()
+
+
+def test_a_worker_node_lost_mid_job_to_s3_loses_no_object(cluster, clean, espeak_corpus, s3):
+    """--out s3://: each worker uploads from its own staging; SIGKILL of the worker node mid-job, while it builds
+    a shard, loses nothing: the job ends 0 and the objects are the uninterrupted local run's bytes."""
+    from s3server import object_digests, object_keys
+
+    digest, n_shards = clean
+    out = f"{s3[1]}/cluster"
+    proc = subprocess.Popen(shard_cmd(espeak_corpus.root, out, cluster.address), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=job_env(cluster), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 180
+        while not (sum(k.startswith("done/") for k in object_keys(out)) >= n_shards // 4
+                   and cluster.busy_on_worker()):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the worker node never held a shard past a quarter of the job"
+            time.sleep(0.02)
+        cluster.lose_worker("node")
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cluster.clear_worker()
+        cluster.add_worker()
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    assert object_digests(out) == digest
