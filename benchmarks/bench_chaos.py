@@ -6,6 +6,7 @@ points, the ways a node is lost and the command: docs/extraction.md ("Chaos").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -105,13 +106,13 @@ def main() -> int:
     a = p.parse_args()
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(2 ** 32)
     rng = random.Random(seed)
-    work = Path(tempfile.mkdtemp(prefix="audiopipe-chaos-"))
     res = {"host": host(a.machine), "command": " ".join(sys.argv), "seed": seed, "stress_processes": a.stress,
            "runs_asked": a.runs, "load_average_1m": [], "runs": [], "failed": 0}
-    cluster = None
-    try:
+    with (tempfile.TemporaryDirectory(prefix="audiopipe-chaos-", ignore_cleanup_errors=True) as tmp,
+          contextlib.ExitStack() as cleanup):
         from corpora import make_espeak_corpus
 
+        work = Path(tmp)
         make_espeak_corpus(work / "corpus", speakers=4, per_speaker=6)
         r = subprocess.run(shard_cmd(work / "corpus", work / "clean", None), capture_output=True, text=True,
                            cwd=ROOT, env=child_env(), timeout=600)
@@ -120,6 +121,7 @@ def main() -> int:
         clean = tree_digest(work / "clean")
         res["shards"] = n_shards = len(json.loads((work / "clean" / "manifest.json").read_text())["shards"])
         cluster = Cluster().start()
+        cleanup.callback(cluster.stop)  # before the folder goes (the inner context ends first)
         with Stress(a.stress):
             for i in range(a.runs):
                 point, mode = rng.choice(POINTS), rng.choice(MODES)
@@ -133,10 +135,6 @@ def main() -> int:
                 cluster.clear_worker()
                 if i + 1 < a.runs:
                     cluster.add_worker()
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
     print(f"{len(res['runs']) - res['failed']} of {a.runs} runs identical, or one line + an identical rerun")
     return 0 if res["failed"] == 0 and len(res["runs"]) == a.runs else 1
 
