@@ -41,15 +41,6 @@ def shard_cmd(corpus: Path, out: Path, address: str | None) -> list[str]:
             *(["--ray-address", address] if address else ["--workers", "0"])]
 
 
-def one_line_rerun_error(stderr: str) -> str | None:
-    """The one `audiopipe: error: ...` line that says to rerun, or None when stderr is anything else."""
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    if len(lines) == 1 and lines[0].startswith("audiopipe: error: ") and "rerun" in lines[0] \
-            and "Traceback" not in stderr:
-        return lines[0]
-    return None
-
-
 def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], n_shards: int, point: str,
               mode: str, rng: random.Random, timeout: float = 300.0) -> dict:
     """One job that loses the worker node at `point`; returns what happened, with `outcome` checked."""
@@ -87,9 +78,11 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
         return end(-9, "FAIL: the job hung", proc.communicate()[1])
     if proc.returncode == 0:
         return end(0, "identical" if tree_digest(out) == clean else "FAIL: exit 0, other bytes", stderr)
-    result["error_line"] = one_line_rerun_error(stderr)
-    if result["error_line"] is None:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]  # the one `audiopipe: error:` line, or FAIL
+    if len(lines) != 1 or not lines[0].startswith("audiopipe: error: ") or "rerun" not in lines[0] \
+            or "Traceback" in stderr:
         return end(proc.returncode, "FAIL: not one line saying to rerun", stderr)
+    result["error_line"] = lines[0]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if r.returncode != 0:
         return end(proc.returncode, "FAIL: the rerun failed", r.stderr)
