@@ -6,6 +6,7 @@ points, the ways a node is lost and the command: docs/extraction.md ("Chaos").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,15 +39,6 @@ def shard_cmd(corpus: Path, out: Path, address: str | None) -> list[str]:
     return [sys.executable, "-m", "audiopipe.cli", "shard", "--corpus", str(corpus), "--out", str(out), "--features",
             "mel,f0", "--shard-size", f"{SHARD_KB}kB", "--no-progress",
             *(["--ray-address", address] if address else ["--workers", "0"])]
-
-
-def one_line_rerun_error(stderr: str) -> str | None:
-    """The one `audiopipe: error: ...` line that says to rerun, or None when stderr is anything else."""
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    if len(lines) == 1 and lines[0].startswith("audiopipe: error: ") and "rerun" in lines[0] \
-            and "Traceback" not in stderr:
-        return lines[0]
-    return None
 
 
 def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], n_shards: int, point: str,
@@ -86,9 +78,11 @@ def chaos_run(cluster: Cluster, corpus: Path, out: Path, clean: dict[str, str], 
         return end(-9, "FAIL: the job hung", proc.communicate()[1])
     if proc.returncode == 0:
         return end(0, "identical" if tree_digest(out) == clean else "FAIL: exit 0, other bytes", stderr)
-    result["error_line"] = one_line_rerun_error(stderr)
-    if result["error_line"] is None:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]  # the one `audiopipe: error:` line, or FAIL
+    if len(lines) != 1 or not lines[0].startswith("audiopipe: error: ") or "rerun" not in lines[0] \
+            or "Traceback" in stderr:
         return end(proc.returncode, "FAIL: not one line saying to rerun", stderr)
+    result["error_line"] = lines[0]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if r.returncode != 0:
         return end(proc.returncode, "FAIL: the rerun failed", r.stderr)
@@ -105,13 +99,13 @@ def main() -> int:
     a = p.parse_args()
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(2 ** 32)
     rng = random.Random(seed)
-    work = Path(tempfile.mkdtemp(prefix="audiopipe-chaos-"))
     res = {"host": host(a.machine), "command": " ".join(sys.argv), "seed": seed, "stress_processes": a.stress,
            "runs_asked": a.runs, "load_average_1m": [], "runs": [], "failed": 0}
-    cluster = None
-    try:
+    with (tempfile.TemporaryDirectory(prefix="audiopipe-chaos-", ignore_cleanup_errors=True) as tmp,
+          contextlib.ExitStack() as cleanup):
         from corpora import make_espeak_corpus
 
+        work = Path(tmp)
         make_espeak_corpus(work / "corpus", speakers=4, per_speaker=6)
         r = subprocess.run(shard_cmd(work / "corpus", work / "clean", None), capture_output=True, text=True,
                            cwd=ROOT, env=child_env(), timeout=600)
@@ -120,6 +114,7 @@ def main() -> int:
         clean = tree_digest(work / "clean")
         res["shards"] = n_shards = len(json.loads((work / "clean" / "manifest.json").read_text())["shards"])
         cluster = Cluster().start()
+        cleanup.callback(cluster.stop)  # before the folder goes (the inner context ends first)
         with Stress(a.stress):
             for i in range(a.runs):
                 point, mode = rng.choice(POINTS), rng.choice(MODES)
@@ -133,10 +128,6 @@ def main() -> int:
                 cluster.clear_worker()
                 if i + 1 < a.runs:
                     cluster.add_worker()
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
     print(f"{len(res['runs']) - res['failed']} of {a.runs} runs identical, or one line + an identical rerun")
     return 0 if res["failed"] == 0 and len(res["runs"]) == a.runs else 1
 

@@ -1,8 +1,6 @@
 """EnCodec 24 kHz encoding speed on real speech: one clip at a time against batches, per CPU-second and by the clock
 (docs/extraction.md#codec-encodec-24-khz-16-codebooks). Random-init weights have the released model's compute; a
 CUDA machine adds the GPU.
-
-    python benchmarks/bench_codec.py --threads 1 --batch 1,8 --rounds 3 --json benchmarks/results/codec.json
 """
 
 from __future__ import annotations
@@ -23,14 +21,14 @@ from audiopipe.decode.audio import load_audio, resample  # noqa: E402
 from audiopipe.features.codec import EncodecEncoder  # noqa: E402
 
 
-def speech(seconds: float) -> list:
-    """At least `seconds` of the demo corpus's 4 recorded voices, as 24 kHz clips."""
+def speech() -> list:
+    """At least 30 s of the demo corpus's 4 recorded voices, as 24 kHz clips."""
     with tempfile.TemporaryDirectory(prefix="audiopipe-codec-") as d:
         build_demo_corpus(Path(d) / "wavs", per_voice=12)
         clips = []
         for p in sorted(Path(d).rglob("*.wav")):
             clips.append(resample(*load_audio(p), 24000))
-            if sum(map(len, clips)) >= seconds * 24000:
+            if sum(map(len, clips)) >= 30 * 24000:
                 break
     return clips
 
@@ -38,7 +36,6 @@ def speech(seconds: float) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes (clips per encode_batch call)")
-    ap.add_argument("--seconds", type=float, default=30.0, help="audio per measurement")
     ap.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--machine", default=MACHINE, help="label for the JSON")
@@ -47,7 +44,7 @@ def main() -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     machine = host(a.machine, torch=torch.__version__)  # the load average as the run starts
-    clips = speech(a.seconds)
+    clips = speech()
     audio_s = sum(map(len, clips)) / 24000
     runs = []
     for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):

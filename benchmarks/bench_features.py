@@ -1,10 +1,5 @@
-"""Feature extraction speed (x real time per core), one stage at a time, on one thread (docs/features.md#speed).
-
-    python benchmarks/bench_features.py --json bench_features.json
-
-Speeds are CPU time of this process (best of --repeat), which other load on the machine inflates less than wall
-time.
-"""
+"""Feature extraction speed (x real time per core, CPU time of this process), one stage at a time, on one thread;
+the command and the table: docs/features.md#speed."""
 
 from __future__ import annotations
 
@@ -66,8 +61,8 @@ def speed_table(n_prompts: int, repeat: int) -> list[dict]:
          lambda: [sf.read(p, dtype="float32") for p in paths]),
         ("resample", "soxr HQ 8 -> 24 kHz", seconds, lambda: soxr.resample(speech8, 8000, 24000)),
         ("resample", "soxr HQ 24 -> 16 kHz", seconds, lambda: soxr.resample(speech24, 24000, 16000)),
-        ("vocos_mel", "VocosMel, 24 kHz, float64 STFT", seconds, lambda: vocos(speech24)),
-        ("slaney_mel", "SlaneyMel, 22.05 kHz, float64 STFT", seconds, lambda: slaney(speech22)),
+        ("vocos_mel", "VocosMel, 24 kHz, float32 STFT", seconds, lambda: vocos(speech24)),
+        ("slaney_mel", "SlaneyMel, 22.05 kHz, float32 STFT", seconds, lambda: slaney(speech22)),
         ("mel (trainer)", "mel_spectrogram float32, 4 s crops batched", batch24.numel() / 24000, trainer_mel),
         ("energy", "Energy, 24 kHz hop 256", seconds, lambda: energy(speech24)),
         ("kaldi_fbank", "KaldiFbank (kaldi-native-fbank), 16 kHz", seconds, lambda: fbank(speech16)),

