@@ -228,10 +228,6 @@ def fork_part(a: argparse.Namespace, argv: list[str], log: Path) -> int:
         # Line-buffered: a part stopped at its cap keeps its output to the last line.
         sys.stdout, sys.stderr = (open(n, "w", buffering=1, closefd=False) for n in (1, 2))
         os.chdir(ROOT)
-        os.environ.clear()
-        os.environ.update(a.env)  # and its PYTHONPATH (the wheels' folder) on the path, as a new process has it
-        sys.path[1:1] = [p for p in a.env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        importlib.invalidate_caches()
         sys.argv = [str(Path(__file__).resolve()), *argv]
         rc = main(argv)
     except SystemExit as e:
@@ -268,7 +264,7 @@ def kill_groups(work: Path, since: int | None = None) -> None:
 
 def child_main(a: argparse.Namespace) -> int:
     block_modules(a.without)
-    a.env, a.deadline = dict(os.environ), float(a.deadline)  # the parent's env: the wheels' folder, for a grandchild
+    a.deadline = float(a.deadline)
     path = a.work / f"{child_name(a.child, a.trainer)}.json"
     try:
         body = CHILDREN[a.child](a)
@@ -977,9 +973,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     budget = a.budget_s or (1200.0 if a.quick else 420.0)
     wheels = install_wheels(a.bundle, a.work / "site")
-    a.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-             "PYTHONPATH": os.pathsep.join([*([wheels["site"]] if wheels.get("site") else []), str(ROOT),
-                                            str(ROOT / "trainers"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    # What the parts inherit: the wheels on the path (and on PYTHONPATH, for any process that starts Python anew).
+    path = [*([wheels["site"]] if wheels.get("site") else []), str(ROOT), str(ROOT / "trainers")]
+    sys.path[:0] = path
+    os.environ.update(PYTHONUNBUFFERED="1", RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false",
+                      PYTHONPATH=os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     # Every part forks from this process (fork_part), which imports torch and the trainers' core once for all of
     # them. It never touches CUDA (a forked child could not use it, and GPU memory would be held all run long):
     # the device is read in a child. A failure to read it is written down, not fatal: each part records its own.

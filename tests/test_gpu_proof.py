@@ -235,7 +235,7 @@ def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     a = argparse.Namespace(bundle=bundle, out=tmp_path, work=work, device="cpu", without="", quick=True,
-                           trainers="f5tts", env=env())
+                           trainers="f5tts")
     t0 = time.monotonic()
     res = gpu_proof.run_child(a, "trainer", 1.0, extra=["--trainer", "f5tts"])  # no trainer starts in a second
     assert res["status"] == "timeout" and res["exit"] is None and time.monotonic() - t0 < 10
