@@ -1,16 +1,7 @@
-"""Batching strategies on the same seeded length arrays (audiopipe/bench/synthetic_lengths.py), over corpus sizes
-and length distributions, under one padded budget of 38,400 frames: `audiopipe` (BucketBatchSampler dealt to
---world-size ranks, all ranks' batches counted), `f5_sort` (F5-TTS's DynamicBatchSampler) and `lhotse`
-(DynamicBucketingSampler, 30 buckets). docs/sampler.md says what each figure counts and gives the results.
-
-    python benchmarks/bench_batching.py --sweep --resume --collate --json benchmarks/results/batching.json \
-        --plot docs/img/batching.png
-    python benchmarks/bench_batching.py --sizes 78,1000,10000 --passes --world-size 1 --no-lhotse \
-        --json benchmarks/results/batching_small.json
-    python benchmarks/bench_batching.py --sizes 1000,10000,100000 --shapes 8,16,32 --no-lhotse \
-        --json benchmarks/results/batching_shapes.json --plot docs/img/batching_shapes.png
-    python benchmarks/bench_batching.py --tradeoff --sizes 1000,10000,100000 \
-        --json benchmarks/results/batching_tradeoff.json --plot docs/img/batching_tradeoff.png
+"""Batching strategies on the same seeded length arrays (audiopipe/bench/synthetic_lengths.py) under one padded
+budget of 38,400 frames: `audiopipe` (BucketBatchSampler dealt to --world-size ranks, all ranks' batches counted),
+`f5_sort` (F5-TTS's DynamicBatchSampler) and `lhotse` (DynamicBucketingSampler, 30 buckets). docs/sampler.md gives
+the commands (sections "Benchmark", "Small corpora" and "Few batch shapes"), what each figure counts and the results.
 """
 
 from __future__ import annotations
