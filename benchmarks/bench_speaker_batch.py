@@ -62,18 +62,14 @@ def slice_only(item: dict) -> dict:
     return {"wav": np.resize(item["pcm"], 48000) if len(item["pcm"]) < 48000 else item["pcm"][:48000], "label": 0}
 
 
-def floor_loader(shards: Path, data: speaker_data.SpeakerData):
-    kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
-    return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw)
-
-
 def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int = 5, batches: int = 4) -> dict:
     """The training thread's CPU time to build one batch of CAM++'s `default` recipe, the paths alternating batch by
     batch over the same utterances and draws; `floor`: the same loader whose item transform only takes the first 3 s
     (no draw); `device_side_ms_on_cpu`: what the device path then does on the device, with the CPU as the device."""
     loaders = {"cpu": batch_loader(shards, "cpu", aug)[0]}
     loaders["device"], data = batch_loader(shards, "device", aug)
-    loaders["floor"] = floor_loader(shards, data)
+    kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
+    loaders["floor"] = make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw)
     per_round: dict[str, list[float]] = {p: [] for p in loaders}
     device_ms, fbank_ms = [], []
     for r in range(rounds):

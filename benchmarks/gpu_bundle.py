@@ -167,10 +167,6 @@ def download_wheels(dest: Path) -> list[str]:
     return names
 
 
-def size_mib(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
-
-
 def tracked_mib() -> float | None:
     """Size of what a device call sends besides the bundle: the repository's tracked and untracked-not-ignored
     files (None outside a git checkout)."""
@@ -245,7 +241,8 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
     if wheels:
         doc["wheels"] = download_wheels(out / "wheels")
     doc["build_s"] = round(time.monotonic() - t0, 1)
-    doc["bundle_mib"] = round(size_mib(out), 2)
+    files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
+    doc["bundle_mib"] = round(sum(p.stat().st_size for p in files) / 2**20, 2)
     repo = tracked_mib()
     doc["repository_mib"] = round(repo, 2) if repo is not None else None
     (out / "bundle.json").write_text(json.dumps(doc, indent=1) + "\n")
