@@ -1,16 +1,7 @@
-"""Batching strategies on the same seeded length arrays (audiopipe/bench/synthetic_lengths.py), over corpus sizes
-and length distributions, under one padded budget of 38,400 frames: `audiopipe` (BucketBatchSampler dealt to
---world-size ranks, all ranks' batches counted), `f5_sort` (F5-TTS's DynamicBatchSampler) and `lhotse`
-(DynamicBucketingSampler, 30 buckets). docs/sampler.md says what each figure counts and gives the results.
-
-    python benchmarks/bench_batching.py --sweep --resume --collate --json benchmarks/results/batching.json \
-        --plot docs/img/batching.png
-    python benchmarks/bench_batching.py --sizes 78,1000,10000 --passes --world-size 1 --no-lhotse \
-        --json benchmarks/results/batching_small.json
-    python benchmarks/bench_batching.py --sizes 1000,10000,100000 --shapes 8,16,32 --no-lhotse \
-        --json benchmarks/results/batching_shapes.json --plot docs/img/batching_shapes.png
-    python benchmarks/bench_batching.py --tradeoff --sizes 1000,10000,100000 \
-        --json benchmarks/results/batching_tradeoff.json --plot docs/img/batching_tradeoff.png
+"""Batching strategies on the same seeded length arrays (audiopipe/bench/synthetic_lengths.py) under one padded
+budget of 38,400 frames: `audiopipe` (BucketBatchSampler dealt to --world-size ranks, all ranks' batches counted),
+`f5_sort` (F5-TTS's DynamicBatchSampler) and `lhotse` (DynamicBucketingSampler, 30 buckets). docs/sampler.md gives
+the commands (sections "Benchmark", "Small corpora" and "Few batch shapes"), what each figure counts and the results.
 """
 
 from __future__ import annotations
@@ -75,7 +66,8 @@ def lhotse_batches(lengths: np.ndarray) -> Callable[[int], Batches]:
     return plan
 
 
-def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray) -> dict:
+def row(corpus: str, lengths: np.ndarray, name: str, plan: Callable[[int], Batches], **extra) -> dict:
+    """One strategy's figures on one corpus (epoch 0, and how its batches change in epoch 1)."""
     t0 = time.perf_counter()
     e0 = plan(0)
     t_plan = time.perf_counter() - t0
@@ -93,7 +85,8 @@ def evaluate(name: str, plan: Callable[[int], Batches], lengths: np.ndarray) -> 
     multi1 = [frozenset(b.tolist()) for b in e1 if b.size > 1]
     same = sum(b in multi0 for b in multi1)
     unique = int(np.unique(placed).size)
-    return {"strategy": name, "batches": len(e0), "items_placed": unique, "items_repeated": int(placed.size - unique),
+    return {"corpus": corpus, "items": int(lengths.size), **extra, "strategy": name, "batches": len(e0),
+            "items_placed": unique, "items_repeated": int(placed.size - unique),
             "items_missing": int(lengths.size - unique), "padding_efficiency": real / float(padded.sum()),
             "fill_ratio": float(padded.mean() / BUDGET), "frame_fill": real / len(e0) / BUDGET if e0 else 0.0,
             "shapes_seen": len({samplers[0].shapes.shape(int(a), int(b)) if shaped else (a, b)
@@ -166,10 +159,6 @@ def bench_collate(lengths: np.ndarray, channels: int = 100, batches: int = 16) -
     out.update({f"{k}_gb_s": (big_src.nbytes if k == "memcpy" else real_bytes) / t / 1e9 for k, t in best.items()})
     out.update({f"{k}_vs_memcpy": out[f"{k}_gb_s"] / out["memcpy_gb_s"] for k in runs if k != "memcpy"})
     return out
-
-
-def row(name: str, lengths: np.ndarray, label: str, plan: Callable[[int], Batches], **extra) -> dict:
-    return {"corpus": name, "items": int(lengths.size), **extra, **evaluate(label, plan, lengths)}
 
 
 def pools_rows(name: str, lengths: np.ndarray, world: int, min_efficiencies: tuple,

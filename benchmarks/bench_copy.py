@@ -1,18 +1,6 @@
-"""Where a batch's time goes: the stages of an mmap batch and the copy kernels, on real shards. The stages and
-kernels, and what each figure is: docs/bench-loader.md#where-the-bytes-go (the guard: its regression-guard section).
-
-    python benchmarks/bench_copy.py --shards /tmp/loaderbench/shortshards --shards /tmp/loaderbench/bigshards \\
-        --rounds 5 --json benchmarks/results/bench_copy.json --plot docs/img/bench_copy.png
-    python benchmarks/bench_copy.py --shards /tmp/loaderbench/shortshards --quick      # < 1 min
-    python benchmarks/bench_copy.py --guard --json benchmarks/results/loader_guard.json
-    python benchmarks/bench_copy.py --shards /tmp/loaderbench/bigshards --loop 45 &   # a process to profile
-    sleep 20; perf record -F 1999 -p $! -o /tmp/loader.perf -- sleep 15
-    perf report -i /tmp/loader.perf -s pid,dso --stdio     # per thread: the prefetch thread, the loop
-
-One process, one thread, every batch of one epoch of make_loader's plan, warm page cache, rounds and corpora
-interleaved; `other` = loader - sampler - rows - collate (the DataLoader and the loop around them). Each copy
-kernel writes every batch into one reused buffer and is divided by a memcpy of the same bytes timed just before
-and after it (memory bandwidth on a shared VM drifts).
+"""Where a batch's time goes: the stages of an mmap batch and the copy kernels, on real shards (--loop: a process
+for a profiler to attach to; --guard: the loader guard's figure). The commands, the stages and kernels, and what
+each figure is: docs/bench-loader.md#where-the-bytes-go (the guard: its regression-guard section).
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The data wait of a training loop fed by make_loader: how long each step waits for a batch that is not ready.
-The results and what each figure counts: docs/bench-loader.md (data-wait under a training step) and docs/loader.md
-(the wait at an epoch boundary).
-
-    python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards --rounds 2 --passes 2 \\
-        --json benchmarks/results/datawait_quiet.json --plot docs/img/datawait_quiet.png
-    python benchmarks/bench_datawait.py --shards /tmp/loaderbench/bigshards --boundary \\
-        --json benchmarks/results/boundary.json --plot docs/img/boundary.png
-
-Same corpus, sampler, budget and seed for every loader; steps of 20, 50 and 200 ms that release the GIL as a GPU
-step does (a sleep, or a 256 x 256 torch.mm on one thread), rounds interleaved. A batch's wait runs from the end
-of the step before it to the batch in hand; each epoch's first batch is left out of `wait_share` and reported
-apart (`first_batch_ms`).
+The commands, the results and what each figure counts: docs/bench-loader.md (data-wait under a training step) and
+docs/loader.md (the wait at an epoch boundary).
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ THREADS = 16  # audiopipe.corpus.discover.DEFAULT_HEADER_THREADS
 ODD_EVERY = 10_000  # four odd files per this many files
 ODD_REJECTS = 3  # junk, cut header, zero length; the fourth (data past the end) is read shortened
 
-# ------------------------------------------------------------------ corpus
-
 
 def _templates(k: int = 64) -> list[bytes]:
     """k small real WAV files as bytes (16-bit mono PCM, a 44-byte header): 100-300 samples cut from the asterisk
@@ -85,8 +83,6 @@ def make_corpus(root: Path, n: int, procs: int = 4) -> dict:
     (root / "EXPECTED.json").write_text(json.dumps(expected))
     return expected
 
-
-# ------------------------------------------------------------------ the three measurements
 
 def audio_files(root: str | Path) -> list[str]:
     """Every .wav under root (what the baselines read), listed before their clock starts."""
@@ -168,14 +164,11 @@ def _run_child(what: str, root: Path) -> dict:
 
 
 def summarise(runs: dict) -> dict:
-    out = {}
-    for key, rs in runs.items():
-        out[key] = {
-            **{f"ratio_{b}": spread([r[f"ratio_{b}"] for r in rs]) for b in ("info", "open")},
-            **{f"{w}_s": spread([r[w]["seconds"] for r in rs]) for w in ("discover", "info", "open")},
-            **{f"{w}_peak_rss_mb": max(r[w]["peak_rss_mb"] for r in rs) for w in ("discover", "info", "open")},
-        }
-    return out
+    ways = ("discover", "info", "open")
+    return {key: {**{f"ratio_{b}": spread(r[f"ratio_{b}"] for r in rs) for b in ways[1:]},
+                  **{f"{w}_s": spread(r[w]["seconds"] for r in rs) for w in ways},
+                  **{f"{w}_peak_rss_mb": max(r[w]["peak_rss_mb"] for r in rs) for w in ways}}
+            for key, rs in runs.items()}
 
 
 def plot(summary: dict, path: Path, machine: str) -> None:

@@ -1,24 +1,20 @@
 """Mel, fbank and codec codes on a GPU (or any torch device): x real time one utterance at a time against batches,
-on real speech, each batched result checked against the one-at-a-time one. The GPU proof's `features` part runs it
-(benchmarks/gpu_proof.py --parts features); docs/extraction.md says what it measures and how.
-
-The library's own batched torch code: `mel_spectrogram` (vocos settings, 24 kHz) with `lengths`, so each row is
-reflect-padded at its own end; `kaldi_fbank_torch` (16 kHz), whose snip-edges frames never reach past an
-utterance's samples; `EncodecEncoder.encode_batch` (random-init weights, no download), whose batched codes are
-defined to equal one-at-a-time codes. A warm-up pass comes first, untimed; each round then times every method's
-whole pass (host padding, copies both ways, compute, one array per utterance), side by side.
+on real speech, each batched result checked against the one-at-a-time one, with the library's own batched torch
+code. The GPU proof's `features` part runs it (benchmarks/gpu_proof.py --parts features); docs/extraction.md ("On a
+GPU") says what it measures and how.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+
+from results_io import spread  # benchmarks/ is on sys.path
 
 RATES = {"mel": 24000, "fbank": 16000, "codec": 24000}
 # Compared only where the one-at-a-time value is this far above the log floor: below it float32 FFT rounding
@@ -148,10 +144,6 @@ def compare(feature: str, single: list[np.ndarray], other: list[np.ndarray]) -> 
             "max_abs_diff_strong": float(max((s.max() for s in strong if s.size), default=0.0))}
 
 
-def stats(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def measure(feature: str, clips: list[np.ndarray], device: torch.device, sizes: list[int], rounds: int,
             equal: bool = False) -> dict:
     """The rows of one feature: every method timed `rounds` times, side by side with the one-at-a-time pass over
@@ -179,9 +171,9 @@ def measure(feature: str, clips: list[np.ndarray], device: torch.device, sizes: 
         audio_s = sum(len(c) for c in group) / rate
         for j, (name, b, plan) in enumerate(methods):
             rows.append({"feature": feature, "method": name, "batch": b, "equal": group is not clips,
-                         "audio_s": audio_s, "audio_kept": audio_s / whole_s, "wall_s": stats(walls[j]),
-                         "x_rt": stats([audio_s / w for w in walls[j]]),
-                         "vs_one_at_a_time": stats([w1 / w for w1, w in zip(walls[0], walls[j])]),
+                         "audio_s": audio_s, "audio_kept": audio_s / whole_s, "wall_s": spread(walls[j]),
+                         "x_rt": spread([audio_s / w for w in walls[j]]),
+                         "vs_one_at_a_time": spread([w1 / w for w1, w in zip(walls[0], walls[j])]),
                          "padding_efficiency": padding_efficiency(group, plan),
                          "parity": compare(feature, outs[0], outs[j])})
     return {"rows": rows}

@@ -1,11 +1,6 @@
 """From make_loader to the first batch in hand, in fresh processes (imports done before the clock starts). The
-results: docs/bench-loader.md#first-batch (--shards), docs/sampler.md#plans-at-scale and docs/loader.md (--out).
-
-    python benchmarks/bench_open.py --shards /tmp/loaderbench/bigshards --rounds 5 \\
-        --json benchmarks/results/first_batch.json
-    python benchmarks/bench_open.py --out /tmp/openbench --sizes 10000,100000,1000000 --index-sizes 50000000 \\
-        --json benchmarks/results/open.json --plot docs/img/open_first_batch_quiet.png
-    python benchmarks/bench_open.py --out /tmp/openbench --quick      # 1M only, < 2 min once built
+commands and the results: docs/bench-loader.md#first-batch (--shards), docs/sampler.md#plans-at-scale and
+docs/loader.md (--out).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """make_loader from an S3 server at a real round trip, by rows and by block windows, next to the local folder.
-docs/loader.md (Benchmark: s3 at a 25 ms round trip) describes the corpus, the server, the delay proxy, the loop
-and the results.
-
-    python benchmarks/bench_s3.py --rtt-ms 25 --rounds 3 --json benchmarks/results/s3_loader.json \\
-        --plot docs/img/s3_loader.png
-    python benchmarks/bench_s3.py --quick                  # 1,000 small shards, 1 round, a few minutes
-
-Per epoch: `wait_share` = time in next() / wall time; `requests_per_batch` = GETs and HEADs / batches (the first
-included); `bytes_asked_per_byte` = bytes requested / feature bytes delivered; `cpu_ms_per_batch` = the process's
-CPU time (every thread) / batch; `open_s` = the open (manifest, index, every shard's footer and small buffers).
+docs/loader.md ("Benchmark: s3 at a 25 ms round trip") gives the commands and describes the corpus, the server, the
+delay proxy, the loop, each figure and the results.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """CPU cost of a speaker trainer's batch: crops finished per crop in the loader (`--augment-on cpu`: soxr, scipy)
-against crops only sliced there and finished on the device (`--augment-on device`, the default). What each figure
-counts, and the results: docs/trainers/campplus.md#the-cost-of-a-batch-on-the-cpu.
-
-    python -m audiopipe.corpus.demo /tmp/spkbench/wavs
-    audiopipe shard --corpus /tmp/spkbench/wavs --out /tmp/spkbench/shards --preset campplus
-    python benchmarks/bench_speaker_batch.py --shards /tmp/spkbench/shards \\
-        --json benchmarks/results/speaker_batch.json --plot docs/img/speaker_batch.png
+against crops only sliced there and finished on the device (`--augment-on device`, the default). The commands, what
+each figure counts and the results: docs/trainers/campplus.md#the-cost-of-a-batch-on-the-cpu.
 """
 
 from __future__ import annotations
@@ -67,18 +62,14 @@ def slice_only(item: dict) -> dict:
     return {"wav": np.resize(item["pcm"], 48000) if len(item["pcm"]) < 48000 else item["pcm"][:48000], "label": 0}
 
 
-def floor_loader(shards: Path, data: speaker_data.SpeakerData):
-    kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
-    return make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw)
-
-
-def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, batches: int) -> dict:
+def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int = 5, batches: int = 4) -> dict:
     """The training thread's CPU time to build one batch of CAM++'s `default` recipe, the paths alternating batch by
     batch over the same utterances and draws; `floor`: the same loader whose item transform only takes the first 3 s
     (no draw); `device_side_ms_on_cpu`: what the device path then does on the device, with the CPU as the device."""
     loaders = {"cpu": batch_loader(shards, "cpu", aug)[0]}
     loaders["device"], data = batch_loader(shards, "device", aug)
-    loaders["floor"] = floor_loader(shards, data)
+    kw = {**data.loader_kw, "item_transform": slice_only, "batch_transform": None}
+    loaders["floor"] = make_loader(str(shards), ["pcm"], max_frames=64 * 48000, seed=0, num_workers=0, prefetch=0, **kw)
     per_round: dict[str, list[float]] = {p: [] for p in loaders}
     device_ms, fbank_ms = [], []
     for r in range(rounds):
@@ -108,7 +99,7 @@ def measure_batches(shards: Path, aug: tuple[Path, Path] | None, rounds: int, ba
             "crops_per_batch": 64, "batches_per_round": batches, "rounds": rounds}
 
 
-def measure_datawait(shards: Path, runs: int, steps: int) -> dict:
+def measure_datawait(shards: Path, runs: int = 2, steps: int = 12) -> dict:
     """Short CAM++ `tiny` runs of the real trainer on the CPU (16 crops, no prefetch), the paths alternating run by
     run: the data-wait share and step time of each run's second half, from its log."""
     out = {p: {"data_wait_share": [], "step_time_s": []} for p in PATHS}
@@ -140,19 +131,15 @@ def plot(result: dict, png: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", required=True, type=Path, help="16 kHz PCM shards (--preset campplus)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of the batch measurement")
-    p.add_argument("--batches", type=int, default=4, help="batches per path per round")
-    p.add_argument("--runs", type=int, default=2, help="trainer runs per path for the data wait")
-    p.add_argument("--steps", type=int, default=12, help="steps per trainer run")
     output_args(p)
     a = p.parse_args()
     torch.set_num_threads(1)
     machine = host(a.machine, torch_threads="1")  # the load average at the start
     with tempfile.TemporaryDirectory() as tmp:
         aug = folders(Path(tmp))
-        batch = measure_batches(a.shards, None, a.rounds, a.batches)
-        batch_aug = measure_batches(a.shards, aug, a.rounds, a.batches)
-    datawait = measure_datawait(a.shards, a.runs, a.steps)
+        batch = measure_batches(a.shards, None)
+        batch_aug = measure_batches(a.shards, aug)
+    datawait = measure_datawait(a.shards)
     result = {"command": " ".join(["python", "benchmarks/bench_speaker_batch.py", *sys.argv[1:]]), "machine": machine,
               "batch": batch, "batch_aug": batch_aug, "datawait": datawait}
     write_results(result, a.json, lambda png: plot(result, png), a.plot)

@@ -3,11 +3,8 @@
     make gpu-bundle                       # = python benchmarks/gpu_bundle.py --out .gpu-bundle
     python benchmarks/gpu_bundle.py --out .gpu-bundle --quick --no-wheels     # tiny, for the tests
 
-What it writes (wavs/en, shards/f5tts, shards/ns2, tokens/gpt_sovits, shards/speakers, wheels/, bundle.json), and
-what each folder is for: docs/gpu-proof.md, section 1. The reader and trainers need neither ray nor webdataset nor
-kaldi-native-fbank, so those do not travel. The whole bundle must fit beside the repository in the 64 MiB a device
-call carries: it refuses to finish above 48 MiB. Needs the Debian packages of `make sysdeps` (Asterisk prompts in
-en, fr, it, ru) and, for the wheels, pip with access to its index.
+What it writes and what each folder is for: docs/gpu-proof.md, section 1. Needs the Debian packages of `make sysdeps`
+(Asterisk prompts in en, fr, it, ru) and, for the wheels, pip with access to its index.
 """
 
 from __future__ import annotations
@@ -64,15 +61,6 @@ def pick(items: list[tuple[Path, str]], seconds: float, seed: int = 0) -> list[t
         if total >= seconds:
             break
     return sorted(out)
-
-
-def english_prompts() -> list[tuple[Path, str]]:
-    from audiopipe.corpus.demo import ASTERISK_SOUNDS, MissingSource, usable_asterisk_prompts
-
-    try:
-        return [(ASTERISK_SOUNDS / f"{name}.wav", text) for name, text in usable_asterisk_prompts()]
-    except MissingSource as e:
-        raise SystemExit(f"gpu_bundle: {e} (make sysdeps installs it)") from None
 
 
 def reslice(dest: Path, speaker: str, items: list[tuple[Path, str]], seed: int = 0, median_s: float = 5.5
@@ -179,10 +167,6 @@ def download_wheels(dest: Path) -> list[str]:
     return names
 
 
-def size_mib(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
-
-
 def tracked_mib() -> float | None:
     """Size of what a device call sends besides the bundle: the repository's tracked and untracked-not-ignored
     files (None outside a git checkout)."""
@@ -195,6 +179,8 @@ def tracked_mib() -> float | None:
 
 
 def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
+    from audiopipe.corpus.demo import ASTERISK_SOUNDS, MissingSource, usable_asterisk_prompts
+
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"gpu_bundle: {out} is not empty; remove it first (a bundle is built whole)")
     out.mkdir(parents=True, exist_ok=True)
@@ -203,7 +189,10 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
     size = {k: v[1 if quick else 0] for k, v in SIZES.items()}
     doc: dict = {"format": "audiopipe.gpu_bundle/1", "quick": quick, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "python": platform.python_version(), "parts": {}}
-    prompts = english_prompts()
+    try:
+        prompts = [(ASTERISK_SOUNDS / f"{name}.wav", text) for name, text in usable_asterisk_prompts()]
+    except MissingSource as e:
+        raise SystemExit(f"gpu_bundle: {e} (make sysdeps installs it)") from None
     t0 = time.monotonic()
     try:
         # F5-TTS: the re-sliced files travel (F5's own loading rule decodes them) with the shards made of them.
@@ -252,7 +241,8 @@ def build(out: Path, quick: bool, wheels: bool, workers: int) -> dict:
     if wheels:
         doc["wheels"] = download_wheels(out / "wheels")
     doc["build_s"] = round(time.monotonic() - t0, 1)
-    doc["bundle_mib"] = round(size_mib(out), 2)
+    files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
+    doc["bundle_mib"] = round(sum(p.stat().st_size for p in files) / 2**20, 2)
     repo = tracked_mib()
     doc["repository_mib"] = round(repo, 2) if repo is not None else None
     (out / "bundle.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,13 +1,7 @@
 """A ~3.7 h speech corpus for the loader benchmark, from Debian packages only (no network): every English Asterisk
 prompt (one real speaker, 8 kHz) and espeak-ng speakers (22.05 kHz) reading Asterisk transcripts joined up to a
-log-normal length (docs/bench-loader.md). Seeded, and a rerun only fills in the files that are missing.
-
-    python benchmarks/make_loader_corpus.py /tmp/loaderbench/wavs [--speakers 24] [--per-speaker 64]
-    audiopipe shard --corpus /tmp/loaderbench/wavs --out /tmp/loaderbench/shards --preset f5tts
-
-    # short clips (median ~3 s, like sliced fine-tuning sets): 3,326 utterances
-    python benchmarks/make_loader_corpus.py /tmp/loaderbench/short --per-speaker 124 --median-chars 22 \\
-        --sigma 0.55 --max-chars 150
+log-normal length. Seeded, and a rerun only fills in the files that are missing. The commands (the default corpus
+and one of short clips): docs/bench-loader.md.
 """
 
 from __future__ import annotations
