@@ -70,8 +70,11 @@ demo: sysdeps venv
 # Here nothing the suite reads may be missing: the checkpoint tests fail rather than skip without the upstream venv,
 # the speech tests without a package of sysdeps.txt (AUDIOPIPE_SYSDEPS), and the run fails on any skip but the
 # allowed ones (tests/skips.py: CUDA tests, the opt-in oracles). It ends with the skip count and reasons, and the
-# 30 slowest test phases (--durations), so that every CI run says where the suite's time goes.
+# 30 slowest test phases (--durations), so that every CI run says where the suite's time goes. First, audiopipe's
+# numba kernels are compiled once into their cache (tests/compile_kernels.py, ~12 s on a fresh checkout, ~3 s
+# after): otherwise the two workers and their first subprocesses each compile the same kernels at once.
 test: sysdeps venv upstream
+	$(BIN)/python tests/compile_kernels.py
 	AUDIOPIPE_UPSTREAM_PYTHON=$(abspath $(UPSTREAM))/bin/python AUDIOPIPE_SYSDEPS=installed \
 	  $(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
