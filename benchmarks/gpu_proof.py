@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -216,7 +217,11 @@ def fork_part(a: argparse.Namespace, argv: list[str], log: Path) -> int:
     ensure(torch is None or not torch.cuda.is_initialized(), "a part cannot fork from a process that used CUDA")
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    # Python 3.12 warns of a fork with threads: here only native ones (torch's, pyarrow's jemalloc) that hold no
+    # Python lock, as in every process a DataLoader forks its workers from.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid:
         return pid
     rc = 1
