@@ -972,7 +972,6 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown {kind}(s) {', '.join(unknown)}: choose from {', '.join(known)}")
     if not (a.bundle / "bundle.json").is_file():
         ap.error(f"--bundle {a.bundle} has no bundle.json: make it with `make gpu-bundle`")
-    a.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     started = time.time()
@@ -1000,6 +999,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         a.device = a.device or ("cuda" if Path("/dev/nvidiactl").exists() else "cpu")
         info = {"device": a.device, "error": info.get("error") or tail(info.get("output_tail", ""), 5)}
+    a.out.mkdir(parents=True, exist_ok=True)  # once the device is known: a refused --device writes nothing
     doc: dict[str, Any] = {"format": "audiopipe.gpu_proof/2", "quick": a.quick, "device": info,
                            "bundle": json.loads((a.bundle / "bundle.json").read_text()), "wheels": wheels,
                            "without": a.without, "budget_s": budget, "command": " ".join(sys.argv),

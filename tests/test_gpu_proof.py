@@ -229,6 +229,15 @@ def test_a_device_that_cannot_be_read_is_written_down_and_the_parts_still_run(bu
     assert "device not read" in (tmp_path / "out" / "gpu_proof.log").read_text()
 
 
+def test_device_cuda_where_torch_sees_none_is_refused_in_one_line_writing_nothing(bundle, tmp_path):
+    """The device is read in a child (the parent never touches CUDA): --device cuda on a machine without one is
+    still refused with argparse's one error line, exit 2, and no --out folder."""
+    r = proof(bundle, tmp_path, "--parts", "features", "--device", "cuda", timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == "gpu_proof.py: error: --device cuda: torch sees no CUDA device here"
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_part_past_its_cap_is_stopped_with_its_processes(bundle, tmp_path):
     import gpu_proof
 
