@@ -29,6 +29,11 @@ def _model(seed: int = 0, cfg: f5.ModelConfig | None = None) -> f5.F5TTS:
     return m
 
 
+def _loss(m: f5.F5TTS, mel: torch.Tensor, lens: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The training loss through loss_fn, as core.train calls it (mel [B, T, 100] as the batch's transpose)."""
+    return f5.loss_fn(m, {"mel": mel.transpose(1, 2), "mel_lengths": lens, "text_ids": text})
+
+
 def _inputs(lens: list[int], texts: list[str], seed: int = 1, pad_value: float = 0.0):
     g = torch.Generator().manual_seed(seed)
     n = max(lens)
@@ -59,7 +64,7 @@ def test_shapes_and_reference_size():
     mel, lens, text = _inputs([30, 22], ["hello there", "hi"])
     out = m.transformer(mel, mel, text, torch.rand(2), lens)
     assert out.shape == (2, 30, 100)
-    loss, logs = m(mel, lens, text)
+    loss, logs = _loss(m, mel, lens, text)
     assert loss.dim() == 0 and torch.isfinite(loss) and set(logs) == {"drop_audio", "drop_text", "span_frac"}
     with torch.device("meta"):
         base = f5.F5TTS(f5.CONFIGS["default"])
@@ -98,10 +103,10 @@ def test_padded_frames_do_not_affect_the_loss():
     mel_b.requires_grad_(True)
     torch.manual_seed(5)
     random.seed(5)
-    loss_a, _ = m(mel_a, lens, text)
+    loss_a, _ = _loss(m, mel_a, lens, text)
     torch.manual_seed(5)
     random.seed(5)
-    loss_b, _ = m(mel_b, lens, text)
+    loss_b, _ = _loss(m, mel_b, lens, text)
     assert torch.equal(loss_a, loss_b)
     loss_b.backward()
     pad = ~f5.lengths_to_mask(lens, mel_b.shape[1])
@@ -154,13 +159,25 @@ def test_drops_remove_their_condition():
                                    rtol=0, atol=0)
 
 
+def test_the_training_forward_compiles_to_one_graph():
+    """What --compile compiles (the model's forward; loss_fn draws the guidance drops and hands them in as
+    tensors) traces to one graph: no Python random draw, no branch on it and no boolean-mask index breaks it.
+    Each break would be a return to Python, the index a wait for the device, every step."""
+    m = _model()
+    mel, lens, text = _inputs([30, 22], ["hello there", "hi"])
+    for drops in ((True, False), (False, False)):
+        flags = [torch.full((), v) for v in drops]
+        ex = torch._dynamo.explain(m)(mel, lens, text, *flags)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), [r.reason for r in ex.break_reasons]
+
+
 def test_loss_is_the_flow_mse_inside_the_span():
     cfg = f5.ModelConfig(**{**f5.asdict(f5.CONFIGS["tiny"]), "audio_drop_prob": 0.0, "cond_drop_prob": 0.0})
     m = _model(cfg=cfg)
     mel, lens, text = _inputs([50, 31], ["some words", "more"])
     seen = {}
     m.transformer.register_forward_hook(lambda mod, args, out: seen.update(args=args, out=out))
-    loss, logs = m(mel, lens, text)
+    loss, logs = _loss(m, mel, lens, text)
     xt, cond, _, t, _ = seen["args"]
     mask = f5.lengths_to_mask(lens, mel.shape[1])
     tt = t[:, None, None]
@@ -201,7 +218,7 @@ def test_overfitting_one_batch_drives_the_loss_down():
             g["lr"] = f5.f5_lr(step, 1e-2, 10, 250)
         torch.manual_seed(1)
         random.seed(1)
-        loss, _ = m(mel, lens, text)
+        loss, _ = _loss(m, mel, lens, text)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)

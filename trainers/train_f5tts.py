@@ -197,6 +197,14 @@ class ConvNeXtV2Block(nn.Module):
         return x + self.pw2(self.grn(h, keep))
 
 
+def dropped(x: torch.Tensor, drop: bool | torch.Tensor) -> torch.Tensor:
+    """x, or zeros where the guidance drop is on. `drop` is a bool, or a 0-dim bool tensor on x's device: that
+    takes no Python branch, so a compiled forward traces one graph for every draw."""
+    if isinstance(drop, torch.Tensor):
+        return x.masked_fill(drop, 0)
+    return torch.zeros_like(x) if drop else x
+
+
 class TextEmbedding(nn.Module):
     """Token ids [B, Nt] (-1 padded) -> [B, T, text_dim] aligned to the T mel frames, zero on filler positions."""
 
@@ -208,7 +216,8 @@ class TextEmbedding(nn.Module):
         self.register_buffer("pos", sinusoidal_table(cfg.text_max_pos, cfg.text_dim), persistent=False)
         self.blocks = nn.ModuleList(ConvNeXtV2Block(cfg.text_dim, cfg.text_dim * 2) for _ in range(cfg.conv_layers))
 
-    def forward(self, text: torch.Tensor, mel_lens: torch.Tensor, seq_len: int, drop_text: bool) -> torch.Tensor:
+    def forward(self, text: torch.Tensor, mel_lens: torch.Tensor, seq_len: int,
+                drop_text: bool | torch.Tensor) -> torch.Tensor:
         text = (text + 1)[:, :seq_len]
         text = F.pad(text, (0, seq_len - text.shape[1]), value=0)
         # Each utterance's text stops at its own mel length, so a longer batch neighbour changes nothing.
@@ -216,8 +225,7 @@ class TextEmbedding(nn.Module):
         text = text.masked_fill(~valid, 0)
         # v1 zeroes the filler around every block; v0 (text_mask_padding off) keeps the filler embedding.
         keep = ((text != 0) if self.mask_filler else valid).unsqueeze(-1).to(self.pos.dtype)
-        if drop_text:
-            text = torch.zeros_like(text)
+        text = dropped(text, drop_text)
         pos = self.pos[torch.arange(seq_len, device=text.device).clamp(max=self.max_pos - 1)]
         x = (self.embed(text) + pos) * keep
         for block in self.blocks:
@@ -248,10 +256,8 @@ class InputEmbedding(nn.Module):
         self.proj = nn.Linear(cfg.mel_dim * 2 + cfg.text_dim, cfg.dim)
         self.conv_pos = ConvPositionEmbedding(cfg.dim, cfg.conv_pos_kernel, cfg.conv_pos_groups)
 
-    def forward(self, x, cond, text_embed, keep, drop_audio_cond: bool):
-        if drop_audio_cond:
-            cond = torch.zeros_like(cond)
-        h = self.proj(torch.cat([x, cond, text_embed], dim=-1))
+    def forward(self, x, cond, text_embed, keep, drop_audio_cond: bool | torch.Tensor):
+        h = self.proj(torch.cat([x, dropped(cond, drop_audio_cond), text_embed], dim=-1))
         return self.conv_pos(h, keep) + h
 
 
@@ -332,7 +338,8 @@ class DiT(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor, text: torch.Tensor, time: torch.Tensor,
-                lens: torch.Tensor, drop_audio_cond: bool = False, drop_text: bool = False) -> torch.Tensor:
+                lens: torch.Tensor, drop_audio_cond: bool | torch.Tensor = False,
+                drop_text: bool | torch.Tensor = False) -> torch.Tensor:
         b, n, _ = x.shape
         mask = lengths_to_mask(lens, n)
         keep = mask[..., None].to(x.dtype)
@@ -365,14 +372,17 @@ def draw_drops(audio_drop_prob: float, cond_drop_prob: float) -> tuple[bool, boo
 
 
 class F5TTS(nn.Module):
-    """The DiT plus its training objective; forward(mel [B, T, 100], lens, text ids) -> (loss, logs)."""
+    """The DiT plus its training objective; forward(mel [B, T, 100], lens, text ids, drops) -> (loss, logs).
+    The drops are 0-dim bool tensors (loss_fn draws them), so that forward, which --compile compiles, holds no
+    Python random draw and no branch on one."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.transformer = DiT(cfg)
 
-    def forward(self, mel: torch.Tensor, lens: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def forward(self, mel: torch.Tensor, lens: torch.Tensor, text: torch.Tensor, drop_audio: torch.Tensor,
+                drop_text: torch.Tensor) -> tuple[torch.Tensor, dict]:
         b, n, _ = mel.shape
         mask = lengths_to_mask(lens, n)
         span = random_span_mask(lens, self.cfg.frac_lengths, n) & mask
@@ -384,12 +394,12 @@ class F5TTS(nn.Module):
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * x1  # OT path, sigma = 0
         flow = x1 - x0
         cond = x1.masked_fill(span[..., None], 0.0)  # the prompt: everything outside the span
-        drop_audio, drop_text = draw_drops(self.cfg.audio_drop_prob, self.cfg.cond_drop_prob)
         pred = self.transformer(xt, cond, text, t, lens, drop_audio_cond=drop_audio, drop_text=drop_text)
-        loss = F.mse_loss(pred.float(), flow.float(), reduction="none")[span].mean()
-        logs = {"drop_audio": float(drop_audio), "drop_text": float(drop_text),
-                "span_frac": (span.sum() / lens.sum()).detach()}  # stays on the device until core logs it
-        return loss, logs
+        # F5's loss[span].mean() as a masked sum: the same mean, without the boolean index, whose data-dependent
+        # size makes the host wait for the device every step and breaks a compiled graph.
+        err = F.mse_loss(pred.float(), flow.float(), reduction="none").masked_fill(~span[..., None], 0.0)
+        loss = err.sum() / (span.sum() * err.shape[-1])
+        return loss, {"span_frac": (span.sum() / lens.sum()).detach()}  # on the device until core logs it
 
 
 # ----------------------------------------------------------------------------- loss
@@ -399,7 +409,14 @@ def loss_fn(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict
     """The batch's flow-matching loss. Noise, t, span, drops and dropout come from the global RNG, which
     core reseeds every step from (seed, rank, step): --resume draws them again exactly."""
     mel = batch["mel"].transpose(1, 2)  # [B, 100, T] -> [B, T, 100]; a view, the batch buffer is not written
-    return model(mel, batch["mel_lengths"], batch["text_ids"])
+    f5 = model
+    while not isinstance(f5, F5TTS):  # under DDP's .module, torch.compile's ._orig_mod
+        f5 = getattr(f5, "_orig_mod", None) or f5.module
+    drop_audio, drop_text = draw_drops(f5.cfg.audio_drop_prob, f5.cfg.cond_drop_prob)
+    # torch.full launches a fill on the device: no host-to-device copy, so the host does not wait
+    flags = [torch.full((), v, dtype=torch.bool, device=mel.device) for v in (drop_audio, drop_text)]
+    loss, logs = model(mel, batch["mel_lengths"], batch["text_ids"], *flags)
+    return loss, {"drop_audio": float(drop_audio), "drop_text": float(drop_text), **logs}
 
 
 # ----------------------------------------------------------------------------- F5's training rules
