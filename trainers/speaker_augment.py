@@ -89,17 +89,28 @@ def _stack(rows: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def labels_as_tensor(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch_transform of crops finished on the CPU: the labels as a tensor the loader moves to the device
+    with the batch (a list would be copied there in the step, the host waiting for the device)."""
+    batch["label"] = torch.as_tensor(batch["label"], dtype=torch.int64)
+    return batch
+
+
 def stack_for_device(batch: dict[str, Any]) -> dict[str, Any]:
     """The loader's batch_transform, run where the batch is collated (its thread or a worker), so that the step
-    reads nothing back from the device and copies nothing on the host: `source_lengths`, the collated sources'
-    lengths as a list; the corrupted crops' impulse responses and noise stretches (lists with None for a clean
-    crop) as tensors the loader moves to the device with the batch: `rir` [m, k], `noise` [m, crop] float32 and
-    `snr` [m] float64, or None when no crop of the batch has one; `rir_rows` / `noise_rows`, the crops they
-    belong to."""
+    neither reads anything back from the device nor copies anything to it: on a GPU each would make the host wait
+    for the device, every step. Host lists: `source_lengths` (the collated sources' lengths) and `speed`. Tensors
+    the loader moves to the device with the batch: `label` [B] int64; `speed_rows` [B] int64, the rows grouped by
+    speed, in order; the corrupted crops' impulse responses and noise stretches (lists with None for a clean
+    crop) as `rir` [m, k], `noise` [m, crop] float32 and `snr` [m] float64, or None when no crop of the batch has
+    one; `rir_rows` / `noise_rows` int64, the crops they belong to."""
     batch["source_lengths"] = batch["wav_lengths"].tolist()
+    labels_as_tensor(batch)
+    batch["speed_rows"] = torch.as_tensor(sorted(range(len(batch["speed"])), key=batch["speed"].__getitem__),
+                                          dtype=torch.int64)
     for key in ("rir", "noise"):
         rows = [i for i, x in enumerate(batch[key]) if x is not None]
-        batch[f"{key}_rows"] = rows
+        batch[f"{key}_rows"] = torch.as_tensor(rows, dtype=torch.int64)
         if key == "noise":
             batch["snr"] = torch.tensor([float(batch["snr"][i]) for i in rows], dtype=torch.float64) if rows else None
         batch[key] = _stack([batch[key][i] for i in rows]) if rows else None
@@ -133,27 +144,31 @@ class DeviceAugment:
             have = self._on[device] = {k: copy.deepcopy(m).to(device) for k, m in self._kernels.items()}
         return have
 
-    def speed(self, src: torch.Tensor, lengths: list[int], speed: list[int]) -> torch.Tensor:
-        """int16 sources [B, L] (row i holds lengths[i] samples) -> float32 crops [B, crop], each at its speed.
-        A source shorter than its crop needs is an utterance shorter than the crop: repeated from its start."""
-        n, out = self.crop, None
-        kernels = self.kernels(src.device)
+    def speed(self, src: torch.Tensor, lengths: list[int], speed: list[int], src_lengths: torch.Tensor,
+              speed_rows: torch.Tensor) -> torch.Tensor:
+        """int16 sources [B, L] (row i holds lengths[i] samples; src_lengths, the same on src's device) ->
+        float32 crops [B, crop], each at its speed (speed_rows: the rows grouped by speed, as stack_for_device
+        orders them). A source shorter than its crop needs is an utterance shorter than the crop: repeated from
+        its start. The host decides from its lists; the device indexes with its own tensors."""
+        n, out, dev = self.crop, None, src.device
+        kernels = self.kernels(dev)
         groups: dict[int, list[int]] = {}
         for row, k in enumerate(speed):
             groups.setdefault(int(k), []).append(row)
-        for k, rows in groups.items():
-            s = self.speeds[k]
+        start = 0
+        for k in sorted(groups):
+            rows, s = groups[k], self.speeds[k]
             need = source_samples(n, s)
-            x = (src if len(groups) == 1 else src[_index(rows, src.device)])[:, :need]
-            short = [j for j, row in enumerate(rows) if lengths[row] < need]
+            at = speed_rows[start: start + len(rows)]  # these rows, on the device
+            start += len(rows)
+            x = (src if len(groups) == 1 else src[at])[:, :need]
+            short = any(lengths[row] < need for row in rows)
             if x.shape[1] < need:  # no source in the batch is this long: room for the repetition below
                 x = torch.cat([x, x.new_zeros(len(x), need - x.shape[1])], dim=1)
-            elif short:
-                x = x.clone()
-            if short:  # cyclic repetition, as np.resize: sample t of the crop is sample t mod length
-                at = _index(short, src.device)
-                have = torch.tensor([lengths[rows[j]] for j in short], device=src.device)
-                x[at] = x[at].gather(1, torch.arange(need, device=src.device) % have[:, None])
+            if short:  # cyclic repetition, as np.resize: sample t of the crop is sample t mod length (t itself
+                # for a source at least as long as the crop's need)
+                have = (src_lengths if len(groups) == 1 else src_lengths[at]).clamp(min=1)
+                x = x.gather(1, torch.arange(need, device=dev) % have[:, None])
             x = x.float() / INT16_SCALE
             if s != 1.0:
                 first = first_output(s)
@@ -161,28 +176,26 @@ class DeviceAugment:
             if len(groups) == 1:
                 return x.contiguous()
             if out is None:
-                out = torch.empty(len(speed), n, dtype=torch.float32, device=src.device)
-            out[_index(rows, src.device)] = x
+                out = torch.empty(len(speed), n, dtype=torch.float32, device=dev)
+            out[at] = x
         assert out is not None
         return out
 
     def __call__(self, batch: dict[str, Any]) -> torch.Tensor:
         """The batch's finished crops [B, crop] (after `stack_for_device`)."""
         with exact_float32():
-            wav = self.speed(batch["wav"], batch["source_lengths"], batch["speed"])
+            wav = self.speed(batch["wav"], batch["source_lengths"], batch["speed"], batch["wav_lengths"],
+                             batch["speed_rows"])
             dev = wav.device
             if batch["rir"] is not None:
-                idx = _index(batch["rir_rows"], dev)
+                idx = batch["rir_rows"].to(dev)
                 h = batch["rir"].to(dev)
                 h = h / h.double().square().sum(dim=-1, keepdim=True).sqrt().clamp_min(1e-12).float()
                 wav[idx] = fft_convolve_head(wav[idx], h)
             if batch["noise"] is not None:
-                idx = _index(batch["noise_rows"], dev)
+                idx = batch["noise_rows"].to(dev)
                 noise, speech = batch["noise"].to(dev), wav[idx]
                 gain = torch.pow(10.0, (energy_db(speech) - energy_db(noise) - batch["snr"].to(dev)) / 20.0)
                 wav[idx] = speech + gain.float()[:, None] * noise
             return wav
 
-
-def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.int64, device=device)

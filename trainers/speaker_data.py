@@ -33,8 +33,8 @@ from audiopipe.index.lengths import LengthIndex
 from audiopipe.shard.manifest import read_manifest
 
 import core
-from speaker_augment import (SAMPLE_RATE, DeviceAugment, first_output, source_samples, speed_rates,
-                             stack_for_device)
+from speaker_augment import (SAMPLE_RATE, DeviceAugment, first_output, labels_as_tensor, source_samples,
+                             speed_rates, stack_for_device)
 
 NUM_MEL_BINS = 80
 SPEEDS = (1.0, 0.9, 1.1)  # index 0 is the unperturbed speed, so class speaker * 3 is the original voice
@@ -385,7 +385,7 @@ def speaker_data(cfg: core.RunConfig, args: argparse.Namespace, d: core.Dist, na
         print(f"[speaker] {repeats} training utterances listed twice so that every batch is full "
               f"(the other side of 3D-Speaker's drop_last; CAM++'s last BatchNorm needs 2+ crops)", flush=True)
     loader_kw = {"item_transform": crops, "subset": subset, "collate_features": ["wav"],
-                 "batch_transform": stack_for_device if on_device else None,
+                 "batch_transform": stack_for_device if on_device else labels_as_tensor,
                  "lengths": np.full(len(subset), crop, dtype=np.int64)}  # the budget counts crops, not sources
     return SpeakerData(split, speakers, crops, loader_kw, len(split.train_speakers) * len(crops.speeds),
                        DeviceAugment(crops.speeds, crop) if on_device else None)
