@@ -11,11 +11,13 @@ Asterisk prompts where that Debian package is installed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 import wave
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -262,6 +264,76 @@ def test_core_clock_counts_no_wait_while_the_gpu_is_still_busy(device):
     # The premise (the queue outlasted the host's lateness by a margin) and the claim (no wait counted).
     assert step_s >= 0.09, f"the queued work lasted only {step_s:.3f} s: the test's premise does not hold"
     assert wait_s < 0.005, (step_s, wait_s)
+
+
+# ----------------------------------------------------------------------------- steps that never wait
+
+
+@contextlib.contextmanager
+def host_never_waits(device: torch.device):
+    """torch's sync debug mode at "error": any call that makes the host wait for the device (a value read back,
+    a copy from pageable memory, a data-dependent shape) raises. Nothing to check on the CPU rehearsal."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _steps(device: torch.device, model: torch.nn.Module, loss_of: Callable[[], torch.Tensor]) -> list[float]:
+    """One step to warm up (first calls move constants to the device), then two with the host never waiting:
+    forward, backward, clipping and AdamW as core takes them."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for k in range(3):
+        with host_never_waits(device) if k else contextlib.nullcontext():
+            loss = loss_of()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return losses
+
+
+def test_f5_and_speaker_steps_never_make_the_host_wait(device, speech):
+    """F5-TTS (guidance drops drawn by loss_fn, the span loss a masked sum) and ERes2Net with its crops finished
+    on the device (speed, reverb, noise from the loader's batch transform; batched fbank; AAM head) queue a whole
+    step without waiting for the device. Each wait would stall the host every step, and the device would idle
+    while the host queued the rest."""
+    import speaker
+    import train_eres2net as eres2net
+    import train_f5tts as f5
+    from audiopipe.collate.pad import PadCollator
+    from core import default_to_device
+    from speaker_augment import DeviceAugment, source_samples, stack_for_device
+
+    torch.manual_seed(0)
+    model = f5.F5TTS(f5.CONFIGS["tiny"]).to(device)
+    tok = f5.Tokenizer()
+    batch = default_to_device({"mel": torch.randn(2, 100, 60), "mel_lengths": torch.tensor([60, 41]),
+                               "text_ids": tok.batch(["some speech", "more"])}, device)
+    assert all(math.isfinite(x) for x in _steps(device, model, lambda: f5.loss_fn(model, batch)[0]))
+
+    speeds, crop = (0.9, 1.0, 1.1), 16000
+    rng = np.random.default_rng(0)
+    rir = np.exp(-np.arange(800, dtype=np.float32) / 200) * rng.standard_normal(800, dtype=np.float32)
+    items = []
+    for i, w in enumerate(at_rate(speech, 16000)[:6]):
+        pcm = np.round(w * 32767).astype(np.int16)
+        k = i % 3  # every speed; the first an utterance shorter than its crop, which the device repeats
+        items.append({"wav": pcm[: crop // 2 if i == 0 else source_samples(crop, speeds[k])], "speed": k, "index": i,
+                      "label": 3 * (i % 2) + k, "rir": rir if i % 2 else None, "snr": 10.0,
+                      "noise": rng.standard_normal(crop, dtype=np.float32) if i % 3 == 1 else None})
+    sb = default_to_device(stack_for_device(PadCollator(["wav"])(items)), device)
+    finish = DeviceAugment(speeds, crop)
+    net = speaker.SpeakerModel(eres2net.ERes2Net(eres2net.CONFIGS["tiny"]), 32, 6, lambda step: 0.2).to(device)
+    losses = _steps(device, net, lambda: speaker.loss_fn(net, {"wav": finish(sb), "label": sb["label"]})[0])
+    assert all(math.isfinite(x) for x in losses)
 
 
 # ----------------------------------------------------------------------------- features on the device
