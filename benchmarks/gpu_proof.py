@@ -41,7 +41,7 @@ sys.path[:0] = [str(p) for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks") i
 PARTS = ("cuda_tests", "full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers", "trainers",
          "shapes")
 # cuda_tests and trainers back the first call's figures (benchmarks/results/gpu_proof_h200*.json); shapes compiles
-# two models, more than the default budget leaves: a second call runs it (--parts shapes --budget-s 300).
+# two models, more than the default budget leaves: a second call runs it (--parts cuda_tests,shapes --budget-s 300).
 DEFAULT_PARTS = ("full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers")
 # Seconds per part: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step), then (cap, floor) with
 # --quick on a CPU, where the caps are only a safety net. Default budget 420 s: with the machine's start-up and the
