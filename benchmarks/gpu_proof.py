@@ -39,16 +39,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(p) for p in (ROOT, ROOT / "trainers", ROOT / "benchmarks") if str(p) not in sys.path]
 
 PARTS = ("cuda_tests", "full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers", "trainers",
-         "shapes")
+         "profile", "shapes")
 # cuda_tests and trainers back the first call's figures (benchmarks/results/gpu_proof_h200*.json); shapes compiles
-# two models, more than the default budget leaves: a second call runs it (--parts cuda_tests,shapes --budget-s 300).
+# two models, more than the default budget leaves: a second call runs it (--parts cuda_tests,profile,shapes
+# --budget-s 300).
 DEFAULT_PARTS = ("full_batches", "cores", "speaker_cores", "features", "calibrate", "speakers")
 # Seconds per part: (cap, floor) on one H200 (F5 default at 38,400 frames: ~0.4 s a step), then (cap, floor) with
 # --quick on a CPU, where the caps are only a safety net. Default budget 420 s: with the machine's start-up and the
 # device read (~50 s), under 8 minutes.
 CAPS = {"cuda_tests": (60, 25, 180, 10), "full_batches": (115, 60, 150, 10), "cores": (95, 50, 200, 10),
         "speaker_cores": (60, 25, 200, 10), "features": (40, 15, 150, 8), "calibrate": (90, 30, 200, 8),
-        "speakers": (35, 20, 150, 8), "trainers": (300, 60, 300, 20), "shapes": (290, 200, 250, 8)}
+        "speakers": (35, 20, 150, 8), "trainers": (300, 60, 300, 20), "profile": (75, 30, 150, 8),
+        "shapes": (290, 200, 250, 8)}
 # Each trainer: its script, the bundle folder it reads, its share of the trainers part (s), --quick flags that fit
 # the tiny bundle, and (trainers part) the times one epoch reads its small corpus, so that an epoch holds tens of
 # batches as on a real corpus (else nearly every step would be a pass's first, whose batch no prefetch builds ahead).
@@ -67,6 +69,8 @@ BOUNDARY = (5, 1)  # full_batches: steps timed on each side of the epoch's end
 CORE_STEPS = ((3, 12), (1, 2))  # cores, speaker_cores: per feed, the same batches
 CORES = (1, 2, 4, 8)  # and all the process may use: F5's rule then takes min(16, all) workers, as F5's configs do
 WITHIN = 0.03  # a loader keeps up when its step is within 3 % of the on-device step
+PROFILE_STEPS = ((3, 3), (1, 2))  # profile: a warm-up window, then the steps recorded
+PROFILE_ORDER = ("ns2", "f5tts", "gpt_sovits", "eres2net", "campplus")  # the slowest step for its size first
 SHAPES = 8  # shapes: --shapes K
 SHAPE_STEPS = (60, 4)
 GPT_STEPS = ((20, 60), (1, 2))
@@ -357,6 +361,8 @@ def run_main(a: argparse.Namespace, name: str, shards: list[str], out: Path, ste
                        peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2))
         if cfg.exists() and json.loads(cfg.read_text()).get("parameters"):
             run["parameters_m"] = round(json.loads(cfg.read_text())["parameters"] / 1e6, 2)
+        if (out / "profile.json").exists():
+            run["profile"] = json.loads((out / "profile.json").read_text())
         shutil.rmtree(out, ignore_errors=True)
     ensure(run["timed_steps"] == timed, f"{name}: {run['timed_steps']} timed steps, expected {timed}")
     return run
@@ -394,6 +400,19 @@ def part_trainers(a: argparse.Namespace) -> dict[str, Any]:
             {"status": "not started: the part's time was used up"}
     failed = [k for k, v in results.items() if v.get("status") != "ok"]
     return {"trainers": results, "ok": not failed, "failed": failed}
+
+
+def part_profile(a: argparse.Namespace) -> dict[str, Any]:
+    """Each trainer's own main() with --profile-steps (trainers/step_profile.py): where a step's time goes, the
+    share its kernels fill, the calls that make the host wait for the device."""
+    warm, timed = q(a, PROFILE_STEPS)
+    res: dict[str, Any] = {"warmup_steps": warm, "profiled_steps": timed, "trainers": {}}
+    for name in [n for n in PROFILE_ORDER if n in a.trainers.split(",")]:
+        _, folder, _, _, copies = TRAINERS[name]
+        res["trainers"][name] = run_main(a, name, repeated(a, a.bundle / folder, 2 if a.quick else copies),
+                                         a.work / f"profile-{name}", (warm, timed), 2, ["--profile-steps", str(timed)])
+        save_partial(a, res)
+    return res
 
 
 def part_speakers(a: argparse.Namespace) -> dict[str, Any]:
@@ -917,7 +936,8 @@ def part_shapes(a: argparse.Namespace) -> dict[str, Any]:
 CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "cuda_tests": part_cuda_tests, "full_batches": part_full_batches, "cores": part_cores,
     "speaker_cores": part_speaker_cores, "features": part_features, "calibrate": part_calibrate,
-    "speakers": part_speakers, "trainers": part_trainers, "trainer": part_trainer, "shapes": part_shapes,
+    "speakers": part_speakers, "trainers": part_trainers, "trainer": part_trainer, "profile": part_profile,
+    "shapes": part_shapes,
     "info": device_info}
 
 
@@ -938,7 +958,10 @@ def headline(part: str, r: dict[str, Any]) -> list[str]:
                                       if isinstance(t, dict) for k, x in t.items() if isinstance(x, dict)
                                       and x.get("timed_steps")],
                  "shapes": lambda: [f"{m} {k}: {x['step_ms']:.1f} ms/step" for m in ("f5tts", "gpt_sovits")
-                                    for k, x in r[m].items() if isinstance(x, dict)]}
+                                    for k, x in r[m].items() if isinstance(x, dict)],
+                 "profile": lambda: [f"{n}: {x['wall_ms']} ms a step, kernels {x['kernel_share']} of it, "
+                                     f"{x['host_waits']} host waits, {x['ops']} ops"
+                                     for n, x in ((n, t["profile"]) for n, t in r["trainers"].items())]}
         lines.update(speaker_cores=lines["cores"], trainers=lines["speakers"])
         return ["  " + line for line in lines[part]()]
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:

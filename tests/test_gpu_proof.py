@@ -145,6 +145,11 @@ def test_quick_proof_runs_every_part_on_cpu(bundle, tmp_path):
 
     trainers = parts["trainers"]["trainers"]
     assert list(trainers) == list(REHEARSED)
+    profiled = parts["profile"]["trainers"]  # the trainer's own --profile-steps output, read back
+    assert list(profiled) == list(REHEARSED)
+    for run in profiled.values():
+        trained(run)
+        assert run["profile"]["steps"] == 2 and run["profile"]["first_step"] == 2 and run["profile"]["top_host_ms"]
     for name, t in trainers.items():
         assert t["status"] == "ok", (name, t)
         for prefetch in ("2", "0"):

@@ -363,7 +363,7 @@ def test_two_ranks_train_on_a_weighted_mix_of_a_folder_and_an_s3_prefix_and_resu
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
-def test_trainer_flags_refuse_bad_mixes_in_one_line(capsys):
+def test_trainer_flags_refuse_bad_mixes_in_one_line(capsys, tmp_path, monkeypatch):
     import core
 
     for argv, says in ((["--shards", "a", "--weights", "2"], "--weights goes with several --shards"),
@@ -375,5 +375,9 @@ def test_trainer_flags_refuse_bad_mixes_in_one_line(capsys):
             core.parse_args("t", argv=argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert says in err[-1] and err[-1].startswith("t: error: ") or says in err[-1], err
+    for name in ("x", "y"):  # shard folders as far as the flags can tell
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
     cfg, _ = core.parse_args("t", argv=["--shards", "x, y", "--weights", "1,0.5"])
     assert core.shard_dirs(cfg) == ["x", "y"]

@@ -4,6 +4,7 @@ checkpoints, log sums kept on the device, and the --prefetch hand-over to make_l
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -214,7 +215,7 @@ def test_prefetch_reaches_the_loader(mel_shards, tmp_path):
     loader = core._make_loader(cfg, core.Dist(), ["mel"], None, None, {}, tmp_path)
     assert (loader.prefetch, loader.device) == (3, torch.device("cpu"))
     assert len(loader) > 0 and next(iter(loader))["mel"].device == torch.device("cpu")
-    assert core.parse_args("t", argv=[])[0].prefetch == 2
+    assert core.parse_args("t", argv=_args(mel_shards, tmp_path))[0].prefetch == 2
     with pytest.raises(SystemExit):
         core.parse_args("t", argv=["--prefetch", "-1"])
     # --prefetch 0 is off: no background thread (make_loader given a device would still build one batch ahead).
@@ -405,6 +406,44 @@ def test_compile_at_fixed_shapes_trains_the_eager_losses(mel_shards, tmp_path):
     assert len(allowed) <= 2 and set(shapes) <= allowed and len(shapes) == 4
     assert np.allclose([r["loss"] for r in comp], [r["loss"] for r in eager], rtol=1e-4, atol=1e-6)
     assert all(r["fill"] == pytest.approx(s[0] * s[1] / 1200) for r, s in zip(eager, shapes))
+
+
+@pytest.mark.parametrize("name", ["train_f5tts", "train_ns2", "train_gpt_sovits", "train_eres2net",
+                                  "train_campplus"])
+def test_shards_that_are_not_a_shard_folder_are_one_line(name, mel_shards, tmp_path, capsys):
+    """Every trainer, given a --shards folder without a manifest (a typo, the corpus instead of its shards), says
+    so in one argparse line before reading anything, whichever folder of a mix it is."""
+    main = importlib.import_module(name).main
+    for shards in (tmp_path / "nope", f"{mel_shards},{tmp_path}"):
+        with pytest.raises(SystemExit) as e:
+            main(["--shards", str(shards), "--out", str(tmp_path / "run"), "--max-steps", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        bad = str(shards).split(",")[-1]
+        assert e.value.code == 2 and err[-1].endswith(f"error: --shards {bad}: no manifest.json there, so not a "
+                                                      f"shard folder (write one with `audiopipe shard --corpus ... "
+                                                      f"--out {bad}`)"), err
+        assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_profile_steps_record_the_steps_after_the_first_window(mel_shards, tmp_path, capsys):
+    """--profile-steps 2 --log-every 2: steps 3-4 recorded (the first window is the warm-up), profile.json says
+    what a step costs and which ops cost it, profile.txt holds torch's table; a run too short for the window is
+    refused in one line. On a CPU there is no kernel or host-wait count (the CUDA test covers the device)."""
+    model = torch.nn.Sequential(torch.nn.Conv1d(100, 32, 3, padding=1), torch.nn.GELU(), torch.nn.Conv1d(32, 100, 1))
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--log-every", "2", "--profile-steps", "2"))
+    core.train(model, _mse, cfg, core.Dist(), features=["mel"])
+    prof = json.loads((tmp_path / "profile.json").read_text())
+    assert prof["steps"] == 2 and prof["first_step"] == 3 and prof["device"] == "cpu" and prof["wall_ms"] > 0
+    assert prof["kernels"] is None and prof["host_waits"] is None
+    names = [row[0] for row in prof["top_host_ms"]]
+    assert "aten::convolution_backward" in names and prof["ops"] > 20  # two convolutions, forward and backward
+    assert "aten::convolution" in (tmp_path / "profile.txt").read_text()
+    assert "[profile] steps 3-4:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        core.parse_args("t", argv=_args(mel_shards, tmp_path, "--profile-steps", "6"))
+    assert e.value.code == 2 and "--max-steps must be at least --log-every + --profile-steps (1 + 6)" in \
+        capsys.readouterr().err
 
 
 def test_passes_follow_the_corpus_size_by_default_and_the_log_says_so(mel_shards, tmp_path, capsys):

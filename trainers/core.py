@@ -77,6 +77,7 @@ class RunConfig:
     skip_nonfinite: int = 0  # optimizer steps with a NaN/inf loss skipped before the run stops (0: stop at the first)
     verify: str = "size"  # or "checksum": every shard byte hashed once at open
     check_finite: bool = False  # every batch's features checked for NaN/inf where it is built
+    profile_steps: int = 0  # rank 0 records this many steps after the first log window (step_profile.py)
 
 
 FLAG_HELP = {
@@ -121,6 +122,10 @@ FLAG_HELP = {
               "open: finds bytes changed in place, e.g. NaN written over a feature)",
     "check_finite": "check every batch's features for NaN and inf where the batch is built (one pass over it): "
                     "stops with one line naming the feature and the utterance ids",
+    "profile_steps": "record this many steps after the first --log-every window with torch.profiler (rank 0) and "
+                     "write profile.json (per step: wall time, kernels and their time, calls that made the host "
+                     "wait for the device, the costliest ops) and profile.txt in --out (0 = off; "
+                     "docs/trainers/core.md)",
 }
 
 # Flags with a fixed set of values: argparse refuses anything else in one line, on every rank, before any work.
@@ -176,6 +181,9 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
         p.error(f"--skip-nonfinite must be 0 (stop at the first) or more steps, got {a.skip_nonfinite}")
     if a.prefetch < 0:
         p.error(f"--prefetch must be 0 (off) or more batches, got {a.prefetch}")
+    if a.profile_steps < 0 or (a.profile_steps and a.log_every + a.profile_steps > a.max_steps):
+        p.error(f"--profile-steps {a.profile_steps}: the steps recorded follow the first --log-every window, so "
+                f"--max-steps must be at least --log-every + --profile-steps ({a.log_every} + {a.profile_steps})")
     dirs = [s.strip() for s in a.shards.split(",")]
     if any(not s for s in dirs):
         p.error(f"--shards {a.shards!r} has an empty entry: give folders separated by single commas")
@@ -188,6 +196,10 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
             check_weights(a.weights.split(","), dirs)
         except ValueError as e:
             p.error(f"--weights: {e}")
+    for folder in dirs:  # before any trainer reads a manifest (texts, vocab, speakers) or starts a rank
+        if "://" not in folder and not (Path(folder) / "manifest.json").is_file():
+            p.error(f"--shards {folder}: no manifest.json there, so not a shard folder (write one with `audiopipe "
+                    f"shard --corpus ... --out {folder}`)")
     cfg = RunConfig(**{f.name: getattr(a, f.name) for f in fields(RunConfig)})
     return cfg, a
 
@@ -514,6 +526,12 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
                   f"with the next unseen batch", flush=True)
     if d.main:  # after a resume: under another world size the sampler keeps the passes the run was saved with
         say_passes(loader, cfg, log_name)
+    profile = None
+    if cfg.profile_steps and d.main:
+        from step_profile import StepProfile  # here: `from trainers.core import plot_log` keeps working
+
+        profile = StepProfile(out, cfg.profile_steps, cfg.log_every, d.device)
+        hooks = [*hooks, profile]
     for h in hooks:
         h.on_start(model, resumed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
@@ -599,6 +617,9 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
         resumed = False
         if step < cfg.max_steps:
             epoch += 1
+    if profile is not None and not profile.done:
+        print(f"[{log_name}] --profile-steps {cfg.profile_steps}: the run ended before the recorded steps did "
+              f"(they follow this process's first {cfg.log_every} steps); nothing written", flush=True)
     if d.world > 1:
         dist.destroy_process_group()
     return last
