@@ -410,9 +410,10 @@ def test_compile_at_fixed_shapes_trains_the_eager_losses(mel_shards, tmp_path):
 
 @pytest.mark.parametrize("name", ["train_f5tts", "train_ns2", "train_gpt_sovits", "train_eres2net",
                                   "train_campplus"])
-def test_shards_that_are_not_a_shard_folder_are_one_line(name, mel_shards, tmp_path, capsys):
+def test_shards_not_a_shard_folder_and_out_a_file_are_one_line(name, mel_shards, tmp_path, capsys):
     """Every trainer, given a --shards folder without a manifest (a typo, the corpus instead of its shards), says
-    so in one argparse line before reading anything, whichever folder of a mix it is."""
+    so in one argparse line before reading anything, whichever folder of a mix it is; and an --out that is a
+    file, the same way."""
     main = importlib.import_module(name).main
     for shards in (tmp_path / "nope", f"{mel_shards},{tmp_path}"):
         with pytest.raises(SystemExit) as e:
@@ -424,6 +425,11 @@ def test_shards_that_are_not_a_shard_folder_are_one_line(name, mel_shards, tmp_p
                                                       f"--out {bad}`)"), err
         assert "Traceback" not in "\n".join(err)
     assert not (tmp_path / "run").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["--shards", str(mel_shards), "--out", str(tmp_path / "file"), "--max-steps", "1"])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"error: --out {tmp_path / 'file'} is a file: give the folder the run writes its log and checkpoints to")
 
 
 def test_profile_steps_record_the_steps_after_the_first_window(mel_shards, tmp_path, capsys):

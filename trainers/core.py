@@ -196,6 +196,8 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
             check_weights(a.weights.split(","), dirs)
         except ValueError as e:
             p.error(f"--weights: {e}")
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        p.error(f"--out {a.out} is a file: give the folder the run writes its log and checkpoints to")
     for folder in dirs:  # before any trainer reads a manifest (texts, vocab, speakers) or starts a rank
         if "://" not in folder and not (Path(folder) / "manifest.json").is_file():
             p.error(f"--shards {folder}: no manifest.json there, so not a shard folder (write one with `audiopipe "
