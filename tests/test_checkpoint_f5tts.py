@@ -343,8 +343,12 @@ def _released(tmp_path: Path, vocab: list[str] | None, **cfg_kw) -> Path:
 def _main_error(tmp_path: Path, *args: str) -> str:
     cfg = tmp_path / "parity.json"
     cfg.write_text(json.dumps({**ARCH, "conv_pos_kernel": 31, "conv_pos_groups": 16}))
+    # --init-from is refused before any shard is read: a folder that only passes the flags' check will do
+    shards = tmp_path / "shards"
+    shards.mkdir(exist_ok=True)
+    (shards / "manifest.json").write_text("{}")
     with pytest.raises(SystemExit) as e:
-        f5.main(["--shards", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--config", str(cfg), *args])
+        f5.main(["--shards", str(shards), "--out", str(tmp_path / "run"), "--config", str(cfg), *args])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("f5tts: error: --") and "--init-from" in msg
     return msg
@@ -381,7 +385,7 @@ def test_init_from_refuses_a_malicious_pickle_and_a_stranger(tmp_path, capsys):
     stranger = tmp_path / "other.safetensors"
     save_file({"encoder.weight": torch.zeros(2)}, str(stranger))
     with pytest.raises(SystemExit) as e:  # refused before anything else is read (init_family.py): exit 2
-        f5.main(["--shards", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--init-from", str(stranger)])
+        f5.main(["--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "run"), "--init-from", str(stranger)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and f"{stranger}: not an F5-TTS checkpoint" in err
 
