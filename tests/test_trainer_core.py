@@ -432,6 +432,15 @@ def test_shards_not_a_shard_folder_and_out_a_file_are_one_line(name, mel_shards,
         f"error: --out {tmp_path / 'file'} is a file: give the folder the run writes its log and checkpoints to")
 
 
+def test_resume_with_no_checkpoint_yet_says_it_starts_at_step_0(mel_shards, tmp_path, capsys):
+    """A job script that always passes --resume: its first run finds no checkpoint, says so and trains from 0."""
+    model = torch.nn.Sequential(torch.nn.Conv1d(100, 100, 1))
+    cfg, _ = core.parse_args("t", argv=_args(mel_shards, tmp_path, "--resume", "--max-steps", "2"))
+    last = core.train(model, _mse, cfg, core.Dist(), features=["mel"], log_name="t")
+    assert f"[t] --resume: no checkpoint in {tmp_path} yet; starting at step 0" in capsys.readouterr().out
+    assert last["step"] == 2 and [r["step"] for r in _log(tmp_path)] == [1, 2]
+
+
 def test_profile_steps_record_the_steps_after_the_first_window(mel_shards, tmp_path, capsys):
     """--profile-steps 2 --log-every 2: steps 3-4 recorded (the first window is the warm-up), profile.json says
     what a step costs and which ops cost it, profile.txt holds torch's table; a run too short for the window is

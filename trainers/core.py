@@ -493,6 +493,8 @@ def train(model: torch.nn.Module, loss_fn: LossFn, cfg: RunConfig, d: Dist, *, f
     elif cfg.init_from and d.main:
         print(f"[{log_name}] --resume continues {resume_from.name}; --init-from {cfg.init_from} is not read",
               flush=True)
+    if cfg.resume and resume_from is None and d.main:  # a job script that always passes --resume: its first run
+        print(f"[{log_name}] --resume: no checkpoint in {out} yet; starting at step 0", flush=True)
     lr_of = lr_fn or (lambda s: lr_at(s, cfg))
     try:
         loader = _make_loader(cfg, d, features, length_feature, expect, loader_kw or {}, out)
