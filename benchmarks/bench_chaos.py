@@ -21,17 +21,11 @@ from results_io import ROOT, child_env, host, output_args, write_results
 
 sys.path.insert(0, str(ROOT / "tests"))
 from ray_cluster import Cluster, Stress, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
-from shard_helpers import tree_digest  # noqa: E402
+from shard_helpers import done_shards, tree_digest  # noqa: E402
 
 SHARD_KB = 60
 POINTS = ("before_first_shard", "mid_group", "during_index")
 MODES = ("raylet", "node")
-
-
-def done_shards(out: Path) -> int:
-    """Shards whose done record is in place (not the records still being written, dot-prefixed)."""
-    d = out / "done"
-    return len([p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]) if d.is_dir() else 0
 
 
 def shard_cmd(corpus: Path, out: Path, address: str | None) -> list[str]:

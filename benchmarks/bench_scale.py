@@ -28,9 +28,8 @@ from tqdm import tqdm
 from results_io import ROOT, child_env, host, pyplot, save
 
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_chaos import done_shards  # noqa: E402
 from ray_cluster import Cluster, descendants, job_env  # noqa: E402  (tests/: the harness the cluster tests share)
-from shard_helpers import tree_digest  # noqa: E402
+from shard_helpers import done_shards, tree_digest  # noqa: E402
 
 PY = sys.executable
 PAGE, TICK = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")

@@ -29,3 +29,9 @@ def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every regular file under root (relative path -> digest)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def done_shards(out: Path) -> int:
+    """Shards whose done record is in place (not the records still being written, dot-prefixed)."""
+    d = out / "done"
+    return len([p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]) if d.is_dir() else 0

@@ -24,7 +24,7 @@ import pytest
 import soundfile as sf
 
 from audiopipe.cli import main
-from shard_helpers import tree_digest
+from shard_helpers import done_shards, tree_digest
 
 N_FILES = 16  # 1 s tones, one per shard at this --shard-size: 16 shards (a task builds several in a row,
 # so shards this small finish within ms of each other: the kills need room between 25, 50 and 75 %)
@@ -71,11 +71,6 @@ def _one_line_error(err: str, *needles: str) -> None:
         assert n in lines[0], lines[0]
 
 
-def _done(out: Path) -> int:
-    d = out / "done"
-    return len([p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]) if d.is_dir() else 0
-
-
 def _holder(out: Path) -> int | None:
     try:
         return json.loads((out / ".audiopipe.lock").read_text())["pid"]
@@ -88,16 +83,16 @@ def _kill_when(proc: subprocess.Popen, out: Path, shards_done: int, timeout: flo
     rerun is killed while it works, not before it started): the shards done then, or all of them where the job
     finished first."""
     deadline = time.monotonic() + timeout
-    while _done(out) < shards_done or _holder(out) != proc.pid:
+    while done_shards(out) < shards_done or _holder(out) != proc.pid:
         if proc.poll() is not None:
             err = proc.communicate()[1]
             assert proc.returncode == 0, err
-            return _done(out)
+            return done_shards(out)
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
-    return _done(out)
+    return done_shards(out)
 
 
 def _mount(*args: str) -> None:
@@ -197,7 +192,7 @@ def test_full_output_disk_is_one_line_and_the_rerun_completes(clean, tmp_path):
         rc, err = _finish(_spawn(corpus, out))
         assert rc == 2
         _one_line_error(err, "shards failed after retries", "No space left on device", "rerun the same command")
-        kept = _done(out)
+        kept = done_shards(out)
         assert 0 < kept < N_SHARDS
         for sub in ("arrow", "wds", "done"):  # every file that carries a final name is complete
             for p in (out / sub).iterdir():
