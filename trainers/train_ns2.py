@@ -725,19 +725,25 @@ class NaturalSpeech2(nn.Module):
         mu = self.align_proj(enc)  # [B, P, D]
         zt = z.transpose(1, 2).detach()  # [B, T, D]: a target, the frozen codec latent
         b, p, t = mu.shape[0], mu.shape[1], zt.shape[1]
-        given = torch.zeros(b, dtype=torch.bool, device=mu.device)
-        if durations is not None:
-            given = (durations_lengths > 0) if durations_lengths is not None else torch.ones_like(given)
-        path = torch.zeros(b, p, t, device=mu.device)
-        if given.any():
-            d = F.pad(durations[given].long(), (0, p - durations.shape[1]))
-            path[given] = durations_to_path(d, t)
-        if not given.all():
+
+        def searched(m, zm, pm, fm):  # the MAS path of these rows: the one read-back a step needs
             with torch.no_grad():
-                m, zm = mu[~given].float(), zt[~given].float()
+                m, zm = m.float(), zm.float()
                 logp = -0.5 * ((m * m).sum(-1)[:, :, None] - 2 * m @ zm.transpose(1, 2)
                                + (zm * zm).sum(-1)[:, None, :])
-            path[~given] = mas_durations(logp, phones_mask[~given], frames_mask[~given])[0].float()
+            return mas_durations(logp, pm, fm)[0].float()
+
+        if durations is None:  # shards without MFA durations: every row searched, no mask to read back first
+            path = searched(mu, zt, phones_mask, frames_mask)
+        else:
+            given = (durations_lengths > 0) if durations_lengths is not None else \
+                torch.ones(b, dtype=torch.bool, device=mu.device)
+            path = torch.zeros(b, p, t, device=mu.device)
+            if given.any():
+                d = F.pad(durations[given].long(), (0, p - durations.shape[1]))
+                path[given] = durations_to_path(d, t)
+            if not given.all():
+                path[~given] = searched(mu[~given], zt[~given], phones_mask[~given], frames_mask[~given])
         path = path.to(mu.dtype)
         mu_frames = path.transpose(1, 2) @ mu  # [B, T, D]
         fm = frames_mask[..., None].to(mu.dtype)
@@ -831,9 +837,8 @@ class NaturalSpeech2(nn.Module):
         target is the other phones and frames. Durations: MFA where given; for the other rows an alignment pass
         (the phone encoder over every phone, conditioned on the whole utterance) finds them by MAS first."""
         b, p = phones.shape
-        given = (durations_lengths > 0) if durations is not None else torch.zeros(b, dtype=torch.bool,
-                                                                                  device=phones.device)
-        if given.all():
+        # Shards without MFA durations give none: then there is nothing to read back from the device here
+        if durations is not None and bool((durations_lengths > 0).all()):
             dur = F.pad(durations.long(), (0, p - durations.shape[1]))
             align = sum(q.sum() for q in self.align_proj.parameters()) * 0.0  # DDP needs a gradient everywhere
         else:
