@@ -36,6 +36,7 @@ from audiopipe.sampler.corpus_weights import check_weights
 from audiopipe.storage.s3 import ObjectStoreError, is_s3
 from audiopipe.shard.manifest import read_manifest
 from audiopipe.storage.atomic import atomic_path, write_text_atomic
+from audiopipe.storage.paths import url_scheme
 
 
 # ----------------------------------------------------------------------------- config and command line
@@ -199,7 +200,7 @@ def parse_args(description: str, defaults: dict[str, Any] | None = None,
     if Path(a.out).exists() and not Path(a.out).is_dir():
         p.error(f"--out {a.out} is a file: give the folder the run writes its log and checkpoints to")
     for folder in dirs:  # before any trainer reads a manifest (texts, vocab, speakers) or starts a rank
-        if "://" not in folder and not (Path(folder) / "manifest.json").is_file():
+        if url_scheme(folder) is None and not (Path(folder) / "manifest.json").is_file():
             p.error(f"--shards {folder}: no manifest.json there, so not a shard folder (write one with `audiopipe "
                     f"shard --corpus ... --out {folder}`)")
     cfg = RunConfig(**{f.name: getattr(a, f.name) for f in fields(RunConfig)})
