@@ -61,6 +61,25 @@ def _finish(crops: speaker_data.SpeakerCrops, items: list[dict]) -> np.ndarray:
     return speaker_augment.DeviceAugment(crops.speeds, crops.crop_samples)(batch).numpy()
 
 
+def test_the_batch_transform_hands_over_as_tensors_all_the_step_indexes_with():
+    """What DeviceAugment and the loss index with (labels, the rows of each speed, the reverb and noise rows)
+    leaves the batch transform as int64 tensors, which the loader moves to the device with the batch: a list
+    would be copied there in the step, the host waiting for the device (tests/test_cuda.py checks the step on a
+    GPU). The rows of each speed come grouped, in order; crops finished on the CPU hand over their labels too."""
+    rng = np.random.default_rng(0)
+    speeds, rirs = [2, 0, 1, 0], [None, rng.standard_normal(50).astype(np.float32), None, None]
+    items = [{"wav": np.zeros(100 + 10 * i, np.int16), "speed": k, "rir": rirs[i], "snr": 5.0, "index": i,
+              "noise": rng.standard_normal(100).astype(np.float32) if i >= 2 else None, "label": 3 * i + k}
+             for i, k in enumerate(speeds)]
+    batch = speaker_augment.stack_for_device(PadCollator(["wav"])(items))
+    want = {"label": [2, 3, 7, 9], "speed_rows": [1, 3, 2, 0], "rir_rows": [1], "noise_rows": [2, 3]}
+    for key, rows in want.items():
+        assert torch.is_tensor(batch[key]) and batch[key].dtype == torch.int64 and batch[key].tolist() == rows, key
+    assert batch["source_lengths"] == [100, 110, 120, 130] and batch["speed"] == speeds  # the host's own lists
+    cpu = speaker_augment.labels_as_tensor(PadCollator(["wav"])([{"wav": np.zeros(5, np.float32), "label": 4}]))
+    assert torch.is_tensor(cpu["label"]) and cpu["label"].tolist() == [4]
+
+
 def test_crops_depend_on_seed_epoch_and_index_only():
     pcm = _noise_pcm(3 * SR)
     crops = speaker_data.SpeakerCrops(np.array([0, 1, -1]), seed=7, crop_samples=SR)
